@@ -1,0 +1,92 @@
+# Spectra build. Plain C11; no SIMD flags are needed for a correct build
+# (SIMD kernels choose themselves at run time). Targets:
+#   make            library, CLI and tests in build/
+#   make run        set-up + build + generate text from the default model
+#   make check      set-up + build + every test, then again under ASan/UBSan
+#   make SAN=1      sanitizer build in build-san/
+#   make fuzz       libFuzzer targets (clang) in build-fuzz/
+
+CC      ?= cc
+SAN     ?= 0
+SHARED  ?= $(abspath ../shared)
+MODEL   ?= $(SHARED)/models/docllama-58m
+PROMPT  ?= The Linux kernel
+THREADS ?= 2
+
+ifeq ($(SAN),1)
+BUILD   ?= build-san
+OPT     ?= -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDSAN   := -fsanitize=address,undefined
+else
+BUILD   ?= build
+OPT     ?= -O2 -g
+LDSAN   :=
+endif
+
+CFLAGS  += -std=c11 $(OPT) -Wall -Wextra -Wshadow -Wno-unused-parameter -Iinclude -Isrc -D_GNU_SOURCE
+LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lz -lm -lpthread
+
+LIB_SRC  := $(sort $(wildcard src/*/*.c))
+CLI_SRC  := $(sort $(wildcard tools/spectra/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+BENCH_SRC:= $(sort $(wildcard bench/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+TEST_COMMON := $(BUILD)/tests/testlib.o
+
+all: $(BUILD)/spectra $(TEST_BIN) $(BENCH_BIN)
+
+$(BUILD)/libspectra.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/spectra: $(CLI_OBJ) $(BUILD)/libspectra.a
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/testlib.o: tests/testlib.c tests/testlib.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(BUILD)/libspectra.a tests/testlib.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $(LDSAN) -o $@ $< $(TEST_COMMON) $(BUILD)/libspectra.a $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libspectra.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDSAN) -o $@ $< $(BUILD)/libspectra.a $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+
+setup:
+	@sh scripts/setup.sh
+
+run: setup
+	@$(MAKE) --no-print-directory $(BUILD)/spectra
+	$(BUILD)/spectra run -m "$(MODEL)" -p "$(PROMPT)" -n 128 --threads $(THREADS)
+
+# Every test in the normal build (including the slow ones), then every test
+# again under AddressSanitizer + UBSan (slow ones skipped there by name).
+check: setup
+	@$(MAKE) --no-print-directory all
+	@sh tests/run.sh $(BUILD) "$(SHARED)" full
+	@$(MAKE) --no-print-directory SAN=1 all
+	@sh tests/run.sh build-san "$(SHARED)" quick
+	@sh fuzz/run.sh "$(SHARED)"
+
+test: all
+	@sh tests/run.sh $(BUILD) "$(SHARED)" full
+
+fuzz:
+	@sh fuzz/run.sh "$(SHARED)"
+
+clean:
+	rm -rf build build-san build-fuzz
+
+.PHONY: all setup run check test fuzz clean

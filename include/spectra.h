@@ -1,0 +1,103 @@
+/* spectra.h: public C API of the Spectra inference engine.
+ *
+ * Opaque handles for everything with state; status codes for every failure;
+ * a message per handle that names the file, the field and what was wrong.
+ * The library never exits or aborts on bad input.
+ *
+ * Typical use:
+ *   spx_model *m; spx_model_open("path/to/hf_dir_or.trdc", NULL, &m);
+ *   spx_session *s; spx_session_new(m, NULL, &s);
+ *   spx_session_eval(s, ids, n, logits_out);   // logits of the last token
+ *   ...
+ *   spx_session_free(s); spx_model_free(m);
+ */
+#ifndef SPECTRA_H
+#define SPECTRA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. Values are frozen: new ones are appended. */
+typedef enum spx_status {
+    SPX_OK = 0,
+    SPX_ERR_IO = 1,          /* a file could not be opened, read, written or mapped */
+    SPX_ERR_FORMAT = 2,      /* a file is malformed (bad JSON, bad offsets, ...) */
+    SPX_ERR_UNSUPPORTED = 3, /* valid input that Spectra does not handle */
+    SPX_ERR_NOMEM = 4,       /* an allocation failed */
+    SPX_ERR_ARG = 5,         /* a caller passed an invalid argument */
+    SPX_ERR_CRC = 6,         /* a checksum did not match */
+    SPX_ERR_RANGE = 7,       /* a value (token id, position, size) is out of range */
+    SPX_ERR_INTERNAL = 8     /* a bug: please report it */
+} spx_status;
+
+const char *spx_status_name(spx_status s);
+
+/* Logging: the library reports progress and warnings only through this
+ * callback. level: 0 error, 1 warning, 2 info, 3 debug. Default: none. */
+typedef void (*spx_log_fn)(int level, const char *msg, void *user);
+void spx_set_log(spx_log_fn fn, void *user);
+
+typedef struct spx_model spx_model;
+typedef struct spx_session spx_session;
+
+typedef struct spx_model_params {
+    int32_t n_threads;  /* 0: use all online CPUs */
+} spx_model_params;
+
+/* Opens an HF folder (config.json + safetensors + tokenizer files) or a
+ * .trdc file. On failure *out is NULL; the message is available through
+ * spx_last_error() (thread-local) since no handle exists yet. */
+spx_status spx_model_open(const char *path, const spx_model_params *p,
+                          spx_model **out);
+void spx_model_free(spx_model *m);
+const char *spx_last_error(void);
+const char *spx_model_error(const spx_model *m);
+
+int64_t spx_model_vocab_size(const spx_model *m);
+int64_t spx_model_max_context(const spx_model *m);
+int32_t spx_model_bos_id(const spx_model *m);   /* -1 if none */
+int32_t spx_model_eos_id(const spx_model *m);   /* -1 if none */
+int spx_model_has_tokenizer(const spx_model *m);
+
+/* Tokenizer. encode: *n_ids in = capacity, out = count needed; returns
+ * SPX_ERR_RANGE when the capacity is too small (count still reported).
+ * add_special: apply the tokenizer's own BOS/EOS rules (like
+ * transformers' encode()). */
+spx_status spx_tokenize(spx_model *m, const char *text, size_t len,
+                        int add_special, int32_t *ids, size_t *n_ids);
+
+typedef struct spx_session_params {
+    int64_t n_ctx;      /* KV cache length; 0: model maximum (capped at 4096) */
+} spx_session_params;
+
+spx_status spx_session_new(spx_model *m, const spx_session_params *p,
+                           spx_session **out);
+void spx_session_free(spx_session *s);
+const char *spx_session_error(const spx_session *s);
+/* Forgets all tokens (the KV cache is reused). */
+void spx_session_reset(spx_session *s);
+int64_t spx_session_pos(const spx_session *s);
+
+/* Feeds n tokens at the current position. logits: NULL, or [vocab] for the
+ * last token, or when all_logits != 0, [n, vocab] for every token. */
+spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n,
+                            float *logits, int all_logits);
+
+/* Sampling. temperature <= 0: greedy. top_k <= 0: off. top_p >= 1: off. */
+typedef struct spx_sampler_params {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    uint64_t seed;
+} spx_sampler_params;
+int32_t spx_sample(const float *logits, int64_t vocab,
+                   const spx_sampler_params *p, uint64_t *rng_state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
