@@ -1,0 +1,100 @@
+#!/bin/sh
+# fuzz/run.sh SHARED_DIR: builds and runs every libFuzzer target.
+#
+# Each fuzz/fuzz_NAME.c is linked with all of src/*/*.c (compiled once,
+# with coverage, ASan and UBSan; UB is fatal) into build-fuzz/fuzz_NAME and
+# run for FUZZ_TIME seconds (default 20) on build-fuzz/corpus_NAME/. The
+# corpus is seeded at each run by fuzz/seeds_NAME.sh CORPUS_DIR SHARED_DIR
+# when that script exists; fuzz/NAME.dict, when present, is passed as a
+# libFuzzer dictionary. Crashing inputs land in build-fuzz/crashes_NAME/.
+# Exits non-zero when a build fails or any target finds a crash, leak,
+# timeout or out-of-memory.
+#
+# Environment: FUZZ_TIME (seconds per target), FUZZ_TARGETS (names to run,
+# e.g. "safetensors trdc"; default all), CLANG (default clang),
+# FUZZ_JOBS (parallel compiles; default online CPUs).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+shared=${1:-../shared}
+case $shared in /*) ;; *) shared="$(pwd)/$shared" ;; esac
+T=${FUZZ_TIME:-20}
+CLANG=${CLANG:-clang}
+OUT=build-fuzz
+JOBS=${FUZZ_JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}
+
+if ! command -v "$CLANG" >/dev/null 2>&1; then
+    echo "fuzz: $CLANG not found; run 'make setup' (it installs clang and libclang-rt-dev)" >&2
+    exit 1
+fi
+
+COMMON="-Iinclude -Isrc -D_GNU_SOURCE -std=c11 -g -O1 -fno-omit-frame-pointer"
+SAN="address,undefined -fno-sanitize-recover=undefined"
+LIBS="-lcjson -lpcre2-8 -lutf8proc -lz -lm -lpthread"
+
+targets=""
+for f in fuzz/fuzz_*.c; do
+    [ -f "$f" ] || continue
+    name=$(basename "$f" .c); name=${name#fuzz_}
+    if [ -n "${FUZZ_TARGETS:-}" ]; then
+        case " $FUZZ_TARGETS " in *" $name "*) ;; *) continue ;; esac
+    fi
+    targets="$targets $name"
+done
+if [ -z "$targets" ]; then
+    echo "fuzz: no targets (fuzz/fuzz_*.c${FUZZ_TARGETS:+ matching '$FUZZ_TARGETS'})"
+    exit 0
+fi
+
+# ---- library objects: every src/*/*.c once, in parallel
+mkdir -p "$OUT/obj"
+echo "fuzz: compiling src/*/*.c with $CLANG ($JOBS jobs)"
+ls src/*/*.c | xargs -P "$JOBS" -I{} sh -c '
+    o="$1/obj/$(echo "$2" | tr / _ | sed "s/\.c\$/.o/")"
+    $3 $4 -fsanitize=fuzzer-no-link,$5 -c "$2" -o "$o" 2>"$o.err" || { cat "$o.err" >&2; rm -f "$o"; exit 1; }
+' sh "$OUT" {} "$CLANG" "$COMMON" "$SAN"
+if [ $? -ne 0 ]; then
+    echo "fuzz: FAILED to compile the library (see above)" >&2
+    exit 1
+fi
+objs=""
+for s in src/*/*.c; do
+    objs="$objs $OUT/obj/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')"
+done
+
+fail=0
+for name in $targets; do
+    bin="$OUT/fuzz_$name"
+    # shellcheck disable=SC2086
+    if ! $CLANG $COMMON -fsanitize=fuzzer,$SAN "fuzz/fuzz_$name.c" $objs -o "$bin" $LIBS; then
+        echo "[FAIL] fuzz_$name: build failed" >&2
+        fail=$((fail + 1)); continue
+    fi
+    corpus="$OUT/corpus_$name"; crashes="$OUT/crashes_$name"
+    mkdir -p "$corpus" "$crashes"
+    if [ -f "fuzz/seeds_$name.sh" ] && ! sh "fuzz/seeds_$name.sh" "$corpus" "$shared"; then
+        echo "[FAIL] fuzz_$name: fuzz/seeds_$name.sh failed" >&2
+        fail=$((fail + 1)); continue
+    fi
+    dict=""
+    [ -f "fuzz/$name.dict" ] && dict="-dict=fuzz/$name.dict"
+    log="$OUT/fuzz_$name.log"
+    # shellcheck disable=SC2086
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
+    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+        "$bin" -max_total_time="$T" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+        -artifact_prefix="$crashes/" $dict "$corpus" >"$log" 2>&1
+    rc=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1)
+    if [ $rc -eq 0 ]; then
+        echo "[ ok ] fuzz_$name: ${execs:-?} runs in ${T}s (${rate:-?}/s), $cov, corpus $(ls "$corpus" | wc -l) files"
+    else
+        echo "[FAIL] fuzz_$name: exit $rc; crashing input in $crashes/, log $log" >&2
+        grep -E 'ERROR|SUMMARY|runtime error|==[0-9]+==' "$log" | head -n 20 >&2
+        tail -n 40 "$log" >&2
+        fail=$((fail + 1))
+    fi
+done
+[ $fail -eq 0 ] || { echo "fuzz: $fail target(s) failed" >&2; exit 1; }
+echo "fuzz: all targets clean"

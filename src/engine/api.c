@@ -1,0 +1,195 @@
+/* api.c: the public API (spectra.h): model open/free, sessions, tokenize. */
+#include "engine/session.h"
+#include "core/util.h"
+#include "format/trdc_source.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local char g_last_error[SPX_ERR_MSG_MAX];
+
+const char *spx_last_error(void) { return g_last_error; }
+
+static spx_status set_last(spx_err *e) {
+    snprintf(g_last_error, sizeof g_last_error, "%s", e->msg);
+    return e->code;
+}
+
+#define CONFIG_MAX_BYTES (16u << 20)
+
+static spx_status open_hf_dir(spx_model *m, const char *dir, spx_err *e) {
+    char *cfg_path = spx_path_join(dir, "config.json");
+    if (!cfg_path) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    char *json = NULL;
+    size_t len = 0;
+    spx_status st = spx_read_file(cfg_path, CONFIG_MAX_BYTES, &json, &len, e);
+    if (st == SPX_OK) st = spx_config_parse(json, len, cfg_path, &m->cfg, e);
+    free(json);
+    free(cfg_path);
+    if (st != SPX_OK) return st;
+    SPX_TRY(spx_st_open(dir, &m->st, e));
+    char *tok_path = spx_path_join(dir, "tokenizer.json");
+    if (!tok_path) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    int has_tok = spx_file_exists(tok_path);
+    free(tok_path);
+    if (has_tok) SPX_TRY(spx_tok_load_dir(dir, &m->tok, e));
+    return SPX_OK;
+}
+
+spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model **out) {
+    spx_err e;
+    spx_err_clear(&e);
+    *out = NULL;
+    g_last_error[0] = 0;
+    spx_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->path = spx_strdup(path))) {
+        free(m);
+        spx_fail(&e, SPX_ERR_NOMEM, "%s: out of memory", path);
+        return set_last(&e);
+    }
+    spx_status st;
+    if (spx_is_dir(path)) {
+        st = open_hf_dir(m, path, &e);
+    } else if (spx_file_exists(path)) {
+        st = spx_trdc_source_open(m, path, &e);
+    } else {
+        st = spx_fail(&e, SPX_ERR_IO, "%s: no such file or folder (expected a Hugging Face model folder or a .trdc file)", path);
+    }
+    if (st == SPX_OK) st = spx_model_bind_weights(m, &e);
+    if (st == SPX_OK) st = spx_pool_new(p ? p->n_threads : 0, &m->pool, &e);
+    if (st != SPX_OK) {
+        spx_model_free(m);
+        return set_last(&e);
+    }
+    *out = m;
+    return SPX_OK;
+}
+
+void spx_model_free(spx_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+            spx_layer *L = &m->layers[l];
+            float *v[] = {L->attn_norm, L->mlp_norm, L->q_norm, L->k_norm, L->bq,    L->bk,
+                          L->bv,        L->bo,       L->b_gate, L->b_up,  L->b_down};
+            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
+        }
+    }
+    free(m->layers);
+    free(m->final_norm);
+    free(m->rope_inv_freq);
+    spx_tok_free(m->tok);
+    spx_st_free(m->st);
+    spx_trdc_source_close(m);
+    spx_pool_free(m->pool);
+    free(m->path);
+    free(m);
+}
+
+const char *spx_model_error(const spx_model *m) { return m ? m->err.msg : g_last_error; }
+int64_t spx_model_vocab_size(const spx_model *m) { return m->cfg.vocab_size; }
+int64_t spx_model_max_context(const spx_model *m) { return m->cfg.max_pos; }
+int spx_model_has_tokenizer(const spx_model *m) { return m->tok != NULL; }
+
+int32_t spx_model_bos_id(const spx_model *m) {
+    if (m->tok && spx_tok_bos(m->tok) >= 0) return spx_tok_bos(m->tok);
+    return m->cfg.bos_id;
+}
+
+int32_t spx_model_eos_id(const spx_model *m) {
+    if (m->tok && spx_tok_eos(m->tok) >= 0) return spx_tok_eos(m->tok);
+    return m->cfg.n_eos > 0 ? m->cfg.eos_ids[0] : -1;
+}
+
+spx_status spx_tokenize(spx_model *m, const char *text, size_t len, int add_special, int32_t *ids,
+                        size_t *n_ids) {
+    spx_err_clear(&m->err);
+    if (!m->tok) return spx_fail(&m->err, SPX_ERR_ARG, "%s: the model carries no tokenizer (no tokenizer.json)", m->path);
+    int32_t *tmp = NULL;
+    size_t n = 0;
+    SPX_TRY(spx_tok_encode(m->tok, text, len, add_special, &tmp, &n, &m->err));
+    size_t cap = *n_ids;
+    *n_ids = n;
+    if (n > cap) {
+        free(tmp);
+        return spx_fail(&m->err, SPX_ERR_RANGE, "tokenize: %zu ids do not fit in %zu", n, cap);
+    }
+    memcpy(ids, tmp, n * sizeof *ids);
+    free(tmp);
+    return SPX_OK;
+}
+
+/* ---- sessions --------------------------------------------------------- */
+
+static float *alloc_f(size_t n, int *fail) {
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) *fail = 1;
+    return p;
+}
+
+spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_session **out) {
+    *out = NULL;
+    spx_err_clear(&m->err);
+    const spx_config *c = &m->cfg;
+    int64_t n_ctx = p && p->n_ctx > 0 ? p->n_ctx : (c->max_pos < 4096 ? c->max_pos : 4096);
+    if (n_ctx > ((int64_t)1 << 24))
+        return spx_fail(&m->err, SPX_ERR_ARG, "context %lld is too large", (long long)n_ctx);
+    spx_session *s = calloc(1, sizeof *s);
+    if (!s) return spx_fail(&m->err, SPX_ERR_NOMEM, "out of memory for a session");
+    s->m = m;
+    s->n_ctx = n_ctx;
+    size_t B = SPX_BATCH_MAX, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
+    size_t th = (size_t)spx_pool_size(m->pool);
+    int fail = 0;
+    s->k_cache = alloc_f((size_t)c->n_layers * (size_t)n_ctx * kvd, &fail);
+    s->v_cache = alloc_f((size_t)c->n_layers * (size_t)n_ctx * kvd, &fail);
+    s->h = alloc_f(B * H, &fail);
+    s->x = alloc_f(B * (H > qd ? H : qd), &fail);
+    s->q = alloc_f(B * qd, &fail);
+    s->k = alloc_f(B * kvd, &fail);
+    s->v = alloc_f(B * kvd, &fail);
+    s->att = alloc_f(B * qd, &fail);
+    s->gate = alloc_f(B * I, &fail);
+    s->up = alloc_f(B * I, &fail);
+    s->row_scratch = alloc_f(th * (size_t)m->max_cols, &fail);
+    s->scores = alloc_f(th * (size_t)n_ctx, &fail);
+    s->logits = alloc_f(B * (size_t)c->vocab_size, &fail);
+    if (fail) {
+        spx_session_free(s);
+        return spx_fail(&m->err, SPX_ERR_NOMEM, "out of memory for a %lld-token session", (long long)n_ctx);
+    }
+    *out = s;
+    return SPX_OK;
+}
+
+void spx_session_free(spx_session *s) {
+    if (!s) return;
+    float *v[] = {s->k_cache, s->v_cache, s->h,           s->x,      s->q,     s->k, s->v,
+                  s->att,     s->gate,    s->up,          s->row_scratch, s->scores, s->logits};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
+    free(s);
+}
+
+const char *spx_session_error(const spx_session *s) { return s->err.msg; }
+void spx_session_reset(spx_session *s) { s->pos = 0; }
+int64_t spx_session_pos(const spx_session *s) { return s->pos; }
+
+spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n, float *logits, int all_logits) {
+    spx_err_clear(&s->err);
+    int64_t V = s->m->cfg.vocab_size;
+    if (n == 0) return spx_fail(&s->err, SPX_ERR_ARG, "eval: no tokens");
+    if ((int64_t)n > s->n_ctx - s->pos)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "context full: %lld + %zu tokens exceed the %lld-token context",
+                        (long long)s->pos, n, (long long)s->n_ctx);
+    for (size_t i = 0; i < n; i += SPX_BATCH_MAX) {
+        size_t k = n - i < SPX_BATCH_MAX ? n - i : SPX_BATCH_MAX;
+        int last = i + k == n;
+        int want = !logits ? SPX_LOGITS_NONE : all_logits ? SPX_LOGITS_ALL : last ? SPX_LOGITS_LAST : SPX_LOGITS_NONE;
+        SPX_TRY(spx_forward(s, ids + i, (int64_t)k, want, &s->err));
+        if (want == SPX_LOGITS_ALL) memcpy(logits + i * (size_t)V, s->logits, k * (size_t)V * sizeof(float));
+        else if (want == SPX_LOGITS_LAST) memcpy(logits, s->logits, (size_t)V * sizeof(float));
+    }
+    return SPX_OK;
+}

@@ -1,0 +1,109 @@
+/* forward.c: the reference forward pass of a Llama-family decoder over a
+ * batch of tokens, float32 arithmetic on weights of any stored kind.
+ *
+ *   h = embed[ids]
+ *   per layer: x = rmsnorm(h); q,k,v = x W^T (+b); [qk-norm]; rope(q,k);
+ *              append k,v to the cache; a = causal GQA attention; h += a Wo^T
+ *              x = rmsnorm(h); h += down(silu(gate x) * up x)
+ *   logits = rmsnorm(h) Wlm^T
+ *
+ * Plain and obviously right: this is what every faster backend is checked
+ * against. Matrix products are split over threads by output row;
+ * attention by (token, head). */
+#include "engine/session.h"
+#include "cpu/ops.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    spx_session *s;
+    int64_t layer, n, pos0;
+} attn_job;
+
+static void attn_task(void *arg, int tid, int nth) {
+    const attn_job *j = arg;
+    spx_session *s = j->s;
+    const spx_config *c = &s->m->cfg;
+    int64_t hd = c->head_dim, nh = c->n_heads, kvd = c->n_kv_heads * hd;
+    int64_t group = nh / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *K = s->k_cache + j->layer * s->n_ctx * kvd;
+    const float *V = s->v_cache + j->layer * s->n_ctx * kvd;
+    float *sc = s->scores + (size_t)tid * (size_t)s->n_ctx;
+    int64_t b, e;
+    spx_pool_range(j->n * nh, tid, nth, 1, &b, &e);
+    for (int64_t w = b; w < e; w++) {
+        int64_t t = w / nh, h = w % nh, kvh = h / group;
+        int64_t p = j->pos0 + t; /* absolute position of this query */
+        int64_t start = 0;
+        if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;
+        const float *q = s->q + t * nh * hd + h * hd;
+        for (int64_t i = start; i <= p; i++) sc[i - start] = spx_cpu_dot(q, K + i * kvd + kvh * hd, hd) * scale;
+        int64_t len = p - start + 1;
+        spx_cpu_softmax(sc, len);
+        float *out = s->att + t * nh * hd + h * hd;
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int64_t i = 0; i < len; i++) {
+            const float *vv = V + (start + i) * kvd + kvh * hd;
+            float pr = sc[i];
+            for (int64_t d = 0; d < hd; d++) out[d] += pr * vv[d];
+        }
+    }
+}
+
+spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
+    spx_model *m = s->m;
+    const spx_config *c = &m->cfg;
+    int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd, kvd = nkv * hd;
+    if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+    if (s->pos + n > s->n_ctx)
+        return spx_fail(e, SPX_ERR_RANGE, "context full: %lld tokens in a %lld-token context",
+                        (long long)(s->pos + n), (long long)s->n_ctx);
+    for (int64_t t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= c->vocab_size)
+            return spx_fail(e, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", ids[t],
+                            (long long)c->vocab_size);
+    int64_t pos0 = s->pos;
+    for (int64_t t = 0; t < n; t++) spx_wmat_row_f32(&m->embed, ids[t], s->h + t * H);
+
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        const spx_layer *L = &m->layers[l];
+        for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->attn_norm, H, c->rms_eps);
+        spx_cpu_matmul(m->pool, &L->wq, s->x, n, s->q, L->bq, s->row_scratch);
+        spx_cpu_matmul(m->pool, &L->wk, s->x, n, s->k, L->bk, s->row_scratch);
+        spx_cpu_matmul(m->pool, &L->wv, s->x, n, s->v, L->bv, s->row_scratch);
+        float *Kc = s->k_cache + l * s->n_ctx * kvd, *Vc = s->v_cache + l * s->n_ctx * kvd;
+        for (int64_t t = 0; t < n; t++) {
+            float *q = s->q + t * qd, *k = s->k + t * kvd;
+            if (c->qk_norm) {
+                for (int64_t h = 0; h < nh; h++) spx_cpu_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->rms_eps);
+                for (int64_t h = 0; h < nkv; h++) spx_cpu_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->rms_eps);
+            }
+            spx_cpu_rope(q, nh, hd, pos0 + t, m->rope_inv_freq);
+            spx_cpu_rope(k, nkv, hd, pos0 + t, m->rope_inv_freq);
+            memcpy(Kc + (pos0 + t) * kvd, k, (size_t)kvd * sizeof(float));
+            memcpy(Vc + (pos0 + t) * kvd, s->v + t * kvd, (size_t)kvd * sizeof(float));
+        }
+        attn_job aj = {s, l, n, pos0};
+        spx_pool_run(m->pool, attn_task, &aj);
+        spx_cpu_matmul(m->pool, &L->wo, s->att, n, s->x, L->bo, s->row_scratch);
+        for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
+
+        for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->mlp_norm, H, c->rms_eps);
+        spx_cpu_matmul(m->pool, &L->w_gate, s->x, n, s->gate, L->b_gate, s->row_scratch);
+        spx_cpu_matmul(m->pool, &L->w_up, s->x, n, s->up, L->b_up, s->row_scratch);
+        spx_cpu_silu_mul(s->gate, s->up, n * I);
+        spx_cpu_matmul(m->pool, &L->w_down, s->gate, n, s->x, L->b_down, s->row_scratch);
+        for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
+    }
+    s->pos += n;
+    if (want_logits) {
+        int64_t first = want_logits == SPX_LOGITS_ALL ? 0 : n - 1;
+        for (int64_t t = first; t < n; t++)
+            spx_cpu_rmsnorm(s->x + (t - first) * H, s->h + t * H, m->final_norm, H, c->rms_eps);
+        spx_cpu_matmul(m->pool, &m->lm_head, s->x, n - first, s->logits, NULL, s->row_scratch);
+    }
+    return SPX_OK;
+}

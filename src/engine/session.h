@@ -1,0 +1,30 @@
+/* session.h: internal session state (KV cache and scratch). */
+#ifndef SPX_SESSION_H
+#define SPX_SESSION_H
+
+#include "model/model.h"
+
+#define SPX_BATCH_MAX 128 /* tokens per forward chunk (scratch sizing) */
+
+struct spx_session {
+    spx_model *m;
+    int64_t n_ctx;
+    int64_t pos;          /* tokens in the KV cache */
+    float *k_cache;       /* [n_layers, n_ctx, n_kv_heads * head_dim] */
+    float *v_cache;
+    /* scratch for up to SPX_BATCH_MAX tokens */
+    float *h, *x, *q, *k, *v, *att, *gate, *up;
+    float *row_scratch;   /* [threads, max_cols] */
+    float *scores;        /* [threads, n_ctx] */
+    float *logits;        /* [SPX_BATCH_MAX, vocab] */
+    spx_err err;
+};
+
+enum { SPX_LOGITS_NONE = 0, SPX_LOGITS_LAST = 1, SPX_LOGITS_ALL = 2 };
+
+/* Runs n (<= SPX_BATCH_MAX) tokens at positions pos..pos+n-1. want_logits:
+ * SPX_LOGITS_LAST writes the last token's logits to s->logits[0..vocab),
+ * SPX_LOGITS_ALL every token's ([n, vocab]); NONE only advances the cache. */
+spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
+
+#endif

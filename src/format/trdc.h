@@ -1,0 +1,196 @@
+/* trdc.h: the TRDC4B01 container (.trdc): reader, verifier and streaming
+ * writer. The normative format is docs/trdc.md; this header is its C face.
+ *
+ * Layout (all integers little-endian):
+ *   [0, 24)            header: "TRDC4B01", u64 version (1), u64 manifest_len
+ *   [4096, ...)        payload: every tensor component at a 4096-aligned
+ *                      offset, zero padding between components
+ *   [file_size - manifest_len, file_size)
+ *                      UTF-8 JSON manifest: config, tokenizer, quantization
+ *                      settings, source info, and per tensor its name, kind,
+ *                      shape and components {offset, size, crc32}.
+ *
+ * Reader: spx_trdc_open() maps the file and validates everything before a
+ * pointer is handed out (header, manifest size/UTF-8/depth/JSON, every
+ * field's type and range, shapes with overflow checks, component sizes
+ * equal to those implied by src/quant/qtensor.h, alignment, bounds, no
+ * overlaps, outlier indices strictly increasing and < cols). After a
+ * successful open the handle is immutable: it may be shared by threads.
+ * CRCs are not checked at open (that reads the whole file); call
+ * spx_trdc_verify() for that.
+ *
+ * Writer: streams tensors in any order to "<path>.tmp.<pid>", computing
+ * CRC32 while writing, and renames to <path> only in finish(). Memory is
+ * bounded by the manifest (no payload is buffered). One writer is used by
+ * one thread at a time. After any failed call the writer is dead: its temp
+ * file is already removed and the only remaining calls are finish() (which
+ * fails) or abort(), which free it.
+ *
+ * Requires a little-endian host (the payload is mapped, not converted). */
+#ifndef SPX_TRDC_H
+#define SPX_TRDC_H
+
+#include "core/dtype.h"
+#include "core/err.h"
+#include "quant/qtensor.h"
+#include <stddef.h>
+#include <stdint.h>
+
+struct cJSON;
+
+#define SPX_TRDC_MAGIC "TRDC4B01"
+#define SPX_TRDC_VERSION 1u             /* the only version this code reads */
+#define SPX_TRDC_HEADER_SIZE 24u
+#define SPX_TRDC_ALIGN 4096u            /* component offset alignment */
+#define SPX_TRDC_MAX_MANIFEST (1ull << 30) /* 1 GiB */
+#define SPX_TRDC_MAX_DEPTH 64           /* JSON nesting of the manifest */
+#define SPX_TRDC_MAX_DIMS 8
+#define SPX_TRDC_MAX_DIM 2147483647ll   /* every dimension in [1, 2^31-1] */
+#define SPX_TRDC_MAX_NAME 1024          /* bytes in a tensor name */
+#define SPX_TRDC_MAX_TENSORS (1u << 20)
+
+typedef enum spx_trdc_kind {
+    SPX_TRDC_DENSE = 0, /* "dense": F32/F16/BF16 array, any rank 1..8 */
+    SPX_TRDC_QUANT = 1  /* "quant": group-quantized matrix (qtensor.h) */
+} spx_trdc_kind;
+
+/* Component ids (frozen: appended, never reused). */
+typedef enum spx_trdc_comp {
+    SPX_TRDC_C_DATA = 0,        /* dense: numel * dtype size */
+    SPX_TRDC_C_CODES = 1,       /* quant: rows * spx_q_codes_row_bytes */
+    SPX_TRDC_C_SCALES = 2,      /* quant: rows * groups * 2 (fp16) */
+    SPX_TRDC_C_ZEROS = 3,       /* quant: rows * spx_q_zeros_row_bytes */
+    SPX_TRDC_C_OUTLIER_IDX = 4, /* quant, n_outliers > 0: n * 4 (int32) */
+    SPX_TRDC_C_OUTLIER_VAL = 5, /* quant, n_outliers > 0: rows * n * 2 (fp16) */
+    SPX_TRDC_C_COUNT
+} spx_trdc_comp;
+
+typedef struct spx_trdc_component {
+    int present;      /* 0: the tensor has no such component */
+    uint64_t offset;  /* from the start of the file; multiple of 4096 */
+    uint64_t size;    /* bytes, > 0 */
+    uint32_t crc32;   /* zlib crc32() of the bytes */
+} spx_trdc_component;
+
+typedef struct spx_trdc_tensor {
+    const char *name;          /* non-empty, unique in the file */
+    spx_trdc_kind kind;
+    spx_dtype dtype;           /* dense: F32/F16/BF16; quant: SPX_DT_COUNT */
+    int ndim;                  /* dense: 1..8; quant: 2 */
+    int64_t shape[SPX_TRDC_MAX_DIMS];
+    int64_t numel;             /* product of shape */
+    const void *data;          /* dense: into the map (4096-aligned in a file) */
+    size_t nbytes;             /* dense: numel * dtype size; quant: sum of components */
+    spx_qtensor q;             /* quant: pointers into the map; zeroed for dense */
+    double kappa, r;           /* quant: saliency kurtosis, outlier ratio; NaN if absent */
+    spx_trdc_component comp[SPX_TRDC_C_COUNT];
+} spx_trdc_tensor;
+
+typedef struct spx_trdc spx_trdc;
+
+/* ---- Reader ---------------------------------------------------------- */
+
+/* Maps and validates path. On failure *out is NULL and e names the file,
+ * the field and what was wrong. */
+spx_status spx_trdc_open(const char *path, spx_trdc **out, spx_err *e);
+/* Validates a file image already in memory (not copied: buf must outlive
+ * the handle, and be 8-byte aligned so typed pointers are aligned). label
+ * names it in messages. For tests and fuzzers. */
+spx_status spx_trdc_open_buffer(const uint8_t *buf, size_t len, const char *label,
+                                spx_trdc **out, spx_err *e);
+void spx_trdc_close(spx_trdc *f);
+
+const char *spx_trdc_path(const spx_trdc *f);     /* the label/path given */
+uint64_t spx_trdc_version(const spx_trdc *f);
+uint64_t spx_trdc_file_size(const spx_trdc *f);
+uint64_t spx_trdc_manifest_offset(const spx_trdc *f);
+uint64_t spx_trdc_manifest_size(const spx_trdc *f);
+
+size_t spx_trdc_count(const spx_trdc *f);
+const spx_trdc_tensor *spx_trdc_at(const spx_trdc *f, size_t i);   /* NULL if out of range */
+const spx_trdc_tensor *spx_trdc_find(const spx_trdc *f, const char *name); /* NULL if absent */
+
+/* Manifest sections, borrowed from the handle (valid until close; do not
+ * modify). config and quantization are always objects; source may be NULL. */
+const struct cJSON *spx_trdc_config(const spx_trdc *f);
+const struct cJSON *spx_trdc_quant_settings(const spx_trdc *f);
+const struct cJSON *spx_trdc_source(const spx_trdc *f);
+/* The config as a newly allocated, unformatted JSON string (caller frees
+ * with free()); NULL only on out-of-memory. */
+char *spx_trdc_config_json(const spx_trdc *f);
+/* Tokenizer file contents as stored (borrowed; NULL if the file has none). */
+const char *spx_trdc_tokenizer_json(const spx_trdc *f);
+const char *spx_trdc_tokenizer_config_json(const spx_trdc *f);
+const char *spx_trdc_generator(const spx_trdc *f); /* "" if absent */
+/* "source": {"bytes": N} as an integer, -1 if absent or not an integer. */
+int64_t spx_trdc_source_bytes(const spx_trdc *f);
+
+const char *spx_trdc_kind_name(spx_trdc_kind k);  /* "dense" / "quant" */
+const char *spx_trdc_comp_name(spx_trdc_comp c);  /* "data", "codes", ... */
+
+/* ---- Verification ---------------------------------------------------- */
+
+typedef struct spx_trdc_verify_report {
+    size_t n_tensors;
+    size_t n_components;     /* components checked */
+    size_t n_mismatches;
+    uint64_t bytes_checked;
+} spx_trdc_verify_report;
+
+/* progress: called after each component with bytes done / total. */
+typedef void (*spx_trdc_progress_fn)(void *user, uint64_t done, uint64_t total);
+/* on_mismatch: called for every component whose CRC differs. */
+typedef void (*spx_trdc_mismatch_fn)(void *user, const spx_trdc_tensor *t,
+                                     spx_trdc_comp c, uint32_t expected,
+                                     uint32_t actual);
+
+/* Checks the CRC32 of every component of every tensor (all of them, not
+ * only up to the first bad one). Returns SPX_ERR_CRC when any differs; e
+ * then names the first bad tensor and component with expected and actual
+ * values and the number of mismatches. Callbacks and report may be NULL. */
+spx_status spx_trdc_verify(const spx_trdc *f, spx_trdc_progress_fn progress,
+                           spx_trdc_mismatch_fn on_mismatch, void *user,
+                           spx_trdc_verify_report *report, spx_err *e);
+
+/* ---- Writer ---------------------------------------------------------- */
+
+typedef struct spx_trdc_writer spx_trdc_writer;
+
+/* Creates "<path>.tmp.<pid>" and writes a placeholder header (manifest
+ * length 0, which no reader accepts, so an unfinished file is never
+ * mistaken for a complete one). */
+spx_status spx_trdc_writer_open(const char *path, spx_trdc_writer **out, spx_err *e);
+
+/* A dense F32/F16/BF16 tensor; nbytes must equal numel * dtype size. */
+spx_status spx_trdc_writer_add_dense(spx_trdc_writer *w, const char *name, spx_dtype dtype,
+                                     int ndim, const int64_t *shape, const void *data,
+                                     size_t nbytes, spx_err *e);
+
+/* A quantized matrix: q's fields give the shape, bits, group and the
+ * component buffers (sizes implied by qtensor.h; outlier buffers are read
+ * only when n_outliers > 0 and their indices must be strictly increasing
+ * and < cols). kappa and r are recorded (NaN is written as null). */
+spx_status spx_trdc_writer_add_quant(spx_trdc_writer *w, const char *name,
+                                     const spx_qtensor *q, double kappa, double r,
+                                     spx_err *e);
+
+/* Appends the manifest, rewrites the header, fsyncs and renames the temp
+ * file to the final path; frees w in every case (success or not).
+ * config_json: the source config.json text (an object; embedded verbatim).
+ * tokenizer_json / tokenizer_config_json: file contents or NULL.
+ * quant_settings_json: an object's text, or NULL for {}.
+ * source_info_json: an object's text (e.g. {"bytes": N, "params": N}) or NULL. */
+spx_status spx_trdc_writer_finish(spx_trdc_writer *w, const char *config_json,
+                                  const char *tokenizer_json,
+                                  const char *tokenizer_config_json,
+                                  const char *quant_settings_json,
+                                  const char *source_info_json, spx_err *e);
+
+/* Deletes the temp file and frees w (NULL is a no-op). */
+void spx_trdc_writer_abort(spx_trdc_writer *w);
+
+/* Bytes of payload written so far (the next component's offset, before
+ * alignment). */
+uint64_t spx_trdc_writer_bytes(const spx_trdc_writer *w);
+
+#endif

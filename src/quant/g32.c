@@ -1,0 +1,408 @@
+/* g32.c: scalar reference of Group-wise asymmetric quantization: the
+ * MINMAX rule, the MSE search, packing, dequantization and the fused dot
+ * products. The numbers are defined in g32.h; every SIMD/CUDA kernel and
+ * the compressor are checked against this file. */
+#include "quant/g32.h"
+#include "core/half.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP_MAX 4096 /* largest group handled with stack buffers */
+
+/* ======================================================================
+ * Parameters and the scalar rules
+ * ==================================================================== */
+
+spx_status spx_q_check_params(int bits, int group, int64_t cols, spx_err *e) {
+    if (bits < 2 || bits > 4)
+        return spx_fail(e, SPX_ERR_ARG, "quantization bits %d: expected 2, 3 or 4", bits);
+    if (group < 8 || group % 8 != 0)
+        return spx_fail(e, SPX_ERR_ARG, "quantization group %d: expected a positive multiple of 8",
+                        group);
+    if (cols <= 0 || cols % group != 0)
+        return spx_fail(e, SPX_ERR_ARG,
+                        "quantization: %lld columns is not a positive multiple of the group size %d",
+                        (long long)cols, group);
+    return SPX_OK;
+}
+
+static int params_ok(int bits, int group, int64_t cols) {
+    return bits >= 2 && bits <= 4 && group >= 8 && group % 8 == 0 && cols > 0 && cols % group == 0;
+}
+
+/* fp16 bits of a positive float32 scale, kept in (0, 65504]. */
+static uint16_t scale_to_f16(float s32) {
+    if (!(s32 >= 1e-8f)) s32 = 1e-8f; /* also catches NaN */
+    uint16_t h = spx_f32_to_f16(s32);
+    if (h >= 0x7c00u) h = SPX_Q_SCALE_F16_MAX; /* s32 >= 65520 rounds to inf */
+    if (h == 0) h = SPX_Q_SCALE_F16_MIN;       /* s32 < 2^-25 rounds to 0 */
+    return h;
+}
+
+float spx_q_scale32(float wmin, float wmax, int bits) {
+    float s32 = (wmax - wmin) / (float)((1 << bits) - 1);
+    return s32 >= 1e-8f ? s32 : 1e-8f;
+}
+
+uint16_t spx_q_scale_f16(float wmin, float wmax, int bits) {
+    return scale_to_f16(spx_q_scale32(wmin, wmax, bits));
+}
+
+/* clamp(round(u), 0, n); NaN -> 0. */
+static inline int round_clamp(float u, int n) {
+    if (!(u >= 0.0f)) return 0; /* negative or NaN */
+    if (u >= (float)n) return n;
+    return (int)roundf(u);
+}
+
+int spx_q_zero_point(float wmin, float s, int bits) {
+    return round_clamp(-wmin / s, (1 << bits) - 1);
+}
+
+double spx_q_prop2_slack(int bits, float s32, uint16_t s_f16) {
+    int n = (1 << bits) - 1;
+    double s = spx_f16_to_f32(s_f16);
+    /* The true range / n is within a factor (1 + 2^-22) of s32 (two float
+     * roundings); the float32 evaluation of w/s + z is within 3 * 2^-20. */
+    double shrink = (double)s32 * (1.0 + 0x1p-22) / s - 1.0;
+    return (shrink > 0 ? n * shrink : 0.0) + 0x1p-18;
+}
+
+/* ======================================================================
+ * Packing
+ * ==================================================================== */
+
+int spx_q_code_get(const uint8_t *codes_row, int64_t col, int bits, int group) {
+    int cpb = spx_q_codes_per_byte(bits), w = 8 / cpb, B = group / cpb;
+    int64_t g = col / group;
+    int k = (int)(col % group);
+    uint8_t byte = codes_row[g * B + k % B];
+    return (byte >> ((k / B) * w)) & ((1 << w) - 1);
+}
+
+void spx_q_code_set(uint8_t *codes_row, int64_t col, int bits, int group, int q) {
+    int cpb = spx_q_codes_per_byte(bits), w = 8 / cpb, B = group / cpb;
+    int64_t g = col / group;
+    int k = (int)(col % group), sh = (k / B) * w;
+    uint8_t *p = &codes_row[g * B + k % B];
+    uint8_t mask = (uint8_t)(((1 << w) - 1) << sh);
+    *p = (uint8_t)((*p & ~mask) | ((q << sh) & mask));
+}
+
+void spx_q_unpack_group(const uint8_t *gcodes, int bits, int group, uint8_t *q) {
+    if (bits > 2) {
+        int B = group / 2;
+        for (int k = 0; k < B; k++) {
+            q[k] = gcodes[k] & 0xf;
+            q[k + B] = gcodes[k] >> 4;
+        }
+    } else {
+        int B = group / 4;
+        for (int k = 0; k < B; k++) {
+            uint8_t c = gcodes[k];
+            q[k] = c & 3;
+            q[k + B] = (c >> 2) & 3;
+            q[k + 2 * B] = (c >> 4) & 3;
+            q[k + 3 * B] = c >> 6;
+        }
+    }
+}
+
+static void pack_group(const uint8_t *q, int bits, int group, uint8_t *gcodes) {
+    if (bits > 2) {
+        int B = group / 2;
+        for (int k = 0; k < B; k++) gcodes[k] = (uint8_t)(q[k] | (q[k + B] << 4));
+    } else {
+        int B = group / 4;
+        for (int k = 0; k < B; k++)
+            gcodes[k] = (uint8_t)(q[k] | (q[k + B] << 2) | (q[k + 2 * B] << 4) | (q[k + 3 * B] << 6));
+    }
+}
+
+/* ======================================================================
+ * Quantization of one group
+ * ==================================================================== */
+
+/* Codes of w under (s, z) (outlier slots get z); returns the squared error
+ * sum(imp * (w - (q - z) s)^2) over non-outliers, in double. */
+static double group_codes(const float *w, const uint8_t *fl, const float *imp, int G, float s,
+                          int z, int n, uint8_t *q) {
+    double err = 0;
+    for (int k = 0; k < G; k++) {
+        if (fl && fl[k]) {
+            q[k] = (uint8_t)z;
+            continue;
+        }
+        int c = round_clamp(w[k] / s + (float)z, n);
+        q[k] = (uint8_t)c;
+        double d = (double)w[k] - (double)(c - z) * (double)s;
+        err += (imp ? (double)imp[k] : 1.0) * d * d;
+    }
+    return err;
+}
+
+/* Candidate (fp16 scale, zero) evaluated into a scratch code buffer; keeps
+ * it in best_* if strictly better. */
+typedef struct {
+    const float *w;
+    const uint8_t *fl;
+    const float *imp;
+    int G, n;
+    uint8_t *q_try, *q_best;
+    double best_err;
+    uint16_t best_s;
+    int best_z;
+} mse_search;
+
+static void try_candidate(mse_search *m, uint16_t s_h, int z) {
+    if (z < 0 || z > m->n) return;
+    if (s_h == 0 || s_h >= 0x7c00u) return;
+    float s = spx_f16_to_f32(s_h);
+    double err = group_codes(m->w, m->fl, m->imp, m->G, s, z, m->n, m->q_try);
+    if (err < m->best_err) {
+        m->best_err = err;
+        m->best_s = s_h;
+        m->best_z = z;
+        memcpy(m->q_best, m->q_try, (size_t)m->G);
+    }
+}
+
+/* Least-squares scale for fixed codes and zero: s = sum imp w (q-z) /
+ * sum imp (q-z)^2 over non-outliers; 0 when undefined. */
+static float ls_scale(const mse_search *m, const uint8_t *q, int z) {
+    double num = 0, den = 0;
+    for (int k = 0; k < m->G; k++) {
+        if (m->fl && m->fl[k]) continue;
+        double a = (double)q[k] - z, wt = m->imp ? m->imp[k] : 1.0;
+        num += wt * m->w[k] * a;
+        den += wt * a * a;
+    }
+    return den > 0 && num > 0 ? (float)(num / den) : 0.0f;
+}
+
+/* Grid of the MSE search: range shrink factors 1 - i / MSE_GRID_DIV,
+ * i < MSE_GRID (down to 0.5 of the zero-including range), each with
+ * z in {z0 - 1, z0, z0 + 1}; then least-squares refits of s for the best
+ * (z fixed) and the fp16 neighbours of the result. */
+#define MSE_GRID 24
+#define MSE_GRID_DIV 48.0f
+#define MSE_REFITS 3
+
+static void quantize_group_mse(mse_search *m, float wmin, float wmax) {
+    /* The grid always contains 0 (z is an integer code), so the range worth
+     * covering is the zero-including one; this also repairs one-sided
+     * groups, where MINMAX clips everything to [0, range]. */
+    float lo = wmin < 0 ? wmin : 0, hi = wmax > 0 ? wmax : 0;
+    if (!(hi - lo > 0)) return; /* all equal to 0 (or no entries): MINMAX is exact */
+    for (int i = 0; i < MSE_GRID; i++) {
+        float f = 1.0f - (float)i / MSE_GRID_DIV;
+        uint16_t s_h = scale_to_f16(f * (hi - lo) / (float)m->n);
+        float s = spx_f16_to_f32(s_h);
+        /* The shrunk range [f lo, f hi] keeps 0 where it was; z0 +- 1 shifts
+         * the clipping towards one end (asymmetric clipping). */
+        int z0 = round_clamp(-(f * lo) / s, m->n);
+        for (int dz = -1; dz <= 1; dz++) try_candidate(m, s_h, z0 + dz);
+    }
+    for (int it = 0; it < MSE_REFITS; it++) {
+        uint16_t prev = m->best_s;
+        int z = m->best_z;
+        float s_ls = ls_scale(m, m->q_best, z);
+        if (s_ls > 0) try_candidate(m, scale_to_f16(s_ls), z);
+        if (m->best_s == prev) break;
+    }
+    uint16_t s_h = m->best_s;
+    int z = m->best_z;
+    try_candidate(m, (uint16_t)(s_h - 1), z); /* fp16 neighbours (same sign: s_h >= 1) */
+    try_candidate(m, (uint16_t)(s_h + 1), z);
+}
+
+static void quantize_group(const float *w, const uint8_t *fl, const float *imp, int G, int bits,
+                           int method, uint8_t *q, uint16_t *s_out, int *z_out) {
+    int n = (1 << bits) - 1;
+    float wmin = 0, wmax = 0;
+    int any = 0;
+    for (int k = 0; k < G; k++) {
+        if (fl && fl[k]) continue;
+        if (!any) {
+            wmin = wmax = w[k];
+            any = 1;
+        } else {
+            if (w[k] < wmin) wmin = w[k];
+            if (w[k] > wmax) wmax = w[k];
+        }
+    }
+    uint16_t s_h = spx_q_scale_f16(wmin, wmax, bits);
+    float s = spx_f16_to_f32(s_h);
+    int z = spx_q_zero_point(wmin, s, bits);
+    double err = group_codes(w, fl, imp, G, s, z, n, q);
+    if (method == SPX_Q_MSE && err > 0) {
+        uint8_t q_try[GROUP_MAX];
+        mse_search m = {w, fl, imp, G, n, q_try, q, err, s_h, z};
+        quantize_group_mse(&m, wmin, wmax);
+        s_h = m.best_s;
+        z = m.best_z;
+    }
+    *s_out = s_h;
+    *z_out = z;
+}
+
+spx_status spx_q_quantize_row_imp(const float *w, int64_t cols, const uint8_t *is_outlier,
+                                  const float *imp, int bits, int group, int method,
+                                  uint8_t *codes, uint16_t *scales, uint8_t *zeros) {
+    if (!params_ok(bits, group, cols) || group > GROUP_MAX ||
+        (method != SPX_Q_MINMAX && method != SPX_Q_MSE))
+        return SPX_ERR_ARG;
+    int64_t ng = cols / group;
+    int B = group / spx_q_codes_per_byte(bits);
+    uint8_t q[GROUP_MAX];
+    memset(zeros, 0, (size_t)spx_q_zeros_row_bytes(cols, group));
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * group;
+        int z;
+        quantize_group(w + c0, is_outlier ? is_outlier + c0 : NULL, imp ? imp + c0 : NULL, group,
+                       bits, method, q, &scales[g], &z);
+        pack_group(q, bits, group, codes + g * B);
+        zeros[g >> 1] |= (uint8_t)(z << ((g & 1) * 4));
+    }
+    return SPX_OK;
+}
+
+spx_status spx_q_quantize_row(const float *w, int64_t cols, const uint8_t *is_outlier, int bits,
+                              int group, int method, uint8_t *codes, uint16_t *scales,
+                              uint8_t *zeros) {
+    return spx_q_quantize_row_imp(w, cols, is_outlier, NULL, bits, group, method, codes, scales,
+                                  zeros);
+}
+
+/* ======================================================================
+ * Dequantization and dot products
+ * ==================================================================== */
+
+void spx_q_dequantize_row(const uint8_t *codes, const uint16_t *scales, const uint8_t *zeros,
+                          int64_t cols, int bits, int group, float *out) {
+    int B = group / spx_q_codes_per_byte(bits);
+    uint8_t q[GROUP_MAX];
+    for (int64_t g = 0; g < cols / group; g++) {
+        float s = spx_f16_to_f32(scales[g]);
+        int z = spx_q_zero_get(zeros, g);
+        spx_q_unpack_group(codes + g * B, bits, group, q);
+        float *o = out + g * group;
+        for (int k = 0; k < group; k++) o[k] = (float)((int)q[k] - z) * s;
+    }
+}
+
+static inline const uint8_t *row_codes(const spx_qtensor *q, int64_t row) {
+    return q->codes + row * spx_q_codes_row_bytes(q->cols, q->bits);
+}
+static inline const uint8_t *row_zeros(const spx_qtensor *q, int64_t row) {
+    return q->zeros + row * spx_q_zeros_row_bytes(q->cols, q->group);
+}
+static inline const uint16_t *row_scales(const spx_qtensor *q, int64_t row) {
+    return q->scales + row * spx_q_groups(q->cols, q->group);
+}
+
+void spx_q_dequant_row_f32(const spx_qtensor *q, int64_t row, float *out) {
+    spx_q_dequantize_row(row_codes(q, row), row_scales(q, row), row_zeros(q, row), q->cols,
+                         q->bits, q->group, out);
+    const uint16_t *ov = q->outlier_val + row * q->n_outliers;
+    for (int64_t j = 0; j < q->n_outliers; j++) out[q->outlier_idx[j]] += spx_f16_to_f32(ov[j]);
+}
+
+float spx_q_dot_row(const spx_qtensor *q, int64_t row, const float *x) {
+    const uint8_t *codes = row_codes(q, row), *zeros = row_zeros(q, row);
+    const uint16_t *scales = row_scales(q, row);
+    int group = q->group, bits = q->bits, B = group / spx_q_codes_per_byte(bits);
+    uint8_t qq[GROUP_MAX];
+    double acc = 0;
+    for (int64_t g = 0; g < q->cols / group; g++) {
+        float z = (float)spx_q_zero_get(zeros, g);
+        const float *xg = x + g * group;
+        float a = 0;
+        spx_q_unpack_group(codes + g * B, bits, group, qq);
+        for (int k = 0; k < group; k++) a += ((float)qq[k] - z) * xg[k];
+        acc += (double)spx_f16_to_f32(scales[g]) * a;
+    }
+    const uint16_t *ov = q->outlier_val + row * q->n_outliers;
+    for (int64_t j = 0; j < q->n_outliers; j++)
+        acc += (double)spx_f16_to_f32(ov[j]) * x[q->outlier_idx[j]];
+    return (float)acc;
+}
+
+void spx_q_dot_rows(const spx_qtensor *q, int64_t row, const float *x, int64_t n_tok,
+                    int64_t x_stride, float *out, int64_t out_stride, float *scratch) {
+    spx_q_dequant_row_f32(q, row, scratch);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xt = x + t * x_stride;
+        double acc = 0;
+        for (int64_t c = 0; c < q->cols; c++) acc += (double)scratch[c] * xt[c];
+        out[t * out_stride] = (float)acc;
+    }
+}
+
+/* ======================================================================
+ * spx_qbuf
+ * ==================================================================== */
+
+spx_status spx_qbuf_init(spx_qbuf *b, int64_t rows, int64_t cols, int bits, int group,
+                         const int32_t *outlier_idx, int64_t n_outliers, spx_err *e) {
+    memset(b, 0, sizeof *b);
+    SPX_TRY(spx_q_check_params(bits, group, cols, e));
+    if (group > GROUP_MAX)
+        return spx_fail(e, SPX_ERR_ARG, "quantization group %d: at most %d", group, GROUP_MAX);
+    if (rows <= 0 || n_outliers < 0 || n_outliers > cols || (n_outliers && !outlier_idx))
+        return spx_fail(e, SPX_ERR_ARG, "quantized matrix: rows %lld, outliers %lld of %lld columns",
+                        (long long)rows, (long long)n_outliers, (long long)cols);
+    for (int64_t j = 0; j < n_outliers; j++)
+        if (outlier_idx[j] < 0 || outlier_idx[j] >= cols || (j && outlier_idx[j] <= outlier_idx[j - 1]))
+            return spx_fail(e, SPX_ERR_ARG,
+                            "outlier index %lld is %d: expected strictly increasing in [0, %lld)",
+                            (long long)j, outlier_idx[j], (long long)cols);
+    b->codes_row_bytes = spx_q_codes_row_bytes(cols, bits);
+    b->zeros_row_bytes = spx_q_zeros_row_bytes(cols, group);
+    b->n_groups = spx_q_groups(cols, group);
+    size_t r = (size_t)rows;
+    b->codes = malloc(r * (size_t)b->codes_row_bytes);
+    b->scales = malloc(r * (size_t)b->n_groups * sizeof(uint16_t));
+    b->zeros = malloc(r * (size_t)b->zeros_row_bytes);
+    b->is_outlier = calloc((size_t)cols, 1);
+    b->outlier_idx = malloc((size_t)(n_outliers ? n_outliers : 1) * sizeof(int32_t));
+    b->outlier_val = malloc(r * (size_t)(n_outliers ? n_outliers : 1) * sizeof(uint16_t));
+    if (!b->codes || !b->scales || !b->zeros || !b->is_outlier || !b->outlier_idx || !b->outlier_val) {
+        spx_qbuf_free(b);
+        return spx_fail(e, SPX_ERR_NOMEM, "quantized matrix %lld x %lld: out of memory",
+                        (long long)rows, (long long)cols);
+    }
+    for (int64_t j = 0; j < n_outliers; j++) {
+        b->outlier_idx[j] = outlier_idx[j];
+        b->is_outlier[outlier_idx[j]] = 1;
+    }
+    b->q = (spx_qtensor){rows,      cols,     bits,          group,          n_outliers,
+                         b->codes,  b->scales, b->zeros,     b->outlier_idx, b->outlier_val};
+    return SPX_OK;
+}
+
+void spx_qbuf_free(spx_qbuf *b) {
+    if (!b) return;
+    free(b->codes);
+    free(b->scales);
+    free(b->zeros);
+    free(b->is_outlier);
+    free(b->outlier_idx);
+    free(b->outlier_val);
+    memset(b, 0, sizeof *b);
+}
+
+void spx_qbuf_set_row(spx_qbuf *b, int64_t row, const float *w, int method, const float *imp) {
+    const spx_qtensor *q = &b->q;
+    spx_q_quantize_row_imp(w, q->cols, q->n_outliers ? b->is_outlier : NULL, imp, q->bits,
+                           q->group, method, b->codes + row * b->codes_row_bytes,
+                           b->scales + row * b->n_groups, b->zeros + row * b->zeros_row_bytes);
+    uint16_t *ov = b->outlier_val + row * q->n_outliers;
+    for (int64_t j = 0; j < q->n_outliers; j++) {
+        float v = w[b->outlier_idx[j]];
+        v = v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+        ov[j] = spx_f32_to_f16(v);
+    }
+}

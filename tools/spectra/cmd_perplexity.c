@@ -1,0 +1,85 @@
+/* cmd_perplexity.c: `spectra perplexity -m MODEL -f TEXT [--ctx N]
+ * [--chunks C]`: PPL = exp(mean NLL) over the windows of windows.h. */
+#include "cli.h"
+#include "common.h"
+#include "core/util.h"
+#include "windows.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: spectra perplexity -m MODEL -f TEXT [options]\n"
+               "  -m MODEL        Hugging Face folder or .trdc file\n"
+               "  -f TEXT         UTF-8 text file\n"
+               "  --ctx N         window length in tokens (int >= 2; default 512)\n"
+               "  --chunks C      number of windows (int >= 1; default: all that fit)\n"
+               "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
+               "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
+               "  --json          print the result as JSON\n");
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    const char *model = NULL, *file = NULL;
+    int64_t ctx = 512, chunks = 0, threads = 0;
+    int compat = 0, json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--llama-compat")) compat = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!(v = cli_value(argc, argv, &i))) return 2;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "-f")) file = v;
+        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) { if (!cli_int(a, v, 2, 1 << 20, &ctx)) return 2; }
+        else if (!strcmp(a, "--chunks")) { if (!cli_int(a, v, 1, 1 << 30, &chunks)) return 2; }
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
+        else { cli_error("perplexity: unknown option '%s'", a); usage(stderr); return 2; }
+    }
+    if (!file) { cli_error("perplexity: -f TEXT is required"); usage(stderr); return 2; }
+    spx_model *m = cli_open_model(model, threads);
+    if (!m) return 1;
+    eval_windows w;
+    if (!eval_windows_init(&w, m, file, ctx, chunks, compat)) { spx_model_free(m); return 1; }
+    int64_t V = spx_model_vocab_size(m);
+    int rc = 1;
+    spx_session *s = NULL;
+    spx_session_params sp = {.n_ctx = ctx};
+    float *logits = malloc((size_t)ctx * (size_t)V * sizeof(float));
+    int32_t *in = malloc((size_t)ctx * sizeof *in), *tg = malloc((size_t)ctx * sizeof *tg);
+    if (!logits || !in || !tg) { cli_error("out of memory"); goto done; }
+    if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
+    double nll = 0, t0 = spx_now();
+    int64_t scored = 0;
+    for (int64_t k = 0; k < w.chunks; k++) {
+        int64_t first, count;
+        eval_windows_get(&w, k, in, &first, &count, tg);
+        spx_session_reset(s);
+        if (spx_session_eval(s, in, (size_t)ctx, logits, 1) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+        for (int64_t i = 0; i < count; i++) nll -= eval_logprob(logits + (first + i) * V, V, tg[i], NULL);
+        scored += count;
+        if (!json) {
+            fprintf(stderr, "\r[%lld/%lld] PPL %.4f  (%.1f tokens/s)", (long long)(k + 1), (long long)w.chunks,
+                    exp(nll / (double)scored), (double)((k + 1) * ctx) / (spx_now() - t0));
+            fflush(stderr);
+        }
+    }
+    double ppl = exp(nll / (double)scored), secs = spx_now() - t0;
+    if (json)
+        printf("{\"ppl\": %.6f, \"nll\": %.8f, \"tokens_scored\": %lld, \"ctx\": %lld, \"chunks\": %lld, \"seconds\": %.3f}\n",
+               ppl, nll / (double)scored, (long long)scored, (long long)ctx, (long long)w.chunks, secs);
+    else
+        printf("\nPPL = %.4f over %lld scored tokens (%lld windows of %lld%s) in %.1f s\n", ppl, (long long)scored,
+               (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "", secs);
+    rc = 0;
+done:
+    free(logits);
+    free(in);
+    free(tg);
+    spx_session_free(s);
+    eval_windows_free(&w);
+    spx_model_free(m);
+    return rc;
+}

@@ -1,0 +1,141 @@
+/* cmd_run.c: `spectra run -m MODEL -p TEXT`: generate text, streaming it
+ * to stdout, with timing on stderr (prefill and decode tokens/s). */
+#include "cli.h"
+#include "common.h"
+#include "core/util.h"
+#include "engine/session.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: spectra run -m MODEL (-p TEXT | -f FILE | --ids LIST) [options]\n"
+            "  -m MODEL        Hugging Face folder or .trdc file\n"
+            "  -p TEXT         prompt (the tokenizer's BOS rule applies)\n"
+            "  -f FILE         read the prompt from a file\n"
+            "  --ids LIST      prompt as token ids (comma/space separated; prints ids)\n"
+            "  -n N            tokens to generate (int >= 0; default 128)\n"
+            "  --temp T        temperature (float >= 0; 0 = greedy; default 0.8)\n"
+            "  --top-k K       keep the K most likely tokens (int >= 0, 0 = off; default 40)\n"
+            "  --top-p P       nucleus threshold (float in (0, 1], 1 = off; default 0.95)\n"
+            "  --seed S        random seed (uint64; default: from the clock, printed)\n"
+            "  --ignore-eos    keep generating past the end-of-sequence token\n"
+            "  --ctx N         context length (int; default: min(model max, 4096))\n"
+            "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
+            "  -q, --quiet     no prompt echo and no statistics\n");
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *file = NULL, *ids_s = NULL;
+    int64_t n_gen = 128, top_k = 40, threads = 0, n_ctx = 0, seed = -1;
+    double temp = 0.8, top_p = 0.95;
+    int ignore_eos = 0, quiet = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return 2; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!(prompt = cli_value(argc, argv, &i))) return 2; }
+        else if (!strcmp(a, "-f")) { if (!(file = cli_value(argc, argv, &i))) return 2; }
+        else if (!strcmp(a, "--ids")) { if (!(ids_s = cli_value(argc, argv, &i))) return 2; }
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
+        else if (!(v = cli_value(argc, argv, &i))) return 2;
+        else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 24, &n_gen)) return 2; }
+        else if (!strcmp(a, "--temp")) { if (!cli_float(a, v, 0, 1e6, &temp)) return 2; }
+        else if (!strcmp(a, "--top-k")) { if (!cli_int(a, v, 0, 1 << 24, &top_k)) return 2; }
+        else if (!strcmp(a, "--top-p")) { if (!cli_float(a, v, 1e-9, 1, &top_p)) return 2; }
+        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
+        else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
+        else { cli_error("run: unknown option '%s'", a); usage(stderr); return 2; }
+    }
+    if (!!prompt + !!file + !!ids_s != 1) {
+        cli_error("run: give exactly one of -p TEXT, -f FILE, --ids LIST");
+        usage(stderr);
+        return 2;
+    }
+    spx_model *m = cli_open_model(model, threads);
+    if (!m) return 1;
+    int rc = 1;
+    int32_t *ids = NULL;
+    size_t n_prompt = 0;
+    char *text = NULL;
+    size_t text_len = 0;
+    spx_session *s = NULL;
+    spx_tok_stream *ts = NULL;
+    float *logits = NULL;
+    spx_err e;
+    spx_err_clear(&e);
+
+    if (ids_s) {
+        if (!(ids = cli_parse_ids(ids_s, &n_prompt))) goto done;
+    } else {
+        if (!m->tok) { cli_error("%s: the model has no tokenizer; use --ids", model); goto done; }
+        if (file) { if (!(text = cli_read_text(file, &text_len))) goto done; }
+        else { text = spx_strdup(prompt); text_len = strlen(prompt); }
+        if (!text || spx_tok_encode(m->tok, text, text_len, 1, &ids, &n_prompt, &e) != SPX_OK) { cli_fail(&e); goto done; }
+        if (n_prompt == 0) { cli_error("run: the prompt encodes to no tokens"); goto done; }
+    }
+    spx_session_params sp = {.n_ctx = n_ctx};
+    if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
+    if ((int64_t)n_prompt >= n_ctx && n_ctx > 0) { cli_error("run: prompt of %zu tokens does not fit --ctx %lld", n_prompt, (long long)n_ctx); goto done; }
+    int64_t V = spx_model_vocab_size(m);
+    if (!(logits = malloc((size_t)V * sizeof(float)))) { cli_error("out of memory"); goto done; }
+    uint64_t rng = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    if (!quiet && seed < 0 && temp > 0) fprintf(stderr, "seed: %llu\n", (unsigned long long)rng);
+    spx_sampler_params smp = {(float)temp, (int32_t)top_k, (float)top_p, rng};
+
+    if (m->tok && !ids_s) {
+        if (spx_tok_stream_new(m->tok, 1, &ts, &e) != SPX_OK) { cli_fail(&e); goto done; }
+        if (!quiet) { fwrite(text, 1, text_len, stdout); fflush(stdout); }
+    }
+    double t0 = spx_now();
+    if (spx_session_eval(s, ids, n_prompt, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+    double t1 = spx_now();
+    int64_t n_done = 0;
+    int32_t eos = spx_model_eos_id(m);
+    for (; n_done < n_gen; n_done++) {
+        int32_t id = spx_sample(logits, V, &smp, &rng);
+        int is_eos = id == eos;
+        for (int k = 0; k < m->cfg.n_eos; k++) is_eos |= id == m->cfg.eos_ids[k];
+        if (is_eos && !ignore_eos) break;
+        if (ts) {
+            const char *piece;
+            size_t plen;
+            if (spx_tok_stream_push(ts, id, &piece, &plen, &e) != SPX_OK) { cli_fail(&e); goto done; }
+            fwrite(piece, 1, plen, stdout);
+        } else {
+            printf("%s%d", n_done ? " " : "", id);
+        }
+        fflush(stdout);
+        if (n_done + 1 == n_gen) { n_done++; break; }
+        if (spx_session_pos(s) >= s->n_ctx) { fprintf(stderr, "\n[context full]\n"); n_done++; break; }
+        if (spx_session_eval(s, &id, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+    }
+    if (ts) {
+        const char *piece;
+        size_t plen;
+        if (spx_tok_stream_flush(ts, &piece, &plen, &e) == SPX_OK) fwrite(piece, 1, plen, stdout);
+    }
+    printf("\n");
+    double t2 = spx_now();
+    if (!quiet) {
+        int64_t decoded = n_done > 0 ? n_done - 1 : 0; /* the first token came from the prefill */
+        fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tokens/s)\n", n_prompt, t1 - t0, (double)n_prompt / (t1 - t0));
+        fprintf(stderr, "generate: %lld tokens in %.3f s (%.1f tokens/s), %d threads, peak RSS %.1f MiB\n",
+                (long long)n_done, t2 - t1, decoded > 0 ? (double)decoded / (t2 - t1) : 0.0, spx_pool_size(m->pool),
+                (double)spx_peak_rss() / (1 << 20));
+    }
+    rc = 0;
+done:
+    spx_tok_stream_free(ts);
+    free(logits);
+    free(ids);
+    free(text);
+    spx_session_free(s);
+    spx_model_free(m);
+    return rc;
+}

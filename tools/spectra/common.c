@@ -1,0 +1,66 @@
+/* common.c: helpers shared by the subcommands. */
+#include "common.h"
+#include "cli.h"
+#include "core/util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+
+int32_t *cli_parse_ids(const char *s, size_t *n) {
+    size_t cap = 16, k = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return NULL;
+    const char *p = s;
+    for (;;) {
+        while (*p == ',' || isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            cli_error("--ids: '%s' is not a list of non-negative token ids", s);
+            free(ids);
+            return NULL;
+        }
+        if (k == cap) {
+            int32_t *t = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!t) { free(ids); return NULL; }
+            ids = t;
+        }
+        ids[k++] = (int32_t)v;
+        p = end;
+    }
+    if (k == 0) {
+        cli_error("--ids: empty list");
+        free(ids);
+        return NULL;
+    }
+    *n = k;
+    return ids;
+}
+
+spx_model *cli_open_model(const char *path, int64_t threads) {
+    if (!path) {
+        cli_error("no model given (-m MODEL: a Hugging Face folder or a .trdc file)");
+        return NULL;
+    }
+    spx_model_params mp = {.n_threads = (int32_t)threads};
+    spx_model *m = NULL;
+    if (spx_model_open(path, &mp, &m) != SPX_OK) {
+        cli_error("%s", spx_last_error());
+        return NULL;
+    }
+    return m;
+}
+
+char *cli_read_text(const char *path, size_t *len) {
+    spx_err e;
+    spx_err_clear(&e);
+    char *buf = NULL;
+    if (spx_read_file(path, (size_t)1 << 31, &buf, len, &e) != SPX_OK) {
+        cli_fail(&e);
+        return NULL;
+    }
+    return buf;
+}

@@ -1,0 +1,17 @@
+/* common.h: helpers shared by the subcommands (model flags, id lists). */
+#ifndef SPX_CLI_COMMON_H
+#define SPX_CLI_COMMON_H
+
+#include "spectra.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* Parses "1,2,3" or "1 2 3" into a malloc'd array; prints an error and
+ * returns NULL on a bad list. */
+int32_t *cli_parse_ids(const char *s, size_t *n);
+/* Opens a model, printing the library's message on failure. */
+spx_model *cli_open_model(const char *path, int64_t threads);
+/* Reads a whole text file (for -f); prints an error and returns NULL. */
+char *cli_read_text(const char *path, size_t *len);
+
+#endif

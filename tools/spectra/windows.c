@@ -1,0 +1,81 @@
+/* windows.c: evaluation windows (see windows.h). */
+#include "windows.h"
+#include "cli.h"
+#include "common.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t ctx, int64_t chunks,
+                      int llama_compat) {
+    memset(w, 0, sizeof *w);
+    if (!m->tok) { cli_error("%s: the model has no tokenizer", m->path); return 0; }
+    int32_t bos = spx_model_bos_id(m);
+    if (bos < 0) { cli_error("%s: the model has no BOS token, which the protocol needs", m->path); return 0; }
+    size_t len = 0;
+    char *text = cli_read_text(path, &len);
+    if (!text) return 0;
+    spx_err e;
+    spx_err_clear(&e);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    /* compat: the tokenizer's own BOS rule, as llama-perplexity's tokenize(add_bos) */
+    spx_status st = spx_tok_encode(m->tok, text, len, llama_compat, &ids, &n, &e);
+    free(text);
+    if (st != SPX_OK) { cli_fail(&e); return 0; }
+    int32_t *all = malloc((n + 1) * sizeof *all);
+    if (!all) { free(ids); cli_error("out of memory"); return 0; }
+    size_t k = 0;
+    if (!llama_compat) all[k++] = bos;
+    memcpy(all + k, ids, n * sizeof *ids);
+    free(ids);
+    w->tokens = all;
+    w->n_tokens = n + k;
+    w->ctx = ctx;
+    w->bos = bos;
+    w->llama_compat = llama_compat;
+    int64_t fit = llama_compat ? (int64_t)(w->n_tokens / (size_t)ctx) : (int64_t)((w->n_tokens - 1) / (size_t)ctx);
+    if (chunks <= 0) chunks = fit;
+    if (chunks > fit || chunks <= 0) {
+        cli_error("%s: %zu tokens make only %lld windows of %lld (asked for %lld)", path, w->n_tokens, (long long)fit,
+                  (long long)ctx, (long long)chunks);
+        eval_windows_free(w);
+        return 0;
+    }
+    w->chunks = chunks;
+    return 1;
+}
+
+void eval_windows_free(eval_windows *w) {
+    free(w->tokens);
+    memset(w, 0, sizeof *w);
+}
+
+void eval_windows_get(const eval_windows *w, int64_t k, int32_t *in, int64_t *first, int64_t *count,
+                      int32_t *targets) {
+    int64_t N = w->ctx;
+    const int32_t *base = w->tokens + k * N;
+    memcpy(in, base, (size_t)N * sizeof *in);
+    if (w->llama_compat) {
+        in[0] = w->bos;
+        *first = N / 2;
+        *count = N - 1 - N / 2;
+    } else {
+        *first = 0;
+        *count = N;
+    }
+    for (int64_t i = 0; i < *count; i++) targets[i] = base[*first + i + 1];
+}
+
+double eval_logprob(const float *logits, int64_t vocab, int32_t target, double *logp) {
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    if (logp)
+        for (int64_t i = 0; i < vocab; i++) logp[i] = (double)logits[i] - lse;
+    return (double)logits[target] - lse;
+}

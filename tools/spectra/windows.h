@@ -1,0 +1,41 @@
+/* windows.h: the evaluation windows shared by `perplexity` and `kl`.
+ *
+ * Default protocol (docllama-58m/README.md): tokenize the whole file with
+ * no BOS/EOS from the tokenizer (special-token strings in the text still
+ * become their ids), prepend BOS once, keep the first C*N+1 tokens; window
+ * k feeds tokens kN .. kN+N-1 with no earlier context and scores the
+ * predictions of tokens kN+1 .. kN+N (all N positions).
+ *
+ * --llama-compat (llama-perplexity): the stream is tokenized with the
+ * tokenizer's own BOS rule (llama.cpp's add_bos); window k feeds tokens kN .. kN+N-1 with its first token replaced by BOS,
+ * and scores only the second half: positions N/2 .. N-2 predicting tokens
+ * kN+N/2+1 .. kN+N-1 (N/2 - 1 predictions per window). */
+#ifndef SPX_CLI_WINDOWS_H
+#define SPX_CLI_WINDOWS_H
+
+#include "spectra.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eval_windows {
+    int32_t *tokens;   /* the stream */
+    size_t n_tokens;
+    int64_t ctx, chunks;
+    int llama_compat;
+    int32_t bos;
+} eval_windows;
+
+/* Tokenizes `path` with model m's tokenizer and prepares `chunks` windows
+ * (chunks <= 0: as many as fit). Prints an error and returns 0 on failure. */
+int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t ctx, int64_t chunks,
+                      int llama_compat);
+void eval_windows_free(eval_windows *w);
+/* Input ids of window k into in[ctx]; first scored position and count;
+ * targets[i] is the token predicted at position first+i. */
+void eval_windows_get(const eval_windows *w, int64_t k, int32_t *in, int64_t *first, int64_t *count,
+                      int32_t *targets);
+/* log-softmax helper: returns log p(target) for a logits row. Also writes
+ * the row's log-probabilities to logp (if non-NULL), in double. */
+double eval_logprob(const float *logits, int64_t vocab, int32_t target, double *logp);
+
+#endif
