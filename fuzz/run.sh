@@ -1,8 +1,8 @@
 #!/bin/sh
 # fuzz/run.sh SHARED_DIR: builds and runs every libFuzzer target.
 #
-# Each fuzz/fuzz_NAME.c is linked with all of src/*/*.c (compiled once,
-# with coverage, ASan and UBSan; UB is fatal) into build-fuzz/fuzz_NAME and
+# Each fuzz/fuzz_NAME.c is linked with all of src/*/*.c (compiled once into
+# build-fuzz/libspectra-fuzz.a, with coverage, ASan and UBSan; UB is fatal) into build-fuzz/fuzz_NAME and
 # run for FUZZ_TIME seconds (default 20) on build-fuzz/corpus_NAME/. The
 # corpus is seeded at each run by fuzz/seeds_NAME.sh CORPUS_DIR SHARED_DIR
 # when that script exists; fuzz/NAME.dict, when present, is passed as a
@@ -56,16 +56,19 @@ if [ $? -ne 0 ]; then
     echo "fuzz: FAILED to compile the library (see above)" >&2
     exit 1
 fi
-objs=""
+# An archive, as the Makefile links: a target pulls in only the objects it
+# needs, so a module still being written elsewhere does not break its link.
+lib="$OUT/libspectra-fuzz.a"
+rm -f "$lib"
 for s in src/*/*.c; do
-    objs="$objs $OUT/obj/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')"
+    ar rcs "$lib" "$OUT/obj/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')" || exit 1
 done
 
 fail=0
 for name in $targets; do
     bin="$OUT/fuzz_$name"
     # shellcheck disable=SC2086
-    if ! $CLANG $COMMON -fsanitize=fuzzer,$SAN "fuzz/fuzz_$name.c" $objs -o "$bin" $LIBS; then
+    if ! $CLANG $COMMON -fsanitize=fuzzer,$SAN "fuzz/fuzz_$name.c" "$lib" -o "$bin" $LIBS; then
         echo "[FAIL] fuzz_$name: build failed" >&2
         fail=$((fail + 1)); continue
     fi

@@ -63,14 +63,16 @@ spx_status spx_pool_new(int n_threads, spx_pool **out, spx_err *e) {
     }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
+        if (wa) {
+            wa->p = p; /* filled before the thread can read it */
+            wa->tid = i;
+        }
         if (!wa || pthread_create(&p->threads[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
             p->n = i; /* shut down the ones we made */
             spx_pool_free(p);
             return spx_fail(e, SPX_ERR_NOMEM, "thread pool: cannot start thread %d", i);
         }
-        wa->p = p;
-        wa->tid = i;
     }
     *out = p;
     return SPX_OK;

@@ -227,6 +227,13 @@ static spx_status parse_root(ctx *c, spx_config *cfg) {
         cfg->sliding_window = 0;
         SPX_TRY(get_int(c, root, "sliding_window", false, 1, CAP_POS, &cfg->sliding_window));
     }
+    cfg->source_dtype = 32;
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
+    if (!dt || cJSON_IsNull(dt)) dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
+    if (dt && cJSON_IsString(dt)) {
+        if (!strcmp(dt->valuestring, "bfloat16")) cfg->source_dtype = 'b';
+        else if (!strcmp(dt->valuestring, "float16")) cfg->source_dtype = 16;
+    }
     SPX_TRY(parse_rope(c, cfg));
     SPX_TRY(parse_ids(c, cfg));
     return SPX_OK;

@@ -48,6 +48,11 @@ typedef struct spx_config {
     double rope_factor;        /* linear / llama3 */
     double rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
     int64_t rope_orig_max_pos; /* llama3 original_max_position_embeddings */
+    /* The checkpoint's declared dtype (`dtype` or `torch_dtype`): 32 for
+     * float32/absent, 16 for float16, 'b' for bfloat16. transformers runs a
+     * model in that dtype, which rounds the RoPE inv_freq buffer to it;
+     * spx_rope_inv_freq() reproduces that (docs/numerics.md). */
+    int source_dtype;
     /* structure */
     bool tie_embeddings;
     bool qkv_bias;             /* bias on q/k/v projections */

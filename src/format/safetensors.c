@@ -442,7 +442,8 @@ static spx_status parse_image(spx_st *st, const uint8_t *buf, size_t len, const 
         if (s != SPX_OK) free((char *)t.name);
     }
     cJSON_Delete(root);
-    if (s == SPX_OK) s = check_overlap(st->t + first, st->n - first, data, label, e);
+    if (s == SPX_OK && st->n > first)
+        s = check_overlap(st->t + first, st->n - first, data, label, e);
     return s;
 }
 

@@ -328,6 +328,13 @@ static int dense_dtype_ok(spx_dtype t) {
     return t == SPX_DT_F32 || t == SPX_DT_F16 || t == SPX_DT_BF16;
 }
 
+static void shape_str(const spx_trdc_tensor *t, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
 /* Parses and checks tensor #i (everything that concerns it alone). */
 static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *e) {
     const char *L = f->label, *dk;
@@ -418,7 +425,7 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
         const cJSON *jb = cJSON_GetObjectItemCaseSensitive(jt, "bits");
         const cJSON *jg = cJSON_GetObjectItemCaseSensitive(jt, "group");
         const cJSON *jo = cJSON_GetObjectItemCaseSensitive(jt, "n_outliers");
-        if (!jint(jb, 2, 4, &bits) || bits == 0)
+        if (!jint(jb, 2, 4, &bits))
             return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': 'bits' is %s, expected 2, 3 or 4",
                             L, N, jdesc(jb, b1, sizeof b1));
         if (!jint(jg, 32, 128, &group) || (group != 32 && group != 64 && group != 128))
@@ -498,13 +505,15 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
             return spx_fail(e, SPX_ERR_FORMAT,
                             "%s: tensor '%s': component '%s': crc32 is %s, expected an integer in [0, 2^32-1]",
                             L, N, C, jdesc(jcr, b1, sizeof b1));
-        if ((uint64_t)sz != want[c])
+        if ((uint64_t)sz != want[c]) {
+            char shp[160];
+            shape_str(t, shp, sizeof shp);
             return spx_fail(e, SPX_ERR_FORMAT,
                             "%s: tensor '%s': component '%s' has size %lld, expected %llu for shape "
-                            "[%lld, ...] (%s)",
-                            L, N, C, (long long)sz, (unsigned long long)want[c],
-                            (long long)t->shape[0],
-                            t->kind == SPX_TRDC_DENSE ? "numel x dtype size" : "see qtensor.h");
+                            "%s (%s)",
+                            L, N, C, (long long)sz, (unsigned long long)want[c], shp,
+                            t->kind == SPX_TRDC_DENSE ? "numel x dtype size" : "as qtensor.h implies");
+        }
         if ((uint64_t)off % SPX_TRDC_ALIGN != 0)
             return spx_fail(e, SPX_ERR_FORMAT,
                             "%s: tensor '%s': component '%s' offset %lld is not a multiple of %u", L,
@@ -695,10 +704,7 @@ static spx_status parse_manifest(spx_trdc *f, spx_err *e) {
         if (!f->tensors) return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory for %zu tensors", L, n);
     }
     size_t i = 0;
-    for (const cJSON *it = jts->child; it; it = it->next, i++) {
-        f->n = i + 1; /* names of tensors[0..i] are valid for messages */
-        SPX_TRY(parse_tensor(f, it, i, e));
-    }
+    for (const cJSON *it = jts->child; it; it = it->next, i++) SPX_TRY(parse_tensor(f, it, i, e));
     f->n = n;
     SPX_TRY(check_overlaps(f, e));
     for (i = 0; i < n; i++) SPX_TRY(bind_tensor(f, &f->tensors[i], e));
@@ -903,8 +909,10 @@ static void writer_kill(spx_trdc_writer *w) {
 }
 
 static spx_status writer_io_fail(spx_trdc_writer *w, const char *what, int err, spx_err *e) {
-    spx_fail(e, SPX_ERR_IO, "%s: %s temp file %s at byte %llu failed: %s%s", w->path, what,
-             w->tmp, (unsigned long long)w->pos, strerror(err),
+    char at[48] = "";
+    if (!strcmp(what, "writing")) snprintf(at, sizeof at, " at byte %llu", (unsigned long long)w->pos);
+    spx_fail(e, SPX_ERR_IO, "%s: %s temp file %s%s failed: %s%s", w->path, what, w->tmp, at,
+             strerror(err),
              err == ENOSPC || err == EDQUOT ? " (the disk is full; the partial file was removed)"
                                             : " (the partial file was removed)");
     writer_kill(w);

@@ -18,12 +18,14 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_experiment(int argc, char **argv);
 
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"logits", cmd_logits, "write float32 logits for a list of token ids"},
     {"perplexity", cmd_perplexity, "perplexity over a text file in windows"},
+    {"experiment", cmd_experiment, "reproduce the paper's quantization experiments A and B"},
 };
 
 static void usage(FILE *f) {
