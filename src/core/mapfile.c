@@ -49,3 +49,11 @@ void spx_map_close(spx_map *m) {
     free(m->path);
     memset(m, 0, sizeof *m);
 }
+
+void spx_map_release(const void *p, size_t n) {
+    if (!p || n == 0) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t b = ((uintptr_t)p + page - 1) & ~(page - 1); /* only whole pages inside */
+    uintptr_t e = ((uintptr_t)p + n) & ~(page - 1);
+    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
+}

@@ -14,5 +14,9 @@ typedef struct spx_map {
 
 spx_status spx_map_open(const char *path, spx_map *m, spx_err *e);
 void spx_map_close(spx_map *m);
+/* Tells the kernel the pages covering [p, p+n) of a read-only map are not
+ * needed now (they are re-read from the file if touched again), so a pass
+ * over a large file keeps resident memory near one tensor. */
+void spx_map_release(const void *p, size_t n);
 
 #endif

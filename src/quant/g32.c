@@ -50,11 +50,14 @@ uint16_t spx_q_scale_f16(float wmin, float wmax, int bits) {
     return scale_to_f16(spx_q_scale32(wmin, wmax, bits));
 }
 
-/* clamp(round(u), 0, n); NaN -> 0. */
+/* clamp(round(u), 0, n) with round half away from zero (= roundf for the
+ * u >= 0 that survive the clamp, without a libm call; u + 0.5f would be
+ * wrong for u = 0.49999997f); NaN -> 0. */
 static inline int round_clamp(float u, int n) {
     if (!(u >= 0.0f)) return 0; /* negative or NaN */
     if (u >= (float)n) return n;
-    return (int)roundf(u);
+    int i = (int)u;
+    return i + (u - (float)i >= 0.5f); /* u - i is exact */
 }
 
 int spx_q_zero_point(float wmin, float s, int bits) {
@@ -143,79 +146,133 @@ static double group_codes(const float *w, const uint8_t *fl, const float *imp, i
     return err;
 }
 
-/* Candidate (fp16 scale, zero) evaluated into a scratch code buffer; keeps
- * it in best_* if strictly better. */
+/* ---- SPX_Q_MSE search --------------------------------------------------
+ * The search runs on a compacted copy of the group's non-outlier entries
+ * (v[], weights iw[]), padded to a multiple of 8 with v = 0, iw = 0 (which
+ * add no error), so the evaluator is branch-free and vectorizes. It uses
+ * float32 and a reciprocal multiply; the chosen (s, z) is then re-coded
+ * with the exact rule and its exact error compared with MINMAX's, so the
+ * result never depends on the search's shortcuts being exact. */
 typedef struct {
-    const float *w;
-    const uint8_t *fl;
-    const float *imp;
-    int G, n;
-    uint8_t *q_try, *q_best;
-    double best_err;
+    float v[GROUP_MAX], iw[GROUP_MAX];
+    int m;              /* padded count, multiple of 8 */
+    int n;              /* 2^bits - 1 */
+    float best_err;
     uint16_t best_s;
     int best_z;
 } mse_search;
 
-static void try_candidate(mse_search *m, uint16_t s_h, int z) {
-    if (z < 0 || z > m->n) return;
-    if (s_h == 0 || s_h >= 0x7c00u) return;
-    float s = spx_f16_to_f32(s_h);
-    double err = group_codes(m->w, m->fl, m->imp, m->G, s, z, m->n, m->q_try);
+/* sum iw (v - (q - z) s)^2 with q the nearest code (ties may go either
+ * way: fine for a search). */
+static float mse_eval(const mse_search *m, float s, int z) {
+    float inv = 1.0f / s, zf = (float)z, nf = (float)m->n;
+    float acc[8] = {0};
+    for (int k0 = 0; k0 < m->m; k0 += 8) {
+        for (int l = 0; l < 8; l++) {
+            float w = m->v[k0 + l];
+            float u = w * inv + zf;
+            u = u < 0.0f ? 0.0f : u;
+            u = u > nf ? nf : u;
+            float q = (float)(int)(u + 0.5f);
+            float d = w - (q - zf) * s;
+            acc[l] += m->iw[k0 + l] * d * d;
+        }
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void mse_try(mse_search *m, uint16_t s_h, int z) {
+    if (z < 0 || z > m->n || s_h == 0 || s_h >= 0x7c00u) return;
+    float err = mse_eval(m, spx_f16_to_f32(s_h), z);
     if (err < m->best_err) {
         m->best_err = err;
         m->best_s = s_h;
         m->best_z = z;
-        memcpy(m->q_best, m->q_try, (size_t)m->G);
     }
 }
 
-/* Least-squares scale for fixed codes and zero: s = sum imp w (q-z) /
- * sum imp (q-z)^2 over non-outliers; 0 when undefined. */
-static float ls_scale(const mse_search *m, const uint8_t *q, int z) {
-    double num = 0, den = 0;
-    for (int k = 0; k < m->G; k++) {
-        if (m->fl && m->fl[k]) continue;
-        double a = (double)q[k] - z, wt = m->imp ? m->imp[k] : 1.0;
-        num += wt * m->w[k] * a;
-        den += wt * a * a;
+/* Least-squares scale for the codes that (s, z) gives, z fixed:
+ * s' = sum iw v (q - z) / sum iw (q - z)^2; 0 when undefined. */
+static float mse_refit(const mse_search *m, float s, int z) {
+    float inv = 1.0f / s, zf = (float)z, nf = (float)m->n;
+    float num[8] = {0}, den[8] = {0};
+    for (int k0 = 0; k0 < m->m; k0 += 8) {
+        for (int l = 0; l < 8; l++) {
+            float w = m->v[k0 + l];
+            float u = w * inv + zf;
+            u = u < 0.0f ? 0.0f : u;
+            u = u > nf ? nf : u;
+            float a = (float)(int)(u + 0.5f) - zf;
+            num[l] += m->iw[k0 + l] * w * a;
+            den[l] += m->iw[k0 + l] * a * a;
+        }
     }
-    return den > 0 && num > 0 ? (float)(num / den) : 0.0f;
+    float N = 0, D = 0;
+    for (int l = 0; l < 8; l++) N += num[l], D += den[l];
+    return D > 0 && N > 0 ? N / D : 0.0f;
 }
 
-/* Grid of the MSE search: range shrink factors 1 - i / MSE_GRID_DIV,
- * i < MSE_GRID (down to 0.5 of the zero-including range), each with
- * z in {z0 - 1, z0, z0 + 1}; then least-squares refits of s for the best
- * (z fixed) and the fp16 neighbours of the result. */
-#define MSE_GRID 24
-#define MSE_GRID_DIV 48.0f
-#define MSE_REFITS 3
+/* Search grid: shrink factors 1 - i / MSE_GRID_DIV (i < MSE_GRID) of the
+ * zero-including range, each with z0 = round(-f lo / s) and its two
+ * neighbours (asymmetric clipping); then least-squares refits of s (z
+ * fixed, then z +- 1) from the best, while they improve. */
+#ifndef MSE_GRID
+#define MSE_GRID 10
+#define MSE_GRID_DIV 20.0f
+#define MSE_LOCAL_ITERS 4
+#endif
 
-static void quantize_group_mse(mse_search *m, float wmin, float wmax) {
+static void mse_search_run(mse_search *m, float lo, float hi) {
+    for (int i = 0; i < MSE_GRID; i++) {
+        float f = 1.0f - (float)i / MSE_GRID_DIV;
+        uint16_t s_h = scale_to_f16(f * (hi - lo) / (float)m->n);
+        int z0 = round_clamp(-(f * lo) / spx_f16_to_f32(s_h), m->n);
+        for (int dz = -1; dz <= 1; dz++) mse_try(m, s_h, z0 + dz);
+    }
+    for (int it = 0; it < MSE_LOCAL_ITERS; it++) {
+        uint16_t s0 = m->best_s;
+        int z0 = m->best_z;
+        for (int dz = -1; dz <= 1; dz++) {
+            if (z0 + dz < 0 || z0 + dz > m->n) continue;
+            float s_ls = mse_refit(m, spx_f16_to_f32(s0), z0 + dz);
+            if (s_ls > 0) mse_try(m, scale_to_f16(s_ls), z0 + dz);
+        }
+        if (m->best_s == s0 && m->best_z == z0) break;
+    }
+}
+
+/* Replaces (*s_h, *z) by the search's choice when it is strictly better
+ * under the exact rule; q holds the codes of the result. */
+static void quantize_group_mse(const float *w, const uint8_t *fl, const float *imp, int G, int n,
+                               float wmin, float wmax, double err_minmax, uint8_t *q,
+                               uint16_t *s_h, int *z) {
     /* The grid always contains 0 (z is an integer code), so the range worth
      * covering is the zero-including one; this also repairs one-sided
      * groups, where MINMAX clips everything to [0, range]. */
     float lo = wmin < 0 ? wmin : 0, hi = wmax > 0 ? wmax : 0;
-    if (!(hi - lo > 0)) return; /* all equal to 0 (or no entries): MINMAX is exact */
-    for (int i = 0; i < MSE_GRID; i++) {
-        float f = 1.0f - (float)i / MSE_GRID_DIV;
-        uint16_t s_h = scale_to_f16(f * (hi - lo) / (float)m->n);
-        float s = spx_f16_to_f32(s_h);
-        /* The shrunk range [f lo, f hi] keeps 0 where it was; z0 +- 1 shifts
-         * the clipping towards one end (asymmetric clipping). */
-        int z0 = round_clamp(-(f * lo) / s, m->n);
-        for (int dz = -1; dz <= 1; dz++) try_candidate(m, s_h, z0 + dz);
+    if (!(hi - lo > 0)) return; /* no non-zero entry: MINMAX is exact */
+    mse_search m;
+    int c = 0;
+    for (int k = 0; k < G; k++) {
+        if (fl && fl[k]) continue;
+        m.v[c] = w[k];
+        m.iw[c++] = imp ? imp[k] : 1.0f;
     }
-    for (int it = 0; it < MSE_REFITS; it++) {
-        uint16_t prev = m->best_s;
-        int z = m->best_z;
-        float s_ls = ls_scale(m, m->q_best, z);
-        if (s_ls > 0) try_candidate(m, scale_to_f16(s_ls), z);
-        if (m->best_s == prev) break;
+    for (; c % 8; c++) m.v[c] = m.iw[c] = 0;
+    m.m = c;
+    m.n = n;
+    m.best_s = *s_h;
+    m.best_z = *z;
+    m.best_err = mse_eval(&m, spx_f16_to_f32(*s_h), *z);
+    mse_search_run(&m, lo, hi);
+    if (m.best_s == *s_h && m.best_z == *z) return;
+    uint8_t q2[GROUP_MAX];
+    double err = group_codes(w, fl, imp, G, spx_f16_to_f32(m.best_s), m.best_z, n, q2);
+    if (err < err_minmax) {
+        *s_h = m.best_s;
+        *z = m.best_z;
+        memcpy(q, q2, (size_t)G);
     }
-    uint16_t s_h = m->best_s;
-    int z = m->best_z;
-    try_candidate(m, (uint16_t)(s_h - 1), z); /* fp16 neighbours (same sign: s_h >= 1) */
-    try_candidate(m, (uint16_t)(s_h + 1), z);
 }
 
 static void quantize_group(const float *w, const uint8_t *fl, const float *imp, int G, int bits,
@@ -237,13 +294,8 @@ static void quantize_group(const float *w, const uint8_t *fl, const float *imp, 
     float s = spx_f16_to_f32(s_h);
     int z = spx_q_zero_point(wmin, s, bits);
     double err = group_codes(w, fl, imp, G, s, z, n, q);
-    if (method == SPX_Q_MSE && err > 0) {
-        uint8_t q_try[GROUP_MAX];
-        mse_search m = {w, fl, imp, G, n, q_try, q, err, s_h, z};
-        quantize_group_mse(&m, wmin, wmax);
-        s_h = m.best_s;
-        z = m.best_z;
-    }
+    if (method == SPX_Q_MSE && err > 0)
+        quantize_group_mse(w, fl, imp, G, n, wmin, wmax, err, q, &s_h, &z);
     *s_out = s_h;
     *z_out = z;
 }

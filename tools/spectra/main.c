@@ -19,12 +19,18 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_experiment(int argc, char **argv);
+int cmd_compress(int argc, char **argv);
+int cmd_kl(int argc, char **argv);
+int cmd_audit(int argc, char **argv);
 
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"logits", cmd_logits, "write float32 logits for a list of token ids"},
     {"perplexity", cmd_perplexity, "perplexity over a text file in windows"},
+    {"compress", cmd_compress, "compress a Hugging Face model into a 4-bit .trdc (no calibration data)"},
+    {"kl", cmd_kl, "KL divergence, PPL and top-1 agreement of a model against a reference"},
+    {"audit", cmd_audit, "per-tensor quantization error of a .trdc against its source"},
     {"experiment", cmd_experiment, "reproduce the paper's quantization experiments A and B"},
 };
 

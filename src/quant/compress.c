@@ -1,0 +1,231 @@
+/* compress.c: HF safetensors folder -> .trdc (see compress.h). */
+#include "quant/compress.h"
+#include "core/mapfile.h"
+#include "core/pool.h"
+#include "core/util.h"
+#include "format/hf_config.h"
+#include "format/safetensors.h"
+#include "format/trdc.h"
+#include "model/model.h"
+#include "quant/g32.h"
+#include "quant/saliency.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TEXT_MAX ((size_t)256 << 20) /* config / tokenizer files */
+
+typedef struct {
+    const spx_st_tensor *t;
+    int64_t rows, cols;
+    double *acc;        /* [threads, cols] column sums of squares */
+    float *rowbuf;      /* [threads, cols] */
+    int *bad_row;       /* [threads]: first non-finite row, or -1 */
+    spx_qbuf *qb;
+    int method;
+    const float *imp;
+} qjob;
+
+static void colnorm_task(void *arg, int tid, int nth) {
+    qjob *j = arg;
+    int64_t r0, r1;
+    spx_pool_range(j->rows, tid, nth, 1, &r0, &r1);
+    double *acc = j->acc + (size_t)tid * (size_t)j->cols;
+    float *row = j->rowbuf + (size_t)tid * (size_t)j->cols;
+    memset(acc, 0, (size_t)j->cols * sizeof *acc);
+    j->bad_row[tid] = -1;
+    for (int64_t r = r0; r < r1; r++) {
+        spx_st_row_f32(j->t, r * j->cols, j->cols, row);
+        for (int64_t c = 0; c < j->cols; c++)
+            if (!isfinite(row[c]) && j->bad_row[tid] < 0) j->bad_row[tid] = (int)(r < INT_MAX ? r : INT_MAX);
+        spx_colnorm_accum(acc, row, j->cols);
+    }
+}
+
+static void quant_task(void *arg, int tid, int nth) {
+    qjob *j = arg;
+    int64_t r0, r1;
+    spx_pool_range(j->rows, tid, nth, 1, &r0, &r1);
+    float *row = j->rowbuf + (size_t)tid * (size_t)j->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        spx_st_row_f32(j->t, r * j->cols, j->cols, row);
+        spx_qbuf_set_row(j->qb, r, row, j->method, j->imp);
+    }
+}
+
+static int is_float(spx_dtype d) { return d == SPX_DT_F32 || d == SPX_DT_F16 || d == SPX_DT_BF16; }
+
+typedef struct {
+    spx_pool *pool;
+    double *acc;
+    float *rowbuf, *S, *gamma, *imp;
+    int32_t *idx;
+    int *bad;
+    int64_t cap_cols;
+} workspace;
+
+static spx_status ws_reserve(workspace *w, int64_t cols, spx_err *e) {
+    if (cols <= w->cap_cols) return SPX_OK;
+    size_t th = (size_t)spx_pool_size(w->pool), c = (size_t)cols;
+    free(w->acc); free(w->rowbuf); free(w->S); free(w->gamma); free(w->imp); free(w->idx);
+    w->acc = malloc(th * c * sizeof(double));
+    w->rowbuf = malloc(th * c * sizeof(float));
+    w->S = malloc(c * sizeof(float));
+    w->gamma = malloc(c * sizeof(float));
+    w->imp = malloc(c * sizeof(float));
+    w->idx = malloc(c * sizeof(int32_t));
+    if (!w->acc || !w->rowbuf || !w->S || !w->gamma || !w->imp || !w->idx)
+        return spx_fail(e, SPX_ERR_NOMEM, "compress: out of memory for a %lld-column workspace", (long long)cols);
+    w->cap_cols = cols;
+    return SPX_OK;
+}
+
+static spx_status quantize_tensor(const spx_compress_opts *o, const spx_config *cfg, const spx_st *st,
+                                  const spx_st_tensor *t, workspace *w, spx_trdc_writer *wr, int64_t *n_out,
+                                  spx_err *e) {
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    SPX_TRY(ws_reserve(w, cols, e));
+    int nth = spx_pool_size(w->pool);
+    qjob j = {t, rows, cols, w->acc, w->rowbuf, w->bad, NULL, o->method, NULL};
+    spx_pool_run(w->pool, colnorm_task, &j);
+    for (int k = 0; k < nth; k++)
+        if (w->bad[k] >= 0)
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' has a non-finite value in row %d", t->file, t->name,
+                            w->bad[k]);
+    for (int k = 1; k < nth; k++)
+        for (int64_t c = 0; c < cols; c++) w->acc[c] += w->acc[(size_t)k * (size_t)cols + (size_t)c];
+
+    /* gamma: the gain of the norm that feeds this projection (data per arch) */
+    char nm[512];
+    const char *norm = spx_arch_feeding_norm(cfg, t->name, nm, sizeof nm);
+    const spx_st_tensor *g = norm ? spx_st_find(st, norm) : NULL;
+    const float *gamma = NULL;
+    if (g && g->ndim == 1 && g->shape[0] == cols && is_float(g->dtype)) {
+        spx_st_row_f32(g, 0, cols, w->gamma);
+        gamma = w->gamma;
+    }
+    spx_saliency_finish(w->acc, gamma, cols, w->S);
+    int64_t n = 0;
+    double kappa = NAN;
+    SPX_TRY(spx_outliers_choose(w->S, cols, o->outlier_mode, o->outlier_ratio, w->idx, &n, &kappa, e));
+    double r = (double)n / (double)cols;
+    if (o->method == SPX_Q_MSE && gamma) {
+        /* calibration-free importance: x_j = normalized_j * gamma_j, so
+         * E[x_j^2] scales with gamma_j^2 */
+        for (int64_t c = 0; c < cols; c++) w->imp[c] = gamma[c] * gamma[c];
+        j.imp = w->imp;
+    }
+    spx_qbuf qb;
+    SPX_TRY(spx_qbuf_init(&qb, rows, cols, o->bits, o->group, n ? w->idx : NULL, n, e));
+    j.qb = &qb;
+    spx_pool_run(w->pool, quant_task, &j);
+    spx_status s = spx_trdc_writer_add_quant(wr, t->name, &qb.q, kappa, r, e);
+    spx_qbuf_free(&qb);
+    *n_out = n;
+    return s;
+}
+
+static spx_status read_opt_text(const char *dir, const char *name, char **out, spx_err *e) {
+    *out = NULL;
+    char *p = spx_path_join(dir, name);
+    if (!p) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    spx_status s = SPX_OK;
+    if (spx_file_exists(p)) s = spx_read_file(p, TEXT_MAX, out, NULL, e);
+    free(p);
+    return s;
+}
+
+spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, spx_err *e) {
+    memset(stats, 0, sizeof *stats);
+    double t0 = spx_now();
+    if (!spx_q_group_stored_ok(o->group) || o->bits < 2 || o->bits > 4)
+        return spx_fail(e, SPX_ERR_ARG, "compress: bits %d / group %d not supported (bits 2..4, group 32/64/128)",
+                        o->bits, o->group);
+    char *cfg_text = NULL, *tok = NULL, *tokcfg = NULL;
+    spx_config cfg;
+    spx_st *st = NULL;
+    spx_trdc_writer *wr = NULL;
+    workspace w = {0};
+    w.bad = NULL;
+    spx_status s;
+    char *cfg_path = spx_path_join(o->src_dir, "config.json");
+    if (!cfg_path) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    s = spx_read_file(cfg_path, TEXT_MAX, &cfg_text, NULL, e);
+    if (s == SPX_OK) s = spx_config_parse(cfg_text, strlen(cfg_text), cfg_path, &cfg, e);
+    free(cfg_path);
+    if (s == SPX_OK) s = read_opt_text(o->src_dir, "tokenizer.json", &tok, e);
+    if (s == SPX_OK) s = read_opt_text(o->src_dir, "tokenizer_config.json", &tokcfg, e);
+    if (s == SPX_OK) s = spx_st_open(o->src_dir, &st, e);
+    if (s == SPX_OK) s = spx_pool_new(o->n_threads, &w.pool, e);
+    if (s == SPX_OK && !(w.bad = calloc((size_t)spx_pool_size(w.pool), sizeof(int))))
+        s = spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    if (s == SPX_OK) s = spx_trdc_writer_open(o->out_path, &wr, e);
+    if (s != SPX_OK) goto done;
+
+    size_t n = spx_st_count(st);
+    uint64_t bytes_total = 0, bytes_done = 0;
+    for (size_t i = 0; i < n; i++) bytes_total += spx_st_at(st, i)->nbytes;
+    for (size_t i = 0; i < n && s == SPX_OK; i++) {
+        const spx_st_tensor *t = spx_st_at(st, i);
+        stats->n_tensors++;
+        stats->params += t->numel;
+        int quant = t->ndim == 2 && is_float(t->dtype) && t->shape[1] % o->group == 0 && t->shape[0] > 0;
+        if (quant) {
+            int64_t no = 0;
+            s = quantize_tensor(o, &cfg, st, t, &w, wr, &no, e);
+            stats->n_quant++;
+            stats->params_quant += t->numel;
+            stats->n_outlier_cols += no;
+        } else {
+            s = spx_trdc_writer_add_dense(wr, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, e);
+        }
+        spx_map_release(t->data, t->nbytes);
+        bytes_done += t->nbytes;
+        if (o->progress && s == SPX_OK) o->progress(o->user, (int64_t)i + 1, (int64_t)n, t->name, bytes_done, bytes_total);
+    }
+    if (s != SPX_OK) goto done;
+    stats->source_bytes = bytes_total;
+    char qs[256];
+    char outl[64];
+    if (o->outlier_mode == SPX_OUTLIERS_AUTO) snprintf(outl, sizeof outl, "\"auto\"");
+    else if (o->outlier_mode == SPX_OUTLIERS_OFF) snprintf(outl, sizeof outl, "\"off\"");
+    else snprintf(outl, sizeof outl, "%.17g", o->outlier_ratio);
+    snprintf(qs, sizeof qs,
+             "{\"bits\": %d, \"group\": %d, \"outliers\": %s, \"method\": \"%s\", \"saliency\": \"norm-gain\"}",
+             o->bits, o->group, outl, o->method == SPX_Q_MSE ? "mse" : "minmax");
+    /* source info: sizes, and where it came from (audit finds it there) */
+    char *real = realpath(o->src_dir, NULL);
+    cJSON *sj = cJSON_CreateObject();
+    cJSON_AddNumberToObject(sj, "bytes", (double)bytes_total);
+    cJSON_AddNumberToObject(sj, "params", (double)stats->params);
+    cJSON_AddNumberToObject(sj, "tensors", (double)stats->n_tensors);
+    cJSON_AddStringToObject(sj, "path", real ? real : o->src_dir);
+    char *src = cJSON_PrintUnformatted(sj);
+    cJSON_Delete(sj);
+    free(real);
+    if (!src) { s = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); goto done; }
+    s = spx_trdc_writer_finish(wr, cfg_text, tok, tokcfg, qs, src, e);
+    free(src);
+    wr = NULL;
+    if (s == SPX_OK) {
+        spx_map m;
+        spx_err e2;
+        spx_err_clear(&e2);
+        if (spx_map_open(o->out_path, &m, &e2) == SPX_OK) {
+            stats->out_bytes = m.size;
+            spx_map_close(&m);
+        }
+    }
+done:
+    if (wr) spx_trdc_writer_abort(wr);
+    spx_st_free(st);
+    spx_pool_free(w.pool);
+    free(w.acc); free(w.rowbuf); free(w.S); free(w.gamma); free(w.imp); free(w.idx); free(w.bad);
+    free(cfg_text); free(tok); free(tokcfg);
+    stats->seconds = spx_now() - t0;
+    return s;
+}

@@ -1,0 +1,44 @@
+/* compress.h: the SPECTRA compressor: HF folder -> .trdc, no calibration.
+ *
+ * Tensor by tensor (bounded memory: one tensor's codes at a time, source
+ * pages released after use), rows in parallel on the thread pool:
+ *   - every 2-D float weight whose input dimension is a multiple of the
+ *     group becomes group-quantized (projections, LM head, embedding);
+ *   - saliency S_j = |gamma_j| * ||W[:, j]||_2 with gamma the gain of the
+ *     norm feeding the projection (spx_arch_feeding_norm; 1 if none);
+ *   - outlier channels by the kurtosis-adaptive ratio, a fixed ratio, or
+ *     none; kept as fp16 columns;
+ *   - everything else (norm gains, biases, odd shapes) kept as stored.
+ * The output is written to a temporary name and renamed when complete. */
+#ifndef SPX_COMPRESS_H
+#define SPX_COMPRESS_H
+
+#include "core/err.h"
+#include <stdint.h>
+
+typedef struct spx_compress_opts {
+    const char *src_dir;     /* HF folder */
+    const char *out_path;    /* .trdc */
+    int bits;                /* 2, 3, 4 */
+    int group;               /* 32, 64, 128 */
+    int outlier_mode;        /* spx_outlier_mode */
+    double outlier_ratio;    /* for SPX_OUTLIERS_FIXED */
+    int method;              /* spx_q_method */
+    int n_threads;           /* 0: all CPUs */
+    /* progress: called after each tensor (may be NULL) */
+    void (*progress)(void *user, int64_t done, int64_t total, const char *name, uint64_t bytes_done,
+                     uint64_t bytes_total);
+    void *user;
+} spx_compress_opts;
+
+typedef struct spx_compress_stats {
+    int64_t n_tensors, n_quant;
+    int64_t params, params_quant;
+    uint64_t source_bytes, out_bytes;
+    int64_t n_outlier_cols;
+    double seconds;
+} spx_compress_stats;
+
+spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, spx_err *e);
+
+#endif

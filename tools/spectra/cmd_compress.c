@@ -1,0 +1,100 @@
+/* cmd_compress.c: `spectra compress -m HF_DIR -o OUT.trdc`. */
+#include "cli.h"
+#include "core/util.h"
+#include "quant/compress.h"
+#include "quant/g32.h"
+#include "quant/saliency.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: spectra compress -m HF_DIR -o OUT.trdc [options]\n"
+               "  -m HF_DIR            Hugging Face folder (config.json, *.safetensors, tokenizer files)\n"
+               "  -o OUT.trdc          output file (written to a temporary name, renamed when complete)\n"
+               "  --bits B             code width (int: 2, 3 or 4; default 4)\n"
+               "  --group G            group size along the input dimension (int: 32, 64 or 128; default 32)\n"
+               "  --outliers MODE      fp16 outlier input channels: auto (kurtosis-adaptive 0.5-3%%),\n"
+               "                       off, or a ratio in [0, 0.25] (default auto)\n"
+               "  --method M           scale/zero choice per group: minmax (the paper's rule) or mse\n"
+               "                       (least-squares clipping search; default mse)\n"
+               "  --threads N          worker threads (int, 1..1024; default: all CPUs)\n"
+               "  -q, --quiet          no progress bar\n");
+}
+
+typedef struct { int tty; double t0; } prog;
+
+static void on_progress(void *user, int64_t done, int64_t total, const char *name, uint64_t bd, uint64_t bt) {
+    prog *p = user;
+    if (!p->tty) return;
+    double el = spx_now() - p->t0;
+    int width = 30, fill = bt ? (int)((double)bd / (double)bt * width) : width;
+    fprintf(stderr, "\r[%.*s%*s] %3.0f%% %lld/%lld tensors, %.1f s  %-40.40s", fill,
+            "##############################", width - fill, "", bt ? 100.0 * (double)bd / (double)bt : 100.0,
+            (long long)done, (long long)total, el, name);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+int cmd_compress(int argc, char **argv) {
+    spx_compress_opts o = {0};
+    o.bits = 4;
+    o.group = 32;
+    o.outlier_mode = SPX_OUTLIERS_AUTO;
+    o.method = SPX_Q_MSE;
+    int quiet = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int64_t iv;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
+        else if (!(v = cli_value(argc, argv, &i))) return 2;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.src_dir = v;
+        else if (!strcmp(a, "-o")) o.out_path = v;
+        else if (!strcmp(a, "--bits")) {
+            if (!cli_int(a, v, 2, 4, &iv)) return 2;
+            o.bits = (int)iv;
+        } else if (!strcmp(a, "--group")) {
+            if (!cli_int(a, v, 32, 128, &iv) || !spx_q_group_stored_ok((int)iv)) {
+                cli_error("--group: expected 32, 64 or 128, got '%s'", v);
+                return 2;
+            }
+            o.group = (int)iv;
+        } else if (!strcmp(a, "--outliers")) {
+            if (!strcmp(v, "auto")) o.outlier_mode = SPX_OUTLIERS_AUTO;
+            else if (!strcmp(v, "off")) o.outlier_mode = SPX_OUTLIERS_OFF;
+            else {
+                double r;
+                if (!cli_float(a, v, 0, 0.25, &r)) return 2;
+                o.outlier_mode = r > 0 ? SPX_OUTLIERS_FIXED : SPX_OUTLIERS_OFF;
+                o.outlier_ratio = r;
+            }
+        } else if (!strcmp(a, "--method")) {
+            if (!strcmp(v, "minmax")) o.method = SPX_Q_MINMAX;
+            else if (!strcmp(v, "mse")) o.method = SPX_Q_MSE;
+            else { cli_error("--method: expected minmax or mse, got '%s'", v); return 2; }
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+            if (!cli_int(a, v, 1, 1024, &iv)) return 2;
+            o.n_threads = (int)iv;
+        } else { cli_error("compress: unknown option '%s'", a); usage(stderr); return 2; }
+    }
+    if (!o.src_dir || !o.out_path) { cli_error("compress: -m HF_DIR and -o OUT.trdc are required"); usage(stderr); return 2; }
+    if (!spx_is_dir(o.src_dir)) { cli_error("%s: not a folder (compress reads a Hugging Face model folder)", o.src_dir); return 1; }
+    prog p = {!quiet && isatty(2), spx_now()};
+    o.progress = on_progress;
+    o.user = &p;
+    spx_compress_stats st;
+    spx_err e;
+    spx_err_clear(&e);
+    if (spx_compress(&o, &st, &e) != SPX_OK) return cli_fail(&e);
+    double bpw = st.params ? 8.0 * (double)st.out_bytes / (double)st.params : 0;
+    fprintf(stderr, "%s: %lld tensors (%lld quantized, %lld outlier channels), %.2f MB -> %.2f MB (%.2fx), "
+                    "%.3f bits/weight overall, %.1f s, peak RSS %.1f MiB\n",
+            o.out_path, (long long)st.n_tensors, (long long)st.n_quant, (long long)st.n_outlier_cols,
+            (double)st.source_bytes / 1e6, (double)st.out_bytes / 1e6,
+            st.out_bytes ? (double)st.source_bytes / (double)st.out_bytes : 0, bpw, st.seconds,
+            (double)spx_peak_rss() / (1 << 20));
+    return 0;
+}

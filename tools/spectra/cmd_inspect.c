@@ -1,0 +1,257 @@
+/* cmd_inspect.c: `spectra inspect FILE.trdc [--json]`.
+ *
+ * Prints what a .trdc holds, one row per tensor (name, kind, shape,
+ * dtype or bits/group, outlier count and ratio r, kurtosis kappa, stored
+ * bytes, bits per weight) and totals: parameters, bytes, bits per weight
+ * overall and for quantized tensors only, file size and the compression
+ * ratio against the source size recorded in the manifest. Bits per weight
+ * count every stored byte of a tensor (codes, scales, zero points,
+ * outliers), not only its codes. The file is fully validated on open; CRCs
+ * are checked by `spectra verify`, not here. */
+#include "cli.h"
+#include "format/trdc.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: spectra inspect FILE.trdc [--json]\n"
+               "  FILE.trdc   a TRDC container (see docs/trdc.md)\n"
+               "  --json      print one JSON document instead of the table\n"
+               "  -h, --help  this help\n");
+}
+
+/* 1234567 -> "1,234,567" into buf. */
+static const char *grp(uint64_t v, char *buf, size_t n) {
+    char tmp[32];
+    int len = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v), k = 0;
+    for (int i = 0; i < len && (size_t)k + 2 < n; i++) {
+        if (i > 0 && (len - i) % 3 == 0) buf[k++] = ',';
+        buf[k++] = tmp[i];
+    }
+    buf[k] = 0;
+    return buf;
+}
+
+static void shape_text(const spx_trdc_tensor *t, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, d ? "x%lld" : "%lld", (long long)t->shape[d]);
+}
+
+typedef struct totals {
+    uint64_t params, bytes, q_params, q_bytes, d_params, d_bytes;
+    size_t n_quant, n_dense;
+} totals;
+
+static totals sum_up(const spx_trdc *f) {
+    totals s = {0};
+    for (size_t i = 0; i < spx_trdc_count(f); i++) {
+        const spx_trdc_tensor *t = spx_trdc_at(f, i);
+        s.params += (uint64_t)t->numel;
+        s.bytes += t->nbytes;
+        if (t->kind == SPX_TRDC_QUANT) {
+            s.q_params += (uint64_t)t->numel;
+            s.q_bytes += t->nbytes;
+            s.n_quant++;
+        } else {
+            s.d_params += (uint64_t)t->numel;
+            s.d_bytes += t->nbytes;
+            s.n_dense++;
+        }
+    }
+    return s;
+}
+
+static double bpw(uint64_t bytes, uint64_t params) { return params ? 8.0 * (double)bytes / (double)params : 0.0; }
+
+static const char *model_type(const spx_trdc *f) {
+    const cJSON *c = spx_trdc_config(f);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
+    if (cJSON_IsString(mt)) return mt->valuestring;
+    const cJSON *ar = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "architectures"), 0);
+    return cJSON_IsString(ar) ? ar->valuestring : "?";
+}
+
+static void print_table(const spx_trdc *f) {
+    char b1[32], b2[32], b3[32];
+    totals s = sum_up(f);
+    char *qs = cJSON_PrintUnformatted((cJSON *)spx_trdc_quant_settings(f));
+    printf("%s: TRDC4B01 version %llu, generator \"%s\", model_type %s, %zu tensors, "
+           "tokenizer %s\n",
+           spx_trdc_path(f), (unsigned long long)spx_trdc_version(f), spx_trdc_generator(f),
+           model_type(f), spx_trdc_count(f), spx_trdc_tokenizer_json(f) ? "embedded" : "none");
+    printf("quantization: %s\n\n", qs ? qs : "?");
+    free(qs);
+
+    int w = 4;
+    for (size_t i = 0; i < spx_trdc_count(f); i++) {
+        int l = (int)strlen(spx_trdc_at(f, i)->name);
+        if (l > w) w = l;
+    }
+    if (w > 64) w = 64;
+    printf("%-*s  %-5s  %-16s  %-6s  %8s  %7s  %8s  %14s  %6s\n", w, "name", "kind", "shape",
+           "type", "outliers", "r", "kappa", "bytes", "bpw");
+    for (size_t i = 0; i < spx_trdc_count(f); i++) {
+        const spx_trdc_tensor *t = spx_trdc_at(f, i);
+        char shp[64], type[16], outl[24] = "-", rr[24] = "-", kap[24] = "-";
+        shape_text(t, shp, sizeof shp);
+        if (t->kind == SPX_TRDC_QUANT) {
+            snprintf(type, sizeof type, "%d/g%d", (int)t->q.bits, (int)t->q.group);
+            snprintf(outl, sizeof outl, "%lld", (long long)t->q.n_outliers);
+            if (!isnan(t->r)) snprintf(rr, sizeof rr, "%.2f%%", 100.0 * t->r);
+            if (!isnan(t->kappa)) snprintf(kap, sizeof kap, "%.2f", t->kappa);
+        } else {
+            snprintf(type, sizeof type, "%s", spx_dtype_name(t->dtype));
+        }
+        printf("%-*.*s  %-5s  %-16s  %-6s  %8s  %7s  %8s  %14s  %6.3f\n", w, w, t->name,
+               spx_trdc_kind_name(t->kind), shp, type, outl, rr, kap, grp(t->nbytes, b1, sizeof b1),
+               bpw(t->nbytes, (uint64_t)t->numel));
+    }
+    uint64_t fsz = spx_trdc_file_size(f);
+    printf("\ntotals\n");
+    printf("  parameters        %s (%zu quantized tensors, %zu dense)\n", grp(s.params, b1, sizeof b1),
+           s.n_quant, s.n_dense);
+    printf("  tensor bytes      %s  (%.3f bits per weight overall)\n", grp(s.bytes, b1, sizeof b1),
+           bpw(s.bytes, s.params));
+    printf("  quantized only    %s params in %s bytes (%.3f bits per weight)\n",
+           grp(s.q_params, b1, sizeof b1), grp(s.q_bytes, b2, sizeof b2), bpw(s.q_bytes, s.q_params));
+    printf("  dense only        %s params in %s bytes (%.3f bits per weight)\n",
+           grp(s.d_params, b1, sizeof b1), grp(s.d_bytes, b2, sizeof b2), bpw(s.d_bytes, s.d_params));
+    printf("  file size         %s bytes (manifest %s, padding and header %s)\n", grp(fsz, b1, sizeof b1),
+           grp(spx_trdc_manifest_size(f), b2, sizeof b2),
+           grp(fsz - spx_trdc_manifest_size(f) - s.bytes, b3, sizeof b3));
+    int64_t src = spx_trdc_source_bytes(f);
+    if (src >= 0 && fsz > 0)
+        printf("  source            %s bytes -> %.2fx smaller\n", grp((uint64_t)src, b1, sizeof b1),
+               (double)src / (double)fsz);
+    else
+        printf("  source            not recorded in the manifest\n");
+}
+
+static int print_json(const spx_trdc *f) {
+    totals s = sum_up(f);
+    cJSON *r = cJSON_CreateObject(), *ts = cJSON_CreateArray(), *tot = cJSON_CreateObject();
+    if (!r || !ts || !tot) goto oom;
+    cJSON_AddStringToObject(r, "file", spx_trdc_path(f));
+    cJSON_AddStringToObject(r, "format", SPX_TRDC_MAGIC);
+    cJSON_AddNumberToObject(r, "version", (double)spx_trdc_version(f));
+    cJSON_AddStringToObject(r, "generator", spx_trdc_generator(f));
+    cJSON_AddStringToObject(r, "model_type", model_type(f));
+    cJSON_AddBoolToObject(r, "tokenizer", spx_trdc_tokenizer_json(f) != NULL);
+    cJSON_AddItemToObject(r, "quantization", cJSON_Duplicate(spx_trdc_quant_settings(f), 1));
+    if (spx_trdc_source(f)) cJSON_AddItemToObject(r, "source", cJSON_Duplicate(spx_trdc_source(f), 1));
+    for (size_t i = 0; i < spx_trdc_count(f); i++) {
+        const spx_trdc_tensor *t = spx_trdc_at(f, i);
+        cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *cs = cJSON_CreateObject();
+        if (!o || !sh || !cs) {
+            cJSON_Delete(o);
+            cJSON_Delete(sh);
+            cJSON_Delete(cs);
+            goto oom;
+        }
+        cJSON_AddItemToArray(ts, o);
+        cJSON_AddStringToObject(o, "name", t->name);
+        cJSON_AddStringToObject(o, "kind", spx_trdc_kind_name(t->kind));
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON_AddItemToObject(o, "shape", sh);
+        if (t->kind == SPX_TRDC_DENSE) {
+            cJSON_AddStringToObject(o, "dtype", spx_dtype_name(t->dtype));
+        } else {
+            cJSON_AddNumberToObject(o, "bits", t->q.bits);
+            cJSON_AddNumberToObject(o, "group", t->q.group);
+            cJSON_AddNumberToObject(o, "n_outliers", (double)t->q.n_outliers);
+            if (isnan(t->r)) cJSON_AddNullToObject(o, "r");
+            else cJSON_AddNumberToObject(o, "r", t->r);
+            if (isnan(t->kappa)) cJSON_AddNullToObject(o, "kappa");
+            else cJSON_AddNumberToObject(o, "kappa", t->kappa);
+        }
+        cJSON_AddNumberToObject(o, "params", (double)t->numel);
+        cJSON_AddNumberToObject(o, "bytes", (double)t->nbytes);
+        cJSON_AddNumberToObject(o, "bpw", bpw(t->nbytes, (uint64_t)t->numel));
+        for (int c = 0; c < SPX_TRDC_C_COUNT; c++) {
+            if (!t->comp[c].present) continue;
+            cJSON *k = cJSON_AddObjectToObject(cs, spx_trdc_comp_name((spx_trdc_comp)c));
+            if (!k) continue;
+            cJSON_AddNumberToObject(k, "offset", (double)t->comp[c].offset);
+            cJSON_AddNumberToObject(k, "size", (double)t->comp[c].size);
+            cJSON_AddNumberToObject(k, "crc32", (double)t->comp[c].crc32);
+        }
+        cJSON_AddItemToObject(o, "components", cs);
+    }
+    cJSON_AddItemToObject(r, "tensors", ts);
+    ts = NULL;
+    uint64_t fsz = spx_trdc_file_size(f);
+    cJSON_AddNumberToObject(tot, "tensors", (double)spx_trdc_count(f));
+    cJSON_AddNumberToObject(tot, "params", (double)s.params);
+    cJSON_AddNumberToObject(tot, "bytes", (double)s.bytes);
+    cJSON_AddNumberToObject(tot, "bpw", bpw(s.bytes, s.params));
+    cJSON_AddNumberToObject(tot, "quant_params", (double)s.q_params);
+    cJSON_AddNumberToObject(tot, "quant_bytes", (double)s.q_bytes);
+    cJSON_AddNumberToObject(tot, "quant_bpw", bpw(s.q_bytes, s.q_params));
+    cJSON_AddNumberToObject(tot, "dense_params", (double)s.d_params);
+    cJSON_AddNumberToObject(tot, "dense_bytes", (double)s.d_bytes);
+    cJSON_AddNumberToObject(tot, "file_bytes", (double)fsz);
+    cJSON_AddNumberToObject(tot, "manifest_bytes", (double)spx_trdc_manifest_size(f));
+    int64_t src = spx_trdc_source_bytes(f);
+    if (src >= 0 && fsz > 0) {
+        cJSON_AddNumberToObject(tot, "source_bytes", (double)src);
+        cJSON_AddNumberToObject(tot, "ratio", (double)src / (double)fsz);
+    } else {
+        cJSON_AddNullToObject(tot, "source_bytes");
+        cJSON_AddNullToObject(tot, "ratio");
+    }
+    cJSON_AddItemToObject(r, "totals", tot);
+    tot = NULL;
+    char *txt = cJSON_Print(r);
+    cJSON_Delete(r);
+    if (!txt) return cli_error("out of memory printing JSON");
+    puts(txt);
+    free(txt);
+    return 0;
+oom:
+    cJSON_Delete(r);
+    cJSON_Delete(ts);
+    cJSON_Delete(tot);
+    return cli_error("out of memory");
+}
+
+int cmd_inspect(int argc, char **argv) {
+    const char *path = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (a[0] == '-' && a[1]) {
+            cli_error("inspect: unknown option '%s'", a);
+            usage(stderr);
+            return 2;
+        } else if (path) {
+            cli_error("inspect: more than one file given ('%s' and '%s')", path, a);
+            return 2;
+        } else {
+            path = a;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    spx_err e;
+    spx_err_clear(&e);
+    spx_trdc *f = NULL;
+    if (spx_trdc_open(path, &f, &e) != SPX_OK) return cli_fail(&e);
+    int rc = 0;
+    if (json) rc = print_json(f);
+    else print_table(f);
+    spx_trdc_close(f);
+    return rc;
+}
