@@ -1,14 +1,14 @@
 #!/bin/sh
 # fuzz/run.sh SHARED_DIR: builds and runs every libFuzzer target.
 #
-# Each fuzz/fuzz_NAME.c is linked with all of src/*/*.c (compiled once into
-# build-fuzz/libspectra-fuzz.a, with coverage, ASan and UBSan; UB is fatal) into build-fuzz/fuzz_NAME and
-# run for FUZZ_TIME seconds (default 20) on build-fuzz/corpus_NAME/. The
-# corpus is seeded at each run by fuzz/seeds_NAME.sh CORPUS_DIR SHARED_DIR
-# when that script exists; fuzz/NAME.dict, when present, is passed as a
-# libFuzzer dictionary. Crashing inputs land in build-fuzz/crashes_NAME/.
-# Exits non-zero when a build fails or any target finds a crash, leak,
-# timeout or out-of-memory.
+# Each fuzz/fuzz_NAME.c is linked against all of src/*/*.c (compiled once
+# into build-fuzz/libspectra-fuzz.a with coverage, ASan and UBSan; UB is
+# fatal) into build-fuzz/fuzz_NAME and run for FUZZ_TIME seconds (default
+# 20) on build-fuzz/corpus_NAME/. The corpus is seeded at each run by
+# fuzz/seeds_NAME.sh CORPUS_DIR SHARED_DIR when that script exists;
+# fuzz/NAME.dict, when present, is passed as a libFuzzer dictionary.
+# Crashing inputs land in build-fuzz/crashes_NAME/. Exits non-zero when a
+# build fails or any target finds a crash, leak, timeout or out-of-memory.
 #
 # Environment: FUZZ_TIME (seconds per target), FUZZ_TARGETS (names to run,
 # e.g. "safetensors trdc"; default all), CLANG (default clang),
@@ -50,7 +50,8 @@ mkdir -p "$OUT/obj"
 echo "fuzz: compiling src/*/*.c with $CLANG ($JOBS jobs)"
 ls src/*/*.c | xargs -P "$JOBS" -I{} sh -c '
     o="$1/obj/$(echo "$2" | tr / _ | sed "s/\.c\$/.o/")"
-    $3 $4 -fsanitize=fuzzer-no-link,$5 -c "$2" -o "$o" 2>"$o.err" || { cat "$o.err" >&2; rm -f "$o"; exit 1; }
+    $3 $4 -fsanitize=fuzzer-no-link,$5 -c "$2" -o "$o" 2>"$o.err" ||
+        { cat "$o.err" >&2; rm -f "$o"; exit 1; }
 ' sh "$OUT" {} "$CLANG" "$COMMON" "$SAN"
 if [ $? -ne 0 ]; then
     echo "fuzz: FAILED to compile the library (see above)" >&2
@@ -91,7 +92,8 @@ for name in $targets; do
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1)
     if [ $rc -eq 0 ]; then
-        echo "[ ok ] fuzz_$name: ${execs:-?} runs in ${T}s (${rate:-?}/s), $cov, corpus $(ls "$corpus" | wc -l) files"
+        n=$(ls "$corpus" | wc -l)
+        echo "[ ok ] fuzz_$name: ${execs:-?} runs in ${T}s (${rate:-?}/s), $cov, corpus $n files"
     else
         echo "[FAIL] fuzz_$name: exit $rc; crashing input in $crashes/, log $log" >&2
         grep -E 'ERROR|SUMMARY|runtime error|==[0-9]+==' "$log" | head -n 20 >&2

@@ -70,8 +70,17 @@ int spx_model_has_tokenizer(const spx_model *m);
 spx_status spx_tokenize(spx_model *m, const char *text, size_t len,
                         int add_special, int32_t *ids, size_t *n_ids);
 
+/* KV cache storage. Values frozen. */
+typedef enum spx_kv_type {
+    SPX_KV_DEFAULT = 0, /* fp16 */
+    SPX_KV_F32 = 1,     /* exact: the reference */
+    SPX_KV_F16 = 2,
+    SPX_KV_Q4 = 3       /* Group-32 asymmetric 4-bit (4.625 bits per value) */
+} spx_kv_type;
+
 typedef struct spx_session_params {
     int64_t n_ctx;      /* KV cache length; 0: model maximum (capped at 4096) */
+    spx_kv_type kv;     /* 0: fp16 */
 } spx_session_params;
 
 spx_status spx_session_new(spx_model *m, const spx_session_params *p,

@@ -65,7 +65,8 @@ static void check_logits(spx_model *m, const int32_t *ids, size_t n, const char 
     if (!ref || len != n * (size_t)V * 4) { free(ref); return; }
     float *got = malloc(n * (size_t)V * sizeof(float));
     spx_session *s = NULL;
-    CHECK(spx_session_new(m, NULL, &s) == SPX_OK, "session");
+    spx_session_params sp = {.kv = SPX_KV_F32}; /* the exact reference path */
+    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session");
     CHECK(spx_session_eval(s, ids, n, got, 1) == SPX_OK, "eval: %s", spx_session_error(s));
     tl_cmp c = tl_compare(got, ref, n * (size_t)V, tol, 0);
     printf("%-28s logits max |err| %.3g (tol %.0e) worst at [%zu, %zu]\n", what, c.max_abs, tol,
@@ -84,7 +85,8 @@ static int check_greedy(spx_model *m, const int32_t *prompt, size_t np, const in
     int64_t V = spx_model_vocab_size(m);
     float *lg = malloc((size_t)V * sizeof(float));
     spx_session *s = NULL;
-    CHECK(spx_session_new(m, NULL, &s) == SPX_OK, "session");
+    spx_session_params sp = {.kv = SPX_KV_F32};
+    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session");
     CHECK(spx_session_eval(s, prompt, np, lg, 0) == SPX_OK, "eval");
     int diffs = 0;
     for (size_t i = 0; i < nw; i++) {

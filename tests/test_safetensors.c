@@ -117,6 +117,13 @@ static void test_docllama(void) {
     CHECK(spx_st_find(st, "") == NULL, "find empty");
     CHECK(spx_st_find(st, "zzz") == NULL, "find past last");
     spx_st_free(st);
+
+    /* the index file itself names the same checkpoint */
+    st = NULL;
+    s = spx_st_open(tl_shared("models/docllama-58m/model.safetensors.index.json"), &st, &e);
+    CHECK(s == SPX_OK, "open docllama index: %s", e.msg);
+    CHECK(spx_st_count(st) == 75, "docllama via index: %zu tensors", spx_st_count(st));
+    spx_st_free(st);
 }
 
 static void test_stories(void) {

@@ -278,11 +278,13 @@ static void test_roundtrip(void) {
     CHECK(img && memmem(img, flen, cfg, strlen(cfg)) != NULL, "config.json stored verbatim");
     free(img);
 
-    /* A file with no tensors and no tokenizer is valid too. */
+    /* A file with no tensors and no tokenizer is valid too; a config.json
+     * with a byte order mark is embedded without it. */
     const char *p2 = tmp_path("empty.trdc");
     spx_err_clear(&e);
     CHECK(spx_trdc_writer_open(p2, &w, &e) == SPX_OK, "%s", e.msg);
-    CHECK(spx_trdc_writer_finish(w, "{\"model_type\":\"none\"}", NULL, NULL, NULL, NULL, &e) == SPX_OK, "%s", e.msg);
+    CHECK(spx_trdc_writer_finish(w, "\xEF\xBB\xBF{\"model_type\":\"none\"}\n", NULL, NULL, NULL, NULL, &e) == SPX_OK,
+          "%s", e.msg);
     spx_trdc *f = NULL;
     CHECK(spx_trdc_open(p2, &f, &e) == SPX_OK, "open empty: %s", e.msg);
     if (f) {
@@ -790,6 +792,8 @@ static void test_writer_failures(void) {
         {"[1,2]", "config JSON must be a JSON object"},
         {"{} x", "trailing bytes"},
         {"{\"a\":\"\xff\"}", "not valid UTF-8"},
+        {"{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}",
+         "nests deeper than 62 levels"},
     };
     for (size_t i = 0; i < sizeof bad_json / sizeof bad_json[0]; i++) {
         p = tmp_path("badcfg.trdc");

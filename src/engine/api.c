@@ -143,8 +143,11 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
     size_t th = (size_t)spx_pool_size(m->pool);
     int fail = 0;
-    s->k_cache = alloc_f((size_t)c->n_layers * (size_t)n_ctx * kvd, &fail);
-    s->v_cache = alloc_f((size_t)c->n_layers * (size_t)n_ctx * kvd, &fail);
+    if (spx_kv_init(&s->kv, p ? p->kv : SPX_KV_DEFAULT, c->n_layers, n_ctx, (int64_t)kvd, c->head_dim, &m->err) !=
+        SPX_OK) {
+        free(s);
+        return m->err.code;
+    }
     s->h = alloc_f(B * H, &fail);
     s->x = alloc_f(B * (H > qd ? H : qd), &fail);
     s->q = alloc_f(B * qd, &fail);
@@ -166,7 +169,8 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
 
 void spx_session_free(spx_session *s) {
     if (!s) return;
-    float *v[] = {s->k_cache, s->v_cache, s->h,           s->x,      s->q,     s->k, s->v,
+    spx_kv_free(&s->kv);
+    float *v[] = {s->h,           s->x,      s->q,     s->k, s->v,
                   s->att,     s->gate,    s->up,          s->row_scratch, s->scores, s->logits};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
     free(s);

@@ -25,11 +25,9 @@ static void attn_task(void *arg, int tid, int nth) {
     const attn_job *j = arg;
     spx_session *s = j->s;
     const spx_config *c = &s->m->cfg;
-    int64_t hd = c->head_dim, nh = c->n_heads, kvd = c->n_kv_heads * hd;
+    int64_t hd = c->head_dim, nh = c->n_heads;
     int64_t group = nh / c->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
-    const float *K = s->k_cache + j->layer * s->n_ctx * kvd;
-    const float *V = s->v_cache + j->layer * s->n_ctx * kvd;
     float *sc = s->scores + (size_t)tid * (size_t)s->n_ctx;
     int64_t b, e;
     spx_pool_range(j->n * nh, tid, nth, 1, &b, &e);
@@ -39,16 +37,9 @@ static void attn_task(void *arg, int tid, int nth) {
         int64_t start = 0;
         if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;
         const float *q = s->q + t * nh * hd + h * hd;
-        for (int64_t i = start; i <= p; i++) sc[i - start] = spx_cpu_dot(q, K + i * kvd + kvh * hd, hd) * scale;
-        int64_t len = p - start + 1;
-        spx_cpu_softmax(sc, len);
-        float *out = s->att + t * nh * hd + h * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int64_t i = 0; i < len; i++) {
-            const float *vv = V + (start + i) * kvd + kvh * hd;
-            float pr = sc[i];
-            for (int64_t d = 0; d < hd; d++) out[d] += pr * vv[d];
-        }
+        spx_kv_scores(&s->kv, j->layer, kvh, q, start, p + 1, scale, sc);
+        spx_cpu_softmax(sc, p + 1 - start);
+        spx_kv_weighted_v(&s->kv, j->layer, kvh, sc, start, p + 1, s->att + t * nh * hd + h * hd);
     }
 }
 
@@ -74,7 +65,6 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
         spx_cpu_matmul(m->pool, &L->wq, s->x, n, s->q, L->bq, s->row_scratch);
         spx_cpu_matmul(m->pool, &L->wk, s->x, n, s->k, L->bk, s->row_scratch);
         spx_cpu_matmul(m->pool, &L->wv, s->x, n, s->v, L->bv, s->row_scratch);
-        float *Kc = s->k_cache + l * s->n_ctx * kvd, *Vc = s->v_cache + l * s->n_ctx * kvd;
         for (int64_t t = 0; t < n; t++) {
             float *q = s->q + t * qd, *k = s->k + t * kvd;
             if (c->qk_norm) {
@@ -83,8 +73,7 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
             }
             spx_cpu_rope(q, nh, hd, pos0 + t, m->rope_inv_freq);
             spx_cpu_rope(k, nkv, hd, pos0 + t, m->rope_inv_freq);
-            memcpy(Kc + (pos0 + t) * kvd, k, (size_t)kvd * sizeof(float));
-            memcpy(Vc + (pos0 + t) * kvd, s->v + t * kvd, (size_t)kvd * sizeof(float));
+            spx_kv_store(&s->kv, l, pos0 + t, k, s->v + t * kvd);
         }
         attn_job aj = {s, l, n, pos0};
         spx_pool_run(m->pool, attn_task, &aj);

@@ -2,6 +2,7 @@
 #ifndef SPX_SESSION_H
 #define SPX_SESSION_H
 
+#include "engine/kvcache.h"
 #include "model/model.h"
 
 #define SPX_BATCH_MAX 128 /* tokens per forward chunk (scratch sizing) */
@@ -10,8 +11,7 @@ struct spx_session {
     spx_model *m;
     int64_t n_ctx;
     int64_t pos;          /* tokens in the KV cache */
-    float *k_cache;       /* [n_layers, n_ctx, n_kv_heads * head_dim] */
-    float *v_cache;
+    spx_kvcache kv;
     /* scratch for up to SPX_BATCH_MAX tokens */
     float *h, *x, *q, *k, *v, *att, *gate, *up;
     float *row_scratch;   /* [threads, max_cols] */

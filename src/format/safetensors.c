@@ -171,7 +171,8 @@ static spx_status json_parse(const char *text, size_t n, const char *label, cons
     cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, 0);
     if (!root) {
         size_t at = end && end >= text && end <= text + n ? (size_t)(end - text) : 0;
-        return spx_fail(e, SPX_ERR_FORMAT, "%s: %s is not valid JSON (error near offset %zu of %zu)",
+        return spx_fail(e, SPX_ERR_FORMAT,
+                        "%s: %s is not valid JSON (error near offset %zu of %zu)",
                         label, what, at, n);
     }
     size_t at = end && end >= text && end <= text + n ? (size_t)(end - text) : n;
@@ -277,10 +278,10 @@ static spx_status parse_entry(const cJSON *it, const char *label, const uint8_t 
         int r = json_uint(d, &v);
         if (r == 3)
             return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '" NM "' has negative dimension %d "
-                            "= %.0f, expected >= 0", label, name, ndim, d->valuedouble);
+                            "= %.17g, expected >= 0", label, name, ndim, d->valuedouble);
         if (r)
-            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '" NM "' has shape dimension %d that is %s, "
-                            "expected an integer in [0, 2^53)", label, name, ndim,
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '" NM "' has shape dimension %d "
+                            "that is %s, expected an integer in [0, 2^53)", label, name, ndim,
                             json_uint_why(r));
         shape[ndim++] = (int64_t)v;
     }
@@ -308,8 +309,8 @@ static spx_status parse_entry(const cJSON *it, const char *label, const uint8_t 
     for (int i = 0; i < 2; i++, o = o->next) {
         int r = json_uint(o, &be[i]);
         if (r)
-            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '" NM "' has data_offsets[%d] that is %s, "
-                            "expected an integer in [0, 2^53)", label, name, i,
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '" NM "' has data_offsets[%d] "
+                            "that is %s, expected an integer in [0, 2^53)", label, name, i,
                             json_uint_why(r));
     }
     if (be[0] > be[1])
@@ -576,7 +577,8 @@ static spx_status open_index(spx_st *st, const char *dir, const char *ipath, spx
     qsort(keys, n, sizeof *keys, cmp_str);
     for (size_t i = 1; i < n; i++)
         if (strcmp(keys[i - 1], keys[i]) == 0) {
-            s = spx_fail(e, SPX_ERR_FORMAT, "%s: weight_map lists tensor '" NM "' twice (duplicate)",
+            s = spx_fail(e, SPX_ERR_FORMAT,
+                         "%s: weight_map lists tensor '" NM "' twice (duplicate)",
                          ipath, keys[i]);
             goto done;
         }
@@ -664,6 +666,11 @@ static spx_status open_only_file(spx_st *st, const char *dir, spx_err *e) {
     return s;
 }
 
+static int is_index_name(const char *path) {
+    size_t a = strlen(path), b = strlen(".safetensors.index.json");
+    return a >= b && strcmp(path + a - b, ".safetensors.index.json") == 0;
+}
+
 spx_status spx_st_open(const char *path, spx_st **out, spx_err *e) {
     if (!out) return spx_fail(e, SPX_ERR_ARG, "spx_st_open: out is NULL");
     *out = NULL;
@@ -683,6 +690,17 @@ spx_status spx_st_open(const char *path, spx_st **out, spx_err *e) {
             s = open_only_file(st, path, e);
         free(ip);
         free(sp);
+    } else if (is_index_name(path)) {
+        /* the index itself: its shards are beside it */
+        char *dir = spx_strdup(path);
+        if (!dir) s = spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", path);
+        else {
+            char *slash = strrchr(dir, '/');
+            if (slash) slash[slash == dir ? 1 : 0] = '\0';
+            else strcpy(dir, ".");
+            s = open_index(st, dir, path, e);
+        }
+        free(dir);
     } else {
         s = alloc_maps(st, 1, path, e);
         if (s == SPX_OK) s = open_file(st, path, e);
@@ -725,7 +743,7 @@ float spx_st_get_f32(const spx_st_tensor *t, int64_t i) {
     }
     case SPX_DT_F16: memcpy(&h, p + (size_t)i * 2, 2); return spx_f16_to_f32(h);
     case SPX_DT_BF16: memcpy(&h, p + (size_t)i * 2, 2); return spx_bf16_to_f32(h);
-    default: assert(!"spx_st_get_f32: dtype is not F32/F16/BF16"); return NAN;
+    default: assert(0 && "spx_st_get_f32: dtype is not F32/F16/BF16"); return NAN;
     }
 }
 
@@ -753,7 +771,7 @@ void spx_st_row_f32(const spx_st_tensor *t, int64_t off, int64_t n, float *out) 
         }
         break;
     default:
-        assert(!"spx_st_row_f32: dtype is not F32/F16/BF16");
+        assert(0 && "spx_st_row_f32: dtype is not F32/F16/BF16");
         for (size_t i = 0; i < cnt; i++) out[i] = NAN;
     }
 }

@@ -36,7 +36,8 @@ typedef struct spx_st_tensor {
 typedef struct spx_st spx_st;
 
 /* path: a directory (model.safetensors.index.json with its shards, else
- * model.safetensors, else the only *.safetensors in it) or one file. */
+ * model.safetensors, else the only *.safetensors in it), one .safetensors
+ * file, or a *.safetensors.index.json file (shards beside it). */
 spx_status spx_st_open(const char *path, spx_st **out, spx_err *e);
 /* Parses a safetensors image already in memory (not copied; must outlive
  * the handle). label names it in messages. Used by tests and fuzzers. */

@@ -49,6 +49,11 @@ typedef struct tok_ids {
 
 bool tok_ids_push(tok_ids *a, int32_t id);
 
+/* Appends s with every non-overlapping occurrence of pat (left to right)
+ * replaced by with. */
+bool tok_replace_all(const char *s, size_t n, const char *pat, size_t pl, const char *with,
+                     size_t wl, tok_buf *out);
+
 /* ------------------------------------------------------------------ */
 /* UTF-8 and character classes                                         */
 /* ------------------------------------------------------------------ */

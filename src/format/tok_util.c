@@ -70,6 +70,19 @@ bool tok_spans_push(tok_spans *a, size_t s, size_t e, bool match) {
     return true;
 }
 
+bool tok_replace_all(const char *s, size_t n, const char *pat, size_t pl, const char *with,
+                     size_t wl, tok_buf *out) {
+    size_t i = 0;
+    while (pl > 0 && i < n) {
+        const char *hit = pl <= n - i ? memmem(s + i, n - i, pat, pl) : NULL;
+        if (!hit) break;
+        size_t j = (size_t)(hit - s);
+        if (!tok_buf_put(out, s + i, j - i) || !tok_buf_put(out, with, wl)) return false;
+        i = j + pl;
+    }
+    return tok_buf_put(out, s + i, n - i);
+}
+
 /* ------------------------------------------------------------------ */
 /* UTF-8                                                               */
 /* ------------------------------------------------------------------ */

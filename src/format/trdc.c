@@ -1195,6 +1195,9 @@ static spx_status add_raw_object(spx_trdc_writer *w, cJSON *root, const char *ke
                                  const char *text, spx_err *e) {
     char what[64];
     snprintf(what, sizeof what, "the %s JSON", key);
+    /* A byte order mark would be skipped by a parser at the start of a
+     * document but is invalid inside the manifest: drop it. */
+    if (!strncmp(text, "\xEF\xBB\xBF", 3)) text += 3;
     /* -2: the manifest root and this key's object add levels around it */
     SPX_TRY(check_json_object_text(what, w->path, text, SPX_TRDC_MAX_DEPTH - 2, e));
     if (!cJSON_AddItemToObject(root, key, cJSON_CreateRaw(text)))

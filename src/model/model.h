@@ -46,6 +46,10 @@ void spx_rope_inv_freq(const spx_config *cfg, float *out);
  * m->trdc, validating every shape and dtype. */
 spx_status spx_model_bind_weights(spx_model *m, spx_err *e);
 
+/* Weight bytes one decoded token reads: every layer matrix, the LM head
+ * and one embedding row (norm gains and biases are negligible). */
+uint64_t spx_model_bytes_per_token(const spx_model *m);
+
 /* Name of the normalization whose gain feeds `tensor` (for saliency), as
  * data per architecture; NULL when none does (gamma = 1). */
 const char *spx_arch_feeding_norm(const spx_config *cfg, const char *tensor, char *buf,

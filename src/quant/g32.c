@@ -218,13 +218,14 @@ static float mse_refit(const mse_search *m, float s, int z) {
  * fixed, then z +- 1) from the best, while they improve. */
 #ifndef MSE_GRID
 #define MSE_GRID 10
-#define MSE_GRID_DIV 20.0f
+#define MSE_F_HI 1.0f
+#define MSE_F_STEP 0.05f
 #define MSE_LOCAL_ITERS 4
 #endif
 
 static void mse_search_run(mse_search *m, float lo, float hi) {
     for (int i = 0; i < MSE_GRID; i++) {
-        float f = 1.0f - (float)i / MSE_GRID_DIV;
+        float f = MSE_F_HI - (float)i * MSE_F_STEP;
         uint16_t s_h = scale_to_f16(f * (hi - lo) / (float)m->n);
         int z0 = round_clamp(-(f * lo) / spx_f16_to_f32(s_h), m->n);
         for (int dz = -1; dz <= 1; dz++) mse_try(m, s_h, z0 + dz);

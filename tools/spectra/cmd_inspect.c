@@ -127,7 +127,7 @@ static void print_table(const spx_trdc *f) {
            grp(fsz - spx_trdc_manifest_size(f) - s.bytes, b3, sizeof b3));
     int64_t src = spx_trdc_source_bytes(f);
     if (src >= 0 && fsz > 0)
-        printf("  source            %s bytes -> %.2fx smaller\n", grp((uint64_t)src, b1, sizeof b1),
+        printf("  source            %s bytes (ratio source/file %.2fx)\n", grp((uint64_t)src, b1, sizeof b1),
                (double)src / (double)fsz);
     else
         printf("  source            not recorded in the manifest\n");

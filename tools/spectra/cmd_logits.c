@@ -13,18 +13,21 @@ static void usage(FILE *f) {
                "  -m MODEL       Hugging Face folder or .trdc file\n"
                "  --ids LIST     token ids, comma or space separated (fed as one sequence, no BOS added)\n"
                "  -o FILE        output: float32 little-endian, row-major [T, vocab]\n"
+               "  --kv TYPE      KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
                "  --threads N    worker threads (int, 1..1024; default: all CPUs)\n");
 }
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *out = NULL;
     int64_t threads = 0;
+    spx_kv_type kv = SPX_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "--ids")) { if (!(ids_s = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-o")) { if (!(out = cli_value(argc, argv, &i))) return 2; }
+        else if (!strcmp(a, "--kv")) { if (!(v = cli_value(argc, argv, &i)) || !cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1024, &threads)) return 2;
         } else { cli_error("logits: unknown option '%s'", a); usage(stderr); return 2; }
@@ -39,7 +42,7 @@ int cmd_logits(int argc, char **argv) {
     spx_session *s = NULL;
     int64_t V = spx_model_vocab_size(m);
     float *logits = malloc(n * (size_t)V * sizeof(float));
-    spx_session_params sp = {.n_ctx = (int64_t)n};
+    spx_session_params sp = {.n_ctx = (int64_t)n, .kv = kv};
     if (!logits) cli_error("out of memory for %zu x %lld logits", n, (long long)V);
     else if (spx_session_new(m, &sp, &s) != SPX_OK) cli_error("%s", spx_model_error(m));
     else if (spx_session_eval(s, ids, n, logits, 1) != SPX_OK) cli_error("%s", spx_session_error(s));

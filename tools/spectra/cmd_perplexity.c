@@ -17,13 +17,15 @@ static void usage(FILE *f) {
                "  --ctx N         window length in tokens (int >= 2; default 512)\n"
                "  --chunks C      number of windows (int >= 1; default: all that fit)\n"
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
-               "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
+               "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
+            "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --json          print the result as JSON\n");
 }
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int64_t ctx = 512, chunks = 0, threads = 0;
+    spx_kv_type kv = SPX_KV_F16;
     int compat = 0, json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -35,6 +37,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "-f")) file = v;
         else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) { if (!cli_int(a, v, 2, 1 << 20, &ctx)) return 2; }
         else if (!strcmp(a, "--chunks")) { if (!cli_int(a, v, 1, 1 << 30, &chunks)) return 2; }
+        else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("perplexity: unknown option '%s'", a); usage(stderr); return 2; }
     }
@@ -46,7 +49,7 @@ int cmd_perplexity(int argc, char **argv) {
     int64_t V = spx_model_vocab_size(m);
     int rc = 1;
     spx_session *s = NULL;
-    spx_session_params sp = {.n_ctx = ctx};
+    spx_session_params sp = {.n_ctx = ctx, .kv = kv};
     float *logits = malloc((size_t)ctx * (size_t)V * sizeof(float));
     int32_t *in = malloc((size_t)ctx * sizeof *in), *tg = malloc((size_t)ctx * sizeof *tg);
     if (!logits || !in || !tg) { cli_error("out of memory"); goto done; }

@@ -24,6 +24,7 @@ static void usage(FILE *f) {
             "  --seed S        random seed (uint64; default: from the clock, printed)\n"
             "  --ignore-eos    keep generating past the end-of-sequence token\n"
             "  --ctx N         context length (int; default: min(model max, 4096))\n"
+            "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
             "  -q, --quiet     no prompt echo and no statistics\n");
 }
@@ -31,6 +32,7 @@ static void usage(FILE *f) {
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL, *ids_s = NULL;
     int64_t n_gen = 128, top_k = 40, threads = 0, n_ctx = 0, seed = -1;
+    spx_kv_type kv = SPX_KV_F16;
     double temp = 0.8, top_p = 0.95;
     int ignore_eos = 0, quiet = 0;
     for (int i = 1; i < argc; i++) {
@@ -49,6 +51,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--top-p")) { if (!cli_float(a, v, 1e-9, 1, &top_p)) return 2; }
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
+        else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("run: unknown option '%s'", a); usage(stderr); return 2; }
     }
@@ -79,7 +82,7 @@ int cmd_run(int argc, char **argv) {
         if (!text || spx_tok_encode(m->tok, text, text_len, 1, &ids, &n_prompt, &e) != SPX_OK) { cli_fail(&e); goto done; }
         if (n_prompt == 0) { cli_error("run: the prompt encodes to no tokens"); goto done; }
     }
-    spx_session_params sp = {.n_ctx = n_ctx};
+    spx_session_params sp = {.n_ctx = n_ctx, .kv = kv};
     if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
     if ((int64_t)n_prompt >= n_ctx && n_ctx > 0) { cli_error("run: prompt of %zu tokens does not fit --ctx %lld", n_prompt, (long long)n_ctx); goto done; }
     int64_t V = spx_model_vocab_size(m);
@@ -90,6 +93,13 @@ int cmd_run(int argc, char **argv) {
 
     if (m->tok && !ids_s) {
         if (spx_tok_stream_new(m->tok, 1, &ts, &e) != SPX_OK) { cli_fail(&e); goto done; }
+        /* the stream sees the prompt first, so the continuation decodes as
+         * it would inside the whole text (no leading-space strip) */
+        for (size_t i = 0; i < n_prompt; i++) {
+            const char *piece;
+            size_t plen;
+            if (spx_tok_stream_push(ts, ids[i], &piece, &plen, &e) != SPX_OK) { cli_fail(&e); goto done; }
+        }
         if (!quiet) { fwrite(text, 1, text_len, stdout); fflush(stdout); }
     }
     double t0 = spx_now();
@@ -121,6 +131,7 @@ int cmd_run(int argc, char **argv) {
         if (spx_tok_stream_flush(ts, &piece, &plen, &e) == SPX_OK) fwrite(piece, 1, plen, stdout);
     }
     printf("\n");
+    fflush(stdout);
     double t2 = spx_now();
     if (!quiet) {
         int64_t decoded = n_done > 0 ? n_done - 1 : 0; /* the first token came from the prefill */

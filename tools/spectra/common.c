@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 int32_t *cli_parse_ids(const char *s, size_t *n) {
     size_t cap = 16, k = 0;
@@ -63,4 +64,15 @@ char *cli_read_text(const char *path, size_t *len) {
         return NULL;
     }
     return buf;
+}
+
+int cli_kv(const char *s, spx_kv_type *out) {
+    if (!strcmp(s, "f32")) *out = SPX_KV_F32;
+    else if (!strcmp(s, "f16")) *out = SPX_KV_F16;
+    else if (!strcmp(s, "q4")) *out = SPX_KV_Q4;
+    else {
+        cli_error("--kv: expected f32, f16 or q4, got '%s'", s);
+        return 0;
+    }
+    return 1;
 }

@@ -11,6 +11,8 @@
 int32_t *cli_parse_ids(const char *s, size_t *n);
 /* Opens a model, printing the library's message on failure. */
 spx_model *cli_open_model(const char *path, int64_t threads);
+/* Parses --kv f32|f16|q4; prints an error and returns 0 otherwise. */
+int cli_kv(const char *s, spx_kv_type *out);
 /* Reads a whole text file (for -f); prints an error and returns NULL. */
 char *cli_read_text(const char *path, size_t *len);
 

@@ -18,8 +18,12 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
 int cmd_experiment(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 int cmd_kl(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
 
@@ -28,9 +32,13 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"logits", cmd_logits, "write float32 logits for a list of token ids"},
     {"perplexity", cmd_perplexity, "perplexity over a text file in windows"},
+    {"inspect", cmd_inspect, "list the tensors, sizes and bits per weight of a .trdc"},
+    {"verify", cmd_verify, "check every CRC32 of a .trdc"},
     {"compress", cmd_compress, "compress a Hugging Face model into a 4-bit .trdc (no calibration data)"},
     {"kl", cmd_kl, "KL divergence, PPL and top-1 agreement of a model against a reference"},
     {"audit", cmd_audit, "per-tensor quantization error of a .trdc against its source"},
+    {"bench", cmd_bench, "prompt and generation speed, bytes per token, GB/s"},
+    {"synth", cmd_synth, "write a random model of a real shape (.trdc and/or HF folder)"},
     {"experiment", cmd_experiment, "reproduce the paper's quantization experiments A and B"},
 };
 

@@ -1,0 +1,47 @@
+/* qkernels.h: CPU kernels for group-quantized matrices times activations
+ * (W4A16 GEMV for one token, blocked GEMM for many), as a table of
+ * function pointers chosen at run time from CPU features.
+ *
+ * Meaning (the scalar reference, spx_q_dot_row in quant/g32.c):
+ *   y[t * y_stride + r] = sum_c W^[r, c] x[t * cols + c]      r in [r0, r1)
+ * where W^ = (q - z) * s for dense codes, plus the fp16 outlier columns
+ * (qtensor.h). A kernel never materialises a dequantized matrix.
+ *
+ * Use: once per matmul, prepare() turns x[T, cols] into the kernel's
+ * activation format in `act` (act_bytes() bytes; e.g. int8 blocks with
+ * scales and per-group sums). Then rows() is called by each thread on its
+ * own row range with the same prepared activations. rows() may use
+ * `scratch` (scratch_bytes() bytes per thread). Entries may be NULL only
+ * where documented. Variants (avx2, later avx512/neon) live in their own
+ * files beside the scalar one. */
+#ifndef SPX_QKERNELS_H
+#define SPX_QKERNELS_H
+
+#include "quant/qtensor.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct spx_qkernels {
+    const char *name; /* "scalar", "avx2", ... */
+    /* bytes of prepared activations for x[T, cols] with this group size */
+    size_t (*act_bytes)(int64_t T, int64_t cols, int group);
+    /* per-thread scratch bytes for rows() */
+    size_t (*scratch_bytes)(int64_t T, int64_t cols, int group);
+    /* x[T, cols] -> act. Called by one thread per matmul. */
+    void (*prepare)(const float *x, int64_t T, int64_t cols, int group, void *act);
+    /* rows [r0, r1) of y for all T tokens. x is the original float input
+     * (for outlier columns / kernels that use floats directly). */
+    void (*rows)(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
+                 int64_t y_stride, int64_t r0, int64_t r1, void *scratch);
+} spx_qkernels;
+
+/* The scalar reference table (always available). */
+const spx_qkernels *spx_qkernels_scalar(void);
+/* The best table for this CPU (cpuid at first call); environment variable
+ * SPECTRA_KERNELS=scalar|avx2 overrides (falls back to scalar with a
+ * warning if the CPU lacks the named features). */
+const spx_qkernels *spx_qkernels_best(void);
+/* A named table if compiled in and supported by this CPU, else NULL. */
+const spx_qkernels *spx_qkernels_get(const char *name);
+
+#endif

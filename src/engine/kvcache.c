@@ -1,0 +1,154 @@
+/* kvcache.c: KV cache storage and attention over it (see kvcache.h). */
+#include "engine/kvcache.h"
+#include "core/half.h"
+#include "cpu/ops.h"
+#include "quant/g32.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_GROUP 32
+
+size_t spx_kv_bytes_per_token(spx_kv_type t, int64_t n_layers, int64_t kvd) {
+    size_t row;
+    switch (t) {
+    case SPX_KV_F32: row = (size_t)kvd * 4; break;
+    case SPX_KV_Q4: row = (size_t)kvd / 2 + (size_t)kvd / KV_GROUP * 2 + (size_t)(kvd / KV_GROUP + 1) / 2; break;
+    default: row = (size_t)kvd * 2; break;
+    }
+    return 2 * (size_t)n_layers * row;
+}
+
+spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t n_ctx, int64_t kvd,
+                       int64_t head_dim, spx_err *e) {
+    memset(c, 0, sizeof *c);
+    if (t == SPX_KV_DEFAULT) t = SPX_KV_F16;
+    if (t != SPX_KV_F32 && t != SPX_KV_F16 && t != SPX_KV_Q4)
+        return spx_fail(e, SPX_ERR_ARG, "KV cache type %d is not one of f32, f16, q4", (int)t);
+    if (t == SPX_KV_Q4 && head_dim % KV_GROUP)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "--kv q4 needs head_dim to be a multiple of %d; this model has %lld",
+                        KV_GROUP, (long long)head_dim);
+    if (t == SPX_KV_Q4 && head_dim / KV_GROUP > 64)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "--kv q4 supports head_dim up to 2048; this model has %lld",
+                        (long long)head_dim);
+    c->type = t;
+    c->n_layers = n_layers;
+    c->n_ctx = n_ctx;
+    c->kvd = kvd;
+    c->head_dim = head_dim;
+    c->row_bytes = spx_kv_bytes_per_token(t, 1, kvd) / 2;
+    c->codes_b = (size_t)kvd / 2;
+    c->scales_b = c->codes_b + (size_t)kvd / KV_GROUP * 2;
+    size_t total;
+    if (__builtin_mul_overflow((size_t)n_layers * (size_t)n_ctx, c->row_bytes, &total))
+        return spx_fail(e, SPX_ERR_ARG, "KV cache size overflows");
+    c->k = calloc(total ? total : 1, 1);
+    c->v = calloc(total ? total : 1, 1);
+    if (!c->k || !c->v) {
+        spx_kv_free(c);
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory for a %.1f MiB KV cache", 2.0 * (double)total / (1 << 20));
+    }
+    return SPX_OK;
+}
+
+void spx_kv_free(spx_kvcache *c) {
+    free(c->k);
+    free(c->v);
+    c->k = c->v = NULL;
+}
+
+static uint8_t *row_at(const spx_kvcache *c, uint8_t *base, int64_t layer, int64_t pos) {
+    return base + ((size_t)layer * (size_t)c->n_ctx + (size_t)pos) * c->row_bytes;
+}
+
+static void store_row(const spx_kvcache *c, uint8_t *dst, const float *x) {
+    switch (c->type) {
+    case SPX_KV_F32: memcpy(dst, x, (size_t)c->kvd * 4); break;
+    case SPX_KV_Q4:
+        spx_q_quantize_row(x, c->kvd, NULL, 4, KV_GROUP, SPX_Q_MINMAX, dst, (uint16_t *)(dst + c->codes_b),
+                           dst + c->scales_b);
+        break;
+    default: {
+        uint16_t *h = (uint16_t *)dst;
+        for (int64_t i = 0; i < c->kvd; i++) h[i] = spx_f32_to_f16(x[i]);
+    }
+    }
+}
+
+void spx_kv_store(spx_kvcache *c, int64_t layer, int64_t pos, const float *k, const float *v) {
+    store_row(c, row_at(c, c->k, layer, pos), k);
+    store_row(c, row_at(c, c->v, layer, pos), v);
+}
+
+/* q4 group g of a row: codes (16 bytes: k and k+16 nibbles), scale, zero */
+static inline void q4_group(const spx_kvcache *c, const uint8_t *row, int64_t g, const uint8_t **codes, float *s,
+                            int *z) {
+    *codes = row + g * (KV_GROUP / 2);
+    *s = spx_f16_to_f32(((const uint16_t *)(row + c->codes_b))[g]);
+    *z = spx_q_zero_get(row + c->scales_b, g);
+}
+
+void spx_kv_scores(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *q, int64_t start, int64_t end,
+                   float scale, float *out) {
+    int64_t hd = c->head_dim, off = kvh * hd;
+    float qsum[64]; /* per group sum of q (head_dim <= 2048 checked at load) */
+    if (c->type == SPX_KV_Q4)
+        for (int64_t g = 0; g < hd / KV_GROUP; g++) {
+            float s = 0;
+            for (int k = 0; k < KV_GROUP; k++) s += q[g * KV_GROUP + k];
+            qsum[g] = s;
+        }
+    for (int64_t i = start; i < end; i++) {
+        const uint8_t *row = row_at(c, c->k, layer, i);
+        float d = 0;
+        if (c->type == SPX_KV_F32) {
+            d = spx_cpu_dot(q, (const float *)row + off, hd);
+        } else if (c->type == SPX_KV_F16) {
+            const uint16_t *h = (const uint16_t *)row + off;
+            for (int64_t j = 0; j < hd; j++) d += q[j] * spx_f16_to_f32(h[j]);
+        } else {
+            /* sum_k (code_k - z) s q_k = s (sum_k code_k q_k - z qsum) */
+            for (int64_t g = 0; g < hd / KV_GROUP; g++) {
+                const uint8_t *cd;
+                float s;
+                int z;
+                q4_group(c, row, off / KV_GROUP + g, &cd, &s, &z);
+                const float *qq = q + g * KV_GROUP;
+                float acc = 0;
+                for (int k = 0; k < KV_GROUP / 2; k++)
+                    acc += (float)(cd[k] & 15) * qq[k] + (float)(cd[k] >> 4) * qq[k + KV_GROUP / 2];
+                d += s * (acc - (float)z * qsum[g]);
+            }
+        }
+        out[i - start] = d * scale;
+    }
+}
+
+void spx_kv_weighted_v(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *p, int64_t start,
+                       int64_t end, float *out) {
+    int64_t hd = c->head_dim, off = kvh * hd;
+    memset(out, 0, (size_t)hd * sizeof *out);
+    for (int64_t i = start; i < end; i++) {
+        const uint8_t *row = row_at(c, c->v, layer, i);
+        float pr = p[i - start];
+        if (c->type == SPX_KV_F32) {
+            const float *v = (const float *)row + off;
+            for (int64_t j = 0; j < hd; j++) out[j] += pr * v[j];
+        } else if (c->type == SPX_KV_F16) {
+            const uint16_t *h = (const uint16_t *)row + off;
+            for (int64_t j = 0; j < hd; j++) out[j] += pr * spx_f16_to_f32(h[j]);
+        } else {
+            for (int64_t g = 0; g < hd / KV_GROUP; g++) {
+                const uint8_t *cd;
+                float s;
+                int z;
+                q4_group(c, row, off / KV_GROUP + g, &cd, &s, &z);
+                float ps = pr * s, *o = out + g * KV_GROUP;
+                for (int k = 0; k < KV_GROUP / 2; k++) {
+                    o[k] += ps * (float)((cd[k] & 15) - z);
+                    o[k + KV_GROUP / 2] += ps * (float)((cd[k] >> 4) - z);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,40 @@
+/* kvcache.h: the KV cache in float32, fp16 or Group-32 4-bit
+ * (SpectraQuantizedCache), with attention computed directly over the
+ * stored format (no dequantized copy of the cache).
+ *
+ * Layout: per layer, per position, one row of kvd = n_kv_heads * head_dim
+ * values for K and one for V. q4 rows use the weight format of qtensor.h
+ * with 4 bits and groups of 32 along the row (groups never straddle heads
+ * since head_dim % 32 == 0 is required): kvd/2 code bytes, kvd/32 fp16
+ * scales, kvd/64 zero bytes: 4.625 bits per value, minmax rounding. */
+#ifndef SPX_KVCACHE_H
+#define SPX_KVCACHE_H
+
+#include "core/err.h"
+#include "spectra.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct spx_kvcache {
+    spx_kv_type type;
+    int64_t n_layers, n_ctx, kvd, head_dim;
+    size_t row_bytes;        /* bytes of one K (or V) row */
+    size_t codes_b, scales_b;/* q4: offsets of scales and zeros within a row */
+    uint8_t *k, *v;          /* [n_layers, n_ctx, row_bytes] */
+} spx_kvcache;
+
+/* Bytes of cache per token of context (K and V, all layers). */
+size_t spx_kv_bytes_per_token(spx_kv_type t, int64_t n_layers, int64_t kvd);
+spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t n_ctx, int64_t kvd,
+                       int64_t head_dim, spx_err *e);
+void spx_kv_free(spx_kvcache *c);
+/* Stores k[kvd] and v[kvd] at (layer, pos). */
+void spx_kv_store(spx_kvcache *c, int64_t layer, int64_t pos, const float *k, const float *v);
+/* out[i - start] = scale * q . K[layer, i, head kvh] for i in [start, end). */
+void spx_kv_scores(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *q, int64_t start,
+                   int64_t end, float scale, float *out);
+/* out[head_dim] = sum_i p[i - start] * V[layer, i, head kvh]. */
+void spx_kv_weighted_v(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *p, int64_t start,
+                       int64_t end, float *out);
+
+#endif

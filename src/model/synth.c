@@ -1,0 +1,241 @@
+/* synth.c: synthetic models of real shapes (see synth.h). Random numbers
+ * come from splitmix64 so a seed reproduces a file. Weights have std about
+ * 0.02, like trained checkpoints at initialisation; norm gains are 1. */
+#include "model/synth.h"
+#include "core/half.h"
+#include "core/util.h"
+#include "format/trdc.h"
+#include "quant/qtensor.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const spx_synth_shape shapes[] = {
+    {"llama3-1b", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 1, 0, 500000.0,
+     "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+     "\"original_max_position_embeddings\":8192}"},
+    {"llama3-3b", "LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128, 128256, 131072, 1, 0, 500000.0,
+     "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+     "\"original_max_position_embeddings\":8192}"},
+    {"llama3-8b", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 0, 0, 500000.0,
+     "{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+     "\"original_max_position_embeddings\":8192}"},
+    {"qwen2.5-1.5b", "Qwen2ForCausalLM", 1536, 8960, 28, 12, 2, 128, 151936, 32768, 1, 1, 1000000.0, NULL},
+    {"qwen3-0.6b", "Qwen3ForCausalLM", 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1, 0, 1000000.0, NULL},
+    {"tiny", "LlamaForCausalLM", 256, 768, 2, 4, 2, 64, 512, 2048, 0, 0, 10000.0, NULL},
+    {NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
+};
+
+const spx_synth_shape *spx_synth_shapes(void) { return shapes; }
+
+const spx_synth_shape *spx_synth_find(const char *name) {
+    for (const spx_synth_shape *s = shapes; s->name; s++)
+        if (!strcmp(s->name, name)) return s;
+    return NULL;
+}
+
+char *spx_synth_config_json(const spx_synth_shape *s) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(c, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString(s->arch));
+    cJSON_AddNumberToObject(c, "vocab_size", (double)s->vocab);
+    cJSON_AddNumberToObject(c, "hidden_size", (double)s->hidden);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)s->inter);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", (double)s->layers);
+    cJSON_AddNumberToObject(c, "num_attention_heads", (double)s->heads);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", (double)s->kv_heads);
+    cJSON_AddNumberToObject(c, "head_dim", (double)s->head_dim);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", (double)s->max_pos);
+    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-5);
+    cJSON_AddNumberToObject(c, "rope_theta", s->rope_theta);
+    cJSON_AddItemToObject(c, "rope_scaling", s->rope_json ? cJSON_Parse(s->rope_json) : cJSON_CreateNull());
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", s->tied);
+    cJSON_AddStringToObject(c, "hidden_act", "silu");
+    cJSON_AddStringToObject(c, "torch_dtype", "bfloat16");
+    cJSON_AddNumberToObject(c, "bos_token_id", 1);
+    cJSON_AddNumberToObject(c, "eos_token_id", 2);
+    char *txt = cJSON_Print(c);
+    cJSON_Delete(c);
+    return txt;
+}
+
+static uint64_t rnd(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rnd_normal(uint64_t *s) {
+    double u1 = ((double)(rnd(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(rnd(s) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* The tensors of a Llama-family model: name, rows, cols (cols 0: 1-D). */
+typedef struct { char name[96]; int64_t rows, cols; } tdesc;
+
+static int64_t list_tensors(const spx_synth_shape *s, tdesc *out) {
+    int64_t n = 0, H = s->hidden, qd = s->heads * s->head_dim, kvd = s->kv_heads * s->head_dim;
+#define ADD(r, c, ...) (snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__), out[n].rows = (r), out[n].cols = (c), n++)
+    ADD(s->vocab, H, "model.embed_tokens.weight");
+    for (int64_t l = 0; l < s->layers; l++) {
+        ADD(H, 0, "model.layers.%lld.input_layernorm.weight", (long long)l);
+        ADD(H, 0, "model.layers.%lld.post_attention_layernorm.weight", (long long)l);
+        ADD(qd, H, "model.layers.%lld.self_attn.q_proj.weight", (long long)l);
+        ADD(kvd, H, "model.layers.%lld.self_attn.k_proj.weight", (long long)l);
+        ADD(kvd, H, "model.layers.%lld.self_attn.v_proj.weight", (long long)l);
+        ADD(H, qd, "model.layers.%lld.self_attn.o_proj.weight", (long long)l);
+        ADD(s->inter, H, "model.layers.%lld.mlp.gate_proj.weight", (long long)l);
+        ADD(s->inter, H, "model.layers.%lld.mlp.up_proj.weight", (long long)l);
+        ADD(H, s->inter, "model.layers.%lld.mlp.down_proj.weight", (long long)l);
+        if (s->qkv_bias) {
+            ADD(qd, 0, "model.layers.%lld.self_attn.q_proj.bias", (long long)l);
+            ADD(kvd, 0, "model.layers.%lld.self_attn.k_proj.bias", (long long)l);
+            ADD(kvd, 0, "model.layers.%lld.self_attn.v_proj.bias", (long long)l);
+        }
+        if (!strcmp(s->arch, "Qwen3ForCausalLM")) {
+            ADD(s->head_dim, 0, "model.layers.%lld.self_attn.q_norm.weight", (long long)l);
+            ADD(s->head_dim, 0, "model.layers.%lld.self_attn.k_norm.weight", (long long)l);
+        }
+    }
+    ADD(H, 0, "model.norm.weight");
+    if (!s->tied) ADD(s->vocab, H, "lm_head.weight");
+#undef ADD
+    return n;
+}
+
+#define MAX_TENSORS 4096
+
+spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, double outlier_ratio, uint64_t seed,
+                                spx_err *e) {
+    tdesc *td = malloc(MAX_TENSORS * sizeof *td);
+    if (!td) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    int64_t nt = list_tensors(s, td);
+    spx_trdc_writer *w = NULL;
+    spx_status st = spx_trdc_writer_open(path, &w, e);
+    uint64_t rng = seed;
+    for (int64_t i = 0; i < nt && st == SPX_OK; i++) {
+        tdesc *t = &td[i];
+        if (t->cols == 0) { /* norm gains 1, biases small */
+            uint16_t *v = malloc((size_t)t->rows * 2);
+            if (!v) { st = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); break; }
+            int bias = strstr(t->name, "bias") != NULL;
+            for (int64_t k = 0; k < t->rows; k++) v[k] = spx_f32_to_bf16(bias ? 0.02f * rnd_normal(&rng) : 1.0f);
+            int64_t shape[1] = {t->rows};
+            st = spx_trdc_writer_add_dense(w, t->name, SPX_DT_BF16, 1, shape, v, (size_t)t->rows * 2, e);
+            free(v);
+            continue;
+        }
+        int64_t rows = t->rows, cols = t->cols, ng = cols / 32;
+        int64_t n_out = (int64_t)floor(outlier_ratio * (double)cols + 0.5);
+        size_t cb = (size_t)(rows * spx_q_codes_row_bytes(cols, 4)), sb = (size_t)(rows * ng) * 2,
+               zb = (size_t)(rows * spx_q_zeros_row_bytes(cols, 32));
+        uint8_t *codes = malloc(cb), *zeros = malloc(zb);
+        uint16_t *scales = malloc(sb), *ov = malloc((size_t)(rows * (n_out ? n_out : 1)) * 2);
+        int32_t *oi = malloc((size_t)(n_out ? n_out : 1) * 4);
+        if (!codes || !zeros || !scales || !ov || !oi) {
+            free(codes); free(zeros); free(scales); free(ov); free(oi);
+            st = spx_fail(e, SPX_ERR_NOMEM, "out of memory for tensor '%s'", t->name);
+            break;
+        }
+        for (size_t k = 0; k < cb; k += 8) { uint64_t r = rnd(&rng); memcpy(codes + k, &r, cb - k < 8 ? cb - k : 8); }
+        for (size_t k = 0; k < zb; k++) zeros[k] = 0x77 + (uint8_t)(rnd(&rng) & 0x11); /* zero points 7..8 */
+        /* std of (q - z) for uniform codes is ~4.6: s = 0.02 / 4.6 */
+        for (int64_t k = 0; k < rows * ng; k++) scales[k] = spx_f32_to_f16(0.0043f * (0.75f + 0.5f * (float)(rnd(&rng) >> 40) / 16777216.0f));
+        for (int64_t k = 0; k < n_out; k++) oi[k] = (int32_t)((k * cols) / n_out + (int64_t)(rnd(&rng) % (uint64_t)(cols / n_out > 1 ? cols / n_out : 1)));
+        for (int64_t k = 0; k < rows * n_out; k++) ov[k] = spx_f32_to_f16(0.1f * rnd_normal(&rng));
+        spx_qtensor q = {rows, cols, 4, 32, n_out, codes, scales, zeros, n_out ? oi : NULL, n_out ? ov : NULL};
+        st = spx_trdc_writer_add_quant(w, t->name, &q, NAN, (double)n_out / (double)cols, e);
+        free(codes); free(zeros); free(scales); free(ov); free(oi);
+    }
+    free(td);
+    if (st != SPX_OK) {
+        spx_trdc_writer_abort(w);
+        return st;
+    }
+    char *cfg = spx_synth_config_json(s);
+    char qs[160];
+    snprintf(qs, sizeof qs, "{\"bits\": 4, \"group\": 32, \"outliers\": %g, \"method\": \"synthetic\"}", outlier_ratio);
+    st = cfg ? spx_trdc_writer_finish(w, cfg, NULL, NULL, qs, "{\"synthetic\": true}", e)
+             : (spx_trdc_writer_abort(w), spx_fail(e, SPX_ERR_NOMEM, "out of memory"));
+    free(cfg);
+    return st;
+}
+
+/* ---- a streaming safetensors writer for the HF folder ------------------ */
+
+static spx_status write_all(FILE *f, const void *p, size_t n, const char *path, spx_err *e) {
+    if (fwrite(p, 1, n, f) != n) return spx_fail(e, SPX_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    return SPX_OK;
+}
+
+spx_status spx_synth_write_hf(const spx_synth_shape *s, const char *dir, uint64_t seed, spx_err *e) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return spx_fail(e, SPX_ERR_IO, "%s: cannot create folder: %s", dir, strerror(errno));
+    char *cfg = spx_synth_config_json(s), *cp = spx_path_join(dir, "config.json"),
+         *sp = spx_path_join(dir, "model.safetensors");
+    tdesc *td = malloc(MAX_TENSORS * sizeof *td);
+    cJSON *hdr = cJSON_CreateObject();
+    spx_status st = SPX_OK;
+    FILE *f = NULL;
+    char *tmp = NULL, *htxt = NULL;
+    uint16_t *buf = NULL;
+    if (!cfg || !cp || !sp || !td || !hdr) { st = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); goto done; }
+    if ((st = spx_write_file_atomic(cp, cfg, strlen(cfg), e)) != SPX_OK) goto done;
+    int64_t nt = list_tensors(s, td);
+    uint64_t off = 0;
+    int64_t maxn = 0;
+    for (int64_t i = 0; i < nt; i++) {
+        int64_t n = td[i].rows * (td[i].cols ? td[i].cols : 1);
+        cJSON *o = cJSON_AddObjectToObject(hdr, td[i].name);
+        cJSON_AddStringToObject(o, "dtype", "BF16");
+        cJSON *sh = cJSON_AddArrayToObject(o, "shape");
+        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)td[i].rows));
+        if (td[i].cols) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)td[i].cols));
+        cJSON *of = cJSON_AddArrayToObject(o, "data_offsets");
+        cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
+        off += (uint64_t)n * 2;
+        cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
+        if (td[i].cols && td[i].cols > maxn) maxn = td[i].cols;
+    }
+    htxt = cJSON_PrintUnformatted(hdr);
+    tmp = malloc(strlen(sp) + 32);
+    buf = malloc((size_t)(maxn > 65536 ? maxn : 65536) * 2);
+    if (!htxt || !tmp || !buf) { st = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); goto done; }
+    size_t hl = strlen(htxt), pad = (8 - hl % 8) % 8;
+    sprintf(tmp, "%s.tmp.%ld", sp, (long)getpid());
+    if (!(f = fopen(tmp, "wb"))) { st = spx_fail(e, SPX_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno)); goto done; }
+    uint64_t hlen = hl + pad;
+    if ((st = write_all(f, &hlen, 8, tmp, e)) || (st = write_all(f, htxt, hl, tmp, e)) ||
+        (st = write_all(f, "        ", pad, tmp, e)))
+        goto done;
+    uint64_t rng = seed;
+    for (int64_t i = 0; i < nt && st == SPX_OK; i++) {
+        int64_t rows = td[i].rows, cols = td[i].cols ? td[i].cols : 1;
+        int bias = strstr(td[i].name, "bias") != NULL, vec = td[i].cols == 0;
+        for (int64_t r = 0; r < (vec ? 1 : rows) && st == SPX_OK; r++) {
+            int64_t n = vec ? rows : cols;
+            for (int64_t k = 0; k < n; k++)
+                buf[k] = spx_f32_to_bf16(vec && !bias ? 1.0f : 0.02f * rnd_normal(&rng));
+            st = write_all(f, buf, (size_t)n * 2, tmp, e);
+        }
+    }
+    if (st == SPX_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        st = spx_fail(e, SPX_ERR_IO, "%s: cannot flush: %s", tmp, strerror(errno));
+    if (fclose(f) != 0 && st == SPX_OK) st = spx_fail(e, SPX_ERR_IO, "%s: close failed", tmp);
+    f = NULL;
+    if (st == SPX_OK && rename(tmp, sp) != 0) st = spx_fail(e, SPX_ERR_IO, "%s: rename failed: %s", sp, strerror(errno));
+    if (st != SPX_OK) unlink(tmp);
+done:
+    if (f) { fclose(f); unlink(tmp); }
+    cJSON_Delete(hdr);
+    free(htxt); free(tmp); free(buf); free(td); free(cfg); free(cp); free(sp);
+    return st;
+}

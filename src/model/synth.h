@@ -1,0 +1,31 @@
+/* synth.h: synthetic models of real shapes for benchmarking without
+ * downloads: a .trdc with random but valid codes, scales, zero points and
+ * outlier columns, and on request a Hugging Face folder of random bf16
+ * weights of the same shape (config.json + model.safetensors). */
+#ifndef SPX_SYNTH_H
+#define SPX_SYNTH_H
+
+#include "core/err.h"
+#include <stdint.h>
+
+typedef struct spx_synth_shape {
+    const char *name;
+    const char *arch;       /* architectures[0] */
+    int64_t hidden, inter, layers, heads, kv_heads, head_dim, vocab, max_pos;
+    int tied, qkv_bias;
+    double rope_theta;
+    const char *rope_json;  /* rope_scaling object text or NULL */
+} spx_synth_shape;
+
+/* NULL-terminated list of the known shapes. */
+const spx_synth_shape *spx_synth_shapes(void);
+const spx_synth_shape *spx_synth_find(const char *name);
+/* config.json text for a shape (malloc'd). */
+char *spx_synth_config_json(const spx_synth_shape *s);
+
+spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, double outlier_ratio,
+                                uint64_t seed, spx_err *e);
+/* dir is created if missing; writes config.json and model.safetensors. */
+spx_status spx_synth_write_hf(const spx_synth_shape *s, const char *dir, uint64_t seed, spx_err *e);
+
+#endif

@@ -1,0 +1,48 @@
+/* cmd_synth.c: `spectra synth --shape NAME -o OUT.trdc [--hf DIR]`. */
+#include "cli.h"
+#include "model/synth.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: spectra synth --shape NAME -o OUT.trdc [--hf DIR] [--outliers R] [--seed S]\n"
+               "  --shape NAME    one of:");
+    for (const spx_synth_shape *s = spx_synth_shapes(); s->name; s++) fprintf(f, " %s", s->name);
+    fprintf(f, "\n"
+               "  -o OUT.trdc     a .trdc of that shape with random valid 4-bit codes (G32) and scales\n"
+               "  --hf DIR        also (or only, without -o) write an HF folder of random bf16 weights\n"
+               "  --outliers R    fraction of fp16 outlier columns per matrix (float in [0, 0.25]; default 0.01)\n"
+               "  --seed S        random seed (uint64; default 1)\n");
+}
+
+int cmd_synth(int argc, char **argv) {
+    const char *shape = NULL, *out = NULL, *hf = NULL;
+    double ratio = 0.01;
+    int64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!(v = cli_value(argc, argv, &i))) return 2;
+        else if (!strcmp(a, "--shape")) shape = v;
+        else if (!strcmp(a, "-o")) out = v;
+        else if (!strcmp(a, "--hf")) hf = v;
+        else if (!strcmp(a, "--outliers")) { if (!cli_float(a, v, 0, 0.25, &ratio)) return 2; }
+        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
+        else { cli_error("synth: unknown option '%s'", a); usage(stderr); return 2; }
+    }
+    const spx_synth_shape *s = shape ? spx_synth_find(shape) : NULL;
+    if (!s) { cli_error("synth: --shape %s is not a known shape", shape ? shape : "(missing)"); usage(stderr); return 2; }
+    if (!out && !hf) { cli_error("synth: give -o OUT.trdc and/or --hf DIR"); return 2; }
+    spx_err e;
+    spx_err_clear(&e);
+    if (out) {
+        if (spx_synth_write_trdc(s, out, ratio, (uint64_t)seed, &e) != SPX_OK) return cli_fail(&e);
+        fprintf(stderr, "wrote %s (%s shape)\n", out, s->name);
+    }
+    if (hf) {
+        if (spx_synth_write_hf(s, hf, (uint64_t)seed, &e) != SPX_OK) return cli_fail(&e);
+        fprintf(stderr, "wrote %s/config.json and model.safetensors (%s shape, bf16)\n", hf, s->name);
+    }
+    return 0;
+}
