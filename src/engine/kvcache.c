@@ -4,10 +4,33 @@
 #include "cpu/ops.h"
 #include "quant/g32.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define KV_GROUP 32
+
+/* q4 rows are stored rotated by an orthonormal Walsh-Hadamard transform
+ * over blocks of `rot` values (the largest power of two dividing head_dim,
+ * at most 256). Scores use the rotated query, since (Hq).(Hk) = q.k; the
+ * weighted sum of rotated values is rotated back, since H is its own
+ * inverse. The rotation spreads the few large channels of K over the
+ * block, so 4-bit groups lose far less (QuaRot-style; docs/numerics.md). */
+static void fwht(float *x, int64_t n) {
+    for (int64_t h = 1; h < n; h *= 2)
+        for (int64_t i = 0; i < n; i += 2 * h)
+            for (int64_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    float sc = 1.0f / sqrtf((float)n);
+    for (int64_t i = 0; i < n; i++) x[i] *= sc;
+}
+
+static void rotate(float *x, int64_t len, int64_t rot) {
+    for (int64_t i = 0; i < len; i += rot) fwht(x + i, rot);
+}
 
 size_t spx_kv_bytes_per_token(spx_kv_type t, int64_t n_layers, int64_t kvd) {
     size_t row;
@@ -32,6 +55,8 @@ spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t 
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "--kv q4 supports head_dim up to 2048; this model has %lld",
                         (long long)head_dim);
     c->type = t;
+    c->rot = 1;
+    while (c->rot < 256 && head_dim % (c->rot * 2) == 0) c->rot *= 2;
     c->n_layers = n_layers;
     c->n_ctx = n_ctx;
     c->kvd = kvd;
@@ -64,10 +89,18 @@ static uint8_t *row_at(const spx_kvcache *c, uint8_t *base, int64_t layer, int64
 static void store_row(const spx_kvcache *c, uint8_t *dst, const float *x) {
     switch (c->type) {
     case SPX_KV_F32: memcpy(dst, x, (size_t)c->kvd * 4); break;
-    case SPX_KV_Q4:
-        spx_q_quantize_row(x, c->kvd, NULL, 4, KV_GROUP, SPX_Q_MINMAX, dst, (uint16_t *)(dst + c->codes_b),
+    case SPX_KV_Q4: {
+        float tmp[8192];
+        const float *src = x;
+        if (c->kvd <= 8192) { /* kvd is capped at load; larger rows are stored unrotated */
+            memcpy(tmp, x, (size_t)c->kvd * sizeof *tmp);
+            rotate(tmp, c->kvd, c->rot);
+            src = tmp;
+        }
+        spx_q_quantize_row(src, c->kvd, NULL, 4, KV_GROUP, SPX_Q_MSE, dst, (uint16_t *)(dst + c->codes_b),
                            dst + c->scales_b);
         break;
+    }
     default: {
         uint16_t *h = (uint16_t *)dst;
         for (int64_t i = 0; i < c->kvd; i++) h[i] = spx_f32_to_f16(x[i]);
@@ -91,13 +124,18 @@ static inline void q4_group(const spx_kvcache *c, const uint8_t *row, int64_t g,
 void spx_kv_scores(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *q, int64_t start, int64_t end,
                    float scale, float *out) {
     int64_t hd = c->head_dim, off = kvh * hd;
-    float qsum[64]; /* per group sum of q (head_dim <= 2048 checked at load) */
-    if (c->type == SPX_KV_Q4)
+    float qsum[64]; /* per group sum of q (head_dim <= 2048 checked at init) */
+    float qr[2048];
+    if (c->type == SPX_KV_Q4) {
+        memcpy(qr, q, (size_t)hd * sizeof *qr);
+        if (c->kvd <= 8192) rotate(qr, hd, c->rot);
+        q = qr;
         for (int64_t g = 0; g < hd / KV_GROUP; g++) {
             float s = 0;
             for (int k = 0; k < KV_GROUP; k++) s += q[g * KV_GROUP + k];
             qsum[g] = s;
         }
+    }
     for (int64_t i = start; i < end; i++) {
         const uint8_t *row = row_at(c, c->k, layer, i);
         float d = 0;
@@ -150,5 +188,19 @@ void spx_kv_weighted_v(const spx_kvcache *c, int64_t layer, int64_t kvh, const f
                 }
             }
         }
+    }
+    if (c->type == SPX_KV_Q4 && c->kvd <= 8192) rotate(out, hd, c->rot);
+}
+
+void spx_kv_dequant_row(const spx_kvcache *c, int64_t layer, int64_t pos, int value, float *out) {
+    const uint8_t *row = row_at(c, value ? c->v : c->k, layer, pos);
+    switch (c->type) {
+    case SPX_KV_F32: memcpy(out, row, (size_t)c->kvd * 4); break;
+    case SPX_KV_Q4:
+        spx_q_dequantize_row(row, (const uint16_t *)(row + c->codes_b), row + c->scales_b, c->kvd, 4, KV_GROUP, out);
+        if (c->kvd <= 8192) rotate(out, c->kvd, c->rot); /* H is its own inverse */
+        break;
+    default:
+        for (int64_t i = 0; i < c->kvd; i++) out[i] = spx_f16_to_f32(((const uint16_t *)row)[i]);
     }
 }

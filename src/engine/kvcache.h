@@ -18,6 +18,7 @@
 typedef struct spx_kvcache {
     spx_kv_type type;
     int64_t n_layers, n_ctx, kvd, head_dim;
+    int64_t rot;             /* q4: Hadamard block length (power of two) */
     size_t row_bytes;        /* bytes of one K (or V) row */
     size_t codes_b, scales_b;/* q4: offsets of scales and zeros within a row */
     uint8_t *k, *v;          /* [n_layers, n_ctx, row_bytes] */
@@ -36,5 +37,8 @@ void spx_kv_scores(const spx_kvcache *c, int64_t layer, int64_t kvh, const float
 /* out[head_dim] = sum_i p[i - start] * V[layer, i, head kvh]. */
 void spx_kv_weighted_v(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *p, int64_t start,
                        int64_t end, float *out);
+/* The stored row (K if value == 0, else V) as float32 in the model's
+ * coordinates (undoing the q4 rotation): the reference for checks. */
+void spx_kv_dequant_row(const spx_kvcache *c, int64_t layer, int64_t pos, int value, float *out);
 
 #endif

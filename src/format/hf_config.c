@@ -150,6 +150,12 @@ static spx_status parse_ids(ctx *c, spx_config *cfg) {
 static spx_status parse_root(ctx *c, spx_config *cfg) {
     const cJSON *root = c->root;
     if (!cJSON_IsObject(root)) return spx_fail(c->e, SPX_ERR_FORMAT, "%s: not a JSON object", c->label);
+    /* A key given twice is ambiguous (Python keeps the last, cJSON finds
+     * the first): refuse it rather than guess. */
+    for (const cJSON *a = root->child; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (a->string && b->string && !strcmp(a->string, b->string))
+                return spx_fail(c->e, SPX_ERR_FORMAT, "%s: key '%s' appears more than once", c->label, a->string);
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     if (!a0 || !cJSON_IsString(a0))
