@@ -5,6 +5,7 @@
 #include "core/half.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 float spx_cpu_dot(const float *a, const float *b, int64_t n) {
@@ -20,13 +21,34 @@ float spx_cpu_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+void spx_cpu_ctx_init(spx_cpu_ctx *c, spx_pool *pool, const spx_qkernels *qk) {
+    memset(c, 0, sizeof *c);
+    c->pool = pool;
+    c->qk = qk ? qk : spx_qkernels_scalar();
+}
+
+void spx_cpu_ctx_free(spx_cpu_ctx *c) {
+    free(c->act);
+    free(c->scratch);
+    memset(c, 0, sizeof *c);
+}
+
+static int grow(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return 1;
+    void *n = realloc(*p, need);
+    if (!n) return 0;
+    *p = n;
+    *cap = need;
+    return 1;
+}
+
 typedef struct {
+    spx_cpu_ctx *c;
     const spx_wmat *w;
     const float *x;
     int64_t T;
     float *y;
     const float *bias;
-    float *scratch;
 } matmul_job;
 
 static void matmul_task(void *arg, int tid, int nth) {
@@ -34,19 +56,44 @@ static void matmul_task(void *arg, int tid, int nth) {
     const spx_wmat *w = j->w;
     int64_t r0, r1;
     spx_pool_range(w->rows, tid, nth, 4, &r0, &r1);
-    float *row = j->scratch + (size_t)tid * (size_t)w->cols;
-    for (int64_t r = r0; r < r1; r++) {
-        spx_wmat_row_f32(w, r, row);
-        float b = j->bias ? j->bias[r] : 0.0f;
-        for (int64_t t = 0; t < j->T; t++)
-            j->y[t * w->rows + r] = spx_cpu_dot(row, j->x + t * w->cols, w->cols) + b;
+    void *scratch = j->c->scratch + (size_t)tid * j->c->scratch_stride;
+    if (w->kind == SPX_WM_QUANT) {
+        if (r1 > r0) j->c->qk->rows(&w->q, j->c->act, j->x, j->T, j->y, w->rows, r0, r1, scratch);
+    } else {
+        float *row = scratch;
+        for (int64_t r = r0; r < r1; r++) {
+            spx_wmat_row_f32(w, r, row);
+            for (int64_t t = 0; t < j->T; t++) j->y[t * w->rows + r] = spx_cpu_dot(row, j->x + t * w->cols, w->cols);
+        }
     }
+    if (j->bias)
+        for (int64_t t = 0; t < j->T; t++)
+            for (int64_t r = r0; r < r1; r++) j->y[t * w->rows + r] += j->bias[r];
 }
 
-void spx_cpu_matmul(spx_pool *pool, const spx_wmat *w, const float *x, int64_t T, float *y,
-                    const float *bias, float *scratch) {
-    matmul_job j = {w, x, T, y, bias, scratch};
-    spx_pool_run(pool, matmul_task, &j);
+spx_status spx_cpu_matmul(spx_cpu_ctx *c, const spx_wmat *w, const float *x, int64_t T, float *y,
+                          const float *bias, spx_err *e) {
+    size_t per_thread = (size_t)w->cols * sizeof(float);
+    if (w->kind == SPX_WM_QUANT) {
+        size_t ab = c->qk->act_bytes(T, w->cols, w->q.group);
+        if (!grow(&c->act, &c->act_cap, ab))
+            return spx_fail(e, SPX_ERR_NOMEM, "out of memory for %zu bytes of activations", ab);
+        size_t sb = c->qk->scratch_bytes(T, w->cols, w->q.group);
+        if (sb > per_thread) per_thread = sb;
+    }
+    per_thread = (per_thread + 63) & ~(size_t)63;
+    if (per_thread > c->scratch_stride) {
+        size_t nth = (size_t)spx_pool_size(c->pool);
+        uint8_t *n = aligned_alloc(64, nth * per_thread);
+        if (!n) return spx_fail(e, SPX_ERR_NOMEM, "out of memory for matmul scratch");
+        free(c->scratch);
+        c->scratch = n;
+        c->scratch_stride = per_thread;
+    }
+    if (w->kind == SPX_WM_QUANT) c->qk->prepare(x, T, w->cols, w->q.group, c->act);
+    matmul_job j = {c, w, x, T, y, bias};
+    spx_pool_run(c->pool, matmul_task, &j);
+    return SPX_OK;
 }
 
 void spx_cpu_rmsnorm(float *out, const float *x, const float *gain, int64_t n, float eps) {

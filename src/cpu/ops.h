@@ -4,16 +4,34 @@
 #ifndef SPX_CPU_OPS_H
 #define SPX_CPU_OPS_H
 
+#include "core/err.h"
 #include "core/pool.h"
+#include "cpu/qkernels.h"
 #include "model/wmat.h"
+#include <stddef.h>
 #include <stdint.h>
 
-/* y[T, W.rows] = x[T, W.cols] * W^T (+ bias[W.rows] if non-NULL).
- * scratch: spx_pool_size(pool) * W.cols floats (one converted row per
- * thread; a matrix is never dequantized whole). Split across threads by
- * output rows. */
-void spx_cpu_matmul(spx_pool *pool, const spx_wmat *w, const float *x, int64_t T,
-                    float *y, const float *bias, float *scratch);
+/* What a matrix product needs besides its operands: the thread pool, the
+ * quantized kernels chosen for this CPU, and scratch that grows on demand
+ * (prepared activations shared by all threads; per-thread row buffers). */
+typedef struct spx_cpu_ctx {
+    spx_pool *pool;
+    const spx_qkernels *qk;
+    void *act;
+    size_t act_cap;
+    uint8_t *scratch;      /* [threads, scratch_stride] */
+    size_t scratch_stride;
+} spx_cpu_ctx;
+
+void spx_cpu_ctx_init(spx_cpu_ctx *c, spx_pool *pool, const spx_qkernels *qk);
+void spx_cpu_ctx_free(spx_cpu_ctx *c);
+
+/* y[T, W.rows] = x[T, W.cols] * W^T (+ bias[W.rows] if non-NULL), split
+ * across threads by output rows. Dense weights: each thread converts one
+ * row at a time (never the whole matrix) and dots it with every token.
+ * Quantized weights: the ctx's kernels (fused dequantize-and-dot). */
+spx_status spx_cpu_matmul(spx_cpu_ctx *c, const spx_wmat *w, const float *x, int64_t T, float *y,
+                          const float *bias, spx_err *e);
 
 /* out[n] = x[n] / sqrt(mean(x^2) + eps) * gain[n]; out may alias x. */
 void spx_cpu_rmsnorm(float *out, const float *x, const float *gain, int64_t n, float eps);

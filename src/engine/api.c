@@ -58,6 +58,7 @@ spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model
     }
     if (st == SPX_OK) st = spx_model_bind_weights(m, &e);
     if (st == SPX_OK) st = spx_pool_new(p ? p->n_threads : 0, &m->pool, &e);
+    m->qk = spx_qkernels_best();
     if (st != SPX_OK) {
         spx_model_free(m);
         return set_last(&e);
@@ -156,7 +157,7 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     s->att = alloc_f(B * qd, &fail);
     s->gate = alloc_f(B * I, &fail);
     s->up = alloc_f(B * I, &fail);
-    s->row_scratch = alloc_f(th * (size_t)m->max_cols, &fail);
+    spx_cpu_ctx_init(&s->cpu, m->pool, m->qk);
     s->scores = alloc_f(th * (size_t)n_ctx, &fail);
     s->logits = alloc_f(B * (size_t)c->vocab_size, &fail);
     if (fail) {
@@ -170,8 +171,9 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
 void spx_session_free(spx_session *s) {
     if (!s) return;
     spx_kv_free(&s->kv);
+    spx_cpu_ctx_free(&s->cpu);
     float *v[] = {s->h,           s->x,      s->q,     s->k, s->v,
-                  s->att,     s->gate,    s->up,          s->row_scratch, s->scores, s->logits};
+                  s->att,     s->gate,    s->up, s->scores, s->logits};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
     free(s);
 }

@@ -62,9 +62,9 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     for (int64_t l = 0; l < c->n_layers; l++) {
         const spx_layer *L = &m->layers[l];
         for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->attn_norm, H, c->rms_eps);
-        spx_cpu_matmul(m->pool, &L->wq, s->x, n, s->q, L->bq, s->row_scratch);
-        spx_cpu_matmul(m->pool, &L->wk, s->x, n, s->k, L->bk, s->row_scratch);
-        spx_cpu_matmul(m->pool, &L->wv, s->x, n, s->v, L->bv, s->row_scratch);
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wq, s->x, n, s->q, L->bq, e));
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wk, s->x, n, s->k, L->bk, e));
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wv, s->x, n, s->v, L->bv, e));
         for (int64_t t = 0; t < n; t++) {
             float *q = s->q + t * qd, *k = s->k + t * kvd;
             if (c->qk_norm) {
@@ -77,14 +77,14 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
         }
         attn_job aj = {s, l, n, pos0};
         spx_pool_run(m->pool, attn_task, &aj);
-        spx_cpu_matmul(m->pool, &L->wo, s->att, n, s->x, L->bo, s->row_scratch);
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wo, s->att, n, s->x, L->bo, e));
         for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
 
         for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->mlp_norm, H, c->rms_eps);
-        spx_cpu_matmul(m->pool, &L->w_gate, s->x, n, s->gate, L->b_gate, s->row_scratch);
-        spx_cpu_matmul(m->pool, &L->w_up, s->x, n, s->up, L->b_up, s->row_scratch);
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w_gate, s->x, n, s->gate, L->b_gate, e));
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w_up, s->x, n, s->up, L->b_up, e));
         spx_cpu_silu_mul(s->gate, s->up, n * I);
-        spx_cpu_matmul(m->pool, &L->w_down, s->gate, n, s->x, L->b_down, s->row_scratch);
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w_down, s->gate, n, s->x, L->b_down, e));
         for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
     }
     s->pos += n;
@@ -92,7 +92,7 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
         int64_t first = want_logits == SPX_LOGITS_ALL ? 0 : n - 1;
         for (int64_t t = first; t < n; t++)
             spx_cpu_rmsnorm(s->x + (t - first) * H, s->h + t * H, m->final_norm, H, c->rms_eps);
-        spx_cpu_matmul(m->pool, &m->lm_head, s->x, n - first, s->logits, NULL, s->row_scratch);
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &m->lm_head, s->x, n - first, s->logits, NULL, e));
     }
     return SPX_OK;
 }

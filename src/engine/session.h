@@ -2,6 +2,7 @@
 #ifndef SPX_SESSION_H
 #define SPX_SESSION_H
 
+#include "cpu/ops.h"
 #include "engine/kvcache.h"
 #include "model/model.h"
 
@@ -14,7 +15,7 @@ struct spx_session {
     spx_kvcache kv;
     /* scratch for up to SPX_BATCH_MAX tokens */
     float *h, *x, *q, *k, *v, *att, *gate, *up;
-    float *row_scratch;   /* [threads, max_cols] */
+    spx_cpu_ctx cpu;      /* pool, kernels, matmul scratch */
     float *scores;        /* [threads, n_ctx] */
     float *logits;        /* [SPX_BATCH_MAX, vocab] */
     spx_err err;

@@ -33,6 +33,7 @@ struct spx_model {
     spx_st *st;                   /* safetensors source, or NULL */
     struct spx_trdc *trdc;        /* .trdc source, or NULL */
     spx_pool *pool;
+    const struct spx_qkernels *qk; /* CPU kernels for quantized matrices */
     int64_t max_cols;             /* widest matrix input (scratch sizing) */
     char *path;
     spx_err err;
