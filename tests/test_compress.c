@@ -1,0 +1,177 @@
+/* test_compress.c: every Llama-family fixture compresses (default
+ * settings), verifies, and runs from its .trdc; logits stay close to the
+ * unquantized model's. Also: the compressor's routing of norm gains, the
+ * choice of which tensors are quantized, and clean failures. */
+#include "testlib.h"
+#include "format/trdc.h"
+#include "model/model.h"
+#include "quant/compress.h"
+#include "quant/g32.h"
+#include "quant/saliency.h"
+#include "spectra.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* 4-bit G32 keeps ~22 dB per weight; through a few layers the logits move
+ * by a fraction of their spread. Bounds, relative to the reference logits'
+ * standard deviation, hold with a margin of ~2x over what was measured
+ * (printed); top-1 agreement for random models with near-uniform outputs
+ * is the weakest signal, so its bound is loose. */
+#define MAX_REL_RMS 0.45   /* rms(dlogit) / std(logit) */
+#define MIN_TOP1_RANDOM 0.40 /* tiny random models: many near-ties */
+#define MIN_TOP1_TRAINED 0.80 /* trained models on their own kind of text */
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+static float *all_logits(spx_model *m, const int32_t *ids, size_t n) {
+    int64_t V = spx_model_vocab_size(m);
+    float *out = malloc(n * (size_t)V * sizeof(float));
+    spx_session *s = NULL;
+    spx_session_params sp = {.kv = SPX_KV_F32};
+    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session");
+    CHECK(s && spx_session_eval(s, ids, n, out, 1) == SPX_OK, "eval");
+    spx_session_free(s);
+    return out;
+}
+
+static void check_model(const char *name) {
+    char src[512], out[600];
+    snprintf(src, sizeof src, "%s", tl_shared("models/"));
+    strncat(src, name, sizeof src - strlen(src) - 1);
+    snprintf(out, sizeof out, "%s/%s.trdc", tl_tmpdir(), name);
+    spx_compress_opts o = {.src_dir = src, .out_path = out, .bits = 4, .group = 32,
+                           .outlier_mode = SPX_OUTLIERS_AUTO, .method = SPX_Q_MSE, .n_threads = 2};
+    spx_compress_stats st;
+    spx_err e;
+    spx_err_clear(&e);
+    CHECK(spx_compress(&o, &st, &e) == SPX_OK, "%s: compress: %s", name, e.msg);
+    if (e.code) return;
+    spx_trdc *f = NULL;
+    CHECK(spx_trdc_open(out, &f, &e) == SPX_OK, "%s: open: %s", name, e.msg);
+    if (!f) return;
+    spx_trdc_verify_report rep;
+    CHECK(spx_trdc_verify(f, NULL, NULL, NULL, &rep, &e) == SPX_OK && rep.n_mismatches == 0, "%s: verify: %s", name, e.msg);
+    /* which tensors were quantized: 2-D with cols % 32 == 0, nothing else */
+    int64_t nq = 0;
+    for (size_t i = 0; i < spx_trdc_count(f); i++) {
+        const spx_trdc_tensor *t = spx_trdc_at(f, i);
+        int want = t->ndim == 2 && t->shape[1] % 32 == 0;
+        CHECK((t->kind == SPX_TRDC_QUANT) == want, "%s: tensor %s kind %d", name, t->name, (int)t->kind);
+        if (t->kind == SPX_TRDC_QUANT) {
+            nq++;
+            int64_t K = t->shape[1];
+            CHECK(t->q.n_outliers >= spx_outlier_count(K, 0.005) && t->q.n_outliers <= spx_outlier_count(K, 0.03),
+                  "%s: %s has %lld outliers for K=%lld", name, t->name, (long long)t->q.n_outliers, (long long)K);
+        }
+    }
+    CHECK(nq == st.n_quant && nq > 0, "%s: %lld quantized", name, (long long)nq);
+    spx_trdc_close(f);
+
+    spx_model *mr = NULL, *mq = NULL;
+    spx_model_params mp = {.n_threads = 2};
+    CHECK(spx_model_open(src, &mp, &mr) == SPX_OK, "%s", spx_last_error());
+    CHECK(spx_model_open(out, &mp, &mq) == SPX_OK, "%s", spx_last_error());
+    if (mr && mq) {
+        int64_t V = spx_model_vocab_size(mr);
+        int32_t ids[48];
+        uint64_t rng = 7;
+        int trained = spx_model_has_tokenizer(mr);
+        for (int i = 0; i < 48; i++) ids[i] = (int32_t)(tl_rand_u64(&rng) % (uint64_t)V);
+        if (trained) { /* natural text the model knows */
+            const char *txt = strstr(name, "stories")
+                                  ? "Once upon a time, there was a little girl named Lily. She loved to play outside "
+                                    "in the park with her friend Tom. One day, they saw a big red ball."
+                                  : "The kernel provides a set of interfaces for drivers to register their devices. "
+                                    "Each driver must implement the probe and remove callbacks, which are called "
+                                    "when a matching device is found. The remove callback must release every resource the "
+                                    "probe callback acquired, in the reverse order, and must not sleep while holding a lock.";
+            int32_t tmp[256];
+            size_t nt = 256;
+            CHECK(spx_tokenize(mr, txt, strlen(txt), 1, tmp, &nt) == SPX_OK && nt >= 48, "tokenize %zu", nt);
+            memcpy(ids, tmp, sizeof ids);
+        }
+        float *a = all_logits(mr, ids, 48), *b = all_logits(mq, ids, 48);
+        double se = 0, sr = 0, mean = 0, mx = 0;
+        int same = 0;
+        for (size_t i = 0; i < 48 * (size_t)V; i++) mean += a[i];
+        mean /= 48.0 * (double)V;
+        for (size_t i = 0; i < 48 * (size_t)V; i++) {
+            double d = (double)b[i] - a[i];
+            se += d * d;
+            sr += ((double)a[i] - mean) * ((double)a[i] - mean);
+            mx = fabs(d) > mx ? fabs(d) : mx;
+        }
+        for (int t = 0; t < 48; t++) same += argmax(a + t * V, V) == argmax(b + t * V, V);
+        double rel = sqrt(se / sr);
+        printf("%-14s %lld tensors (%lld quantized), %.3f bpw: logits max |d| %.4f, rms/std %.4f, top-1 %d/48\n", name,
+               (long long)st.n_tensors, (long long)st.n_quant, 8.0 * (double)st.out_bytes / (double)st.params, mx, rel,
+               same);
+        CHECK(isfinite(rel) && rel <= MAX_REL_RMS, "%s: logits rms error %g of their spread > %g", name, rel, MAX_REL_RMS);
+        CHECK(same >= (trained ? MIN_TOP1_TRAINED : MIN_TOP1_RANDOM) * 48, "%s: top-1 agreement %d/48", name, same);
+        free(a);
+        free(b);
+        /* the .trdc carries its tokenizer: it encodes like the folder's */
+        if (spx_model_has_tokenizer(mr)) {
+            CHECK(spx_model_has_tokenizer(mq), "%s: .trdc lost its tokenizer", name);
+            int32_t x[64], y[64];
+            size_t nx = 64, ny = 64;
+            const char *txt = "Once upon a time, the kernel said: <s> hello";
+            CHECK(spx_tokenize(mr, txt, strlen(txt), 1, x, &nx) == SPX_OK, "tokenize");
+            CHECK(spx_tokenize(mq, txt, strlen(txt), 1, y, &ny) == SPX_OK, "tokenize trdc");
+            CHECK(nx == ny && !memcmp(x, y, nx * sizeof *x), "%s: tokenizations differ", name);
+        }
+    }
+    spx_model_free(mr);
+    spx_model_free(mq);
+}
+
+static void check_failures(void) {
+    spx_compress_opts o = {.src_dir = "/nonexistent", .out_path = "/tmp/x.trdc", .bits = 4, .group = 32,
+                           .outlier_mode = SPX_OUTLIERS_AUTO, .method = SPX_Q_MSE, .n_threads = 1};
+    spx_compress_stats st;
+    spx_err e;
+    spx_err_clear(&e);
+    CHECK(spx_compress(&o, &st, &e) != SPX_OK && strstr(e.msg, "/nonexistent"), "%s", e.msg);
+    /* an unwritable destination: no file is left behind */
+    char out[600];
+    snprintf(out, sizeof out, "%s/no/such/dir/x.trdc", tl_tmpdir());
+    o.src_dir = tl_shared("models/tiny-mistral");
+    o.out_path = out;
+    spx_err_clear(&e);
+    CHECK(spx_compress(&o, &st, &e) == SPX_ERR_IO && strstr(e.msg, "no/such/dir"), "%s", e.msg);
+    CHECK(access(out, F_OK) != 0, "output exists after failure");
+    o.out_path = "/tmp/x.trdc";
+    o.group = 48;
+    spx_err_clear(&e);
+    CHECK(spx_compress(&o, &st, &e) == SPX_ERR_ARG, "group 48 accepted");
+}
+
+static void check_routing(void) {
+    spx_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = SPX_ARCH_QWEN3;
+    char buf[128];
+    const char *n = spx_arch_feeding_norm(&c, "model.layers.12.mlp.up_proj.weight", buf, sizeof buf);
+    CHECK(n && !strcmp(n, "model.layers.12.post_attention_layernorm.weight"), "%s", n ? n : "(null)");
+    n = spx_arch_feeding_norm(&c, "model.layers.3.self_attn.k_proj.weight", buf, sizeof buf);
+    CHECK(n && !strcmp(n, "model.layers.3.input_layernorm.weight"), "%s", n ? n : "(null)");
+    CHECK(!spx_arch_feeding_norm(&c, "model.layers.3.self_attn.o_proj.weight", buf, sizeof buf), "o_proj has no norm");
+    CHECK(!spx_arch_feeding_norm(&c, "model.layers.3.mlp.down_proj.weight", buf, sizeof buf), "down_proj has no norm");
+    CHECK(!spx_arch_feeding_norm(&c, "lm_head.weight", buf, sizeof buf), "lm_head has no norm");
+}
+
+int main(void) {
+    check_routing();
+    check_failures();
+    const char *models[] = {"tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "stories260K", "docllama-58m"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
+    return tl_finish("test_compress");
+}
