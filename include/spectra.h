@@ -45,7 +45,9 @@ typedef struct spx_model spx_model;
 typedef struct spx_session spx_session;
 
 typedef struct spx_model_params {
-    int32_t n_threads;  /* 0: use all online CPUs */
+    int32_t n_threads;     /* 0: use all online CPUs */
+    const char *backend;   /* "cpu", "cuda" or "auto"; NULL: "cpu" */
+    int64_t vram_budget_mb;/* cuda: device memory the model may use; 0: detect */
 } spx_model_params;
 
 /* Opens an HF folder (config.json + safetensors + tokenizer files) or a
@@ -95,6 +97,12 @@ int64_t spx_session_pos(const spx_session *s);
  * last token, or when all_logits != 0, [n, vocab] for every token. */
 spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n,
                             float *logits, int all_logits);
+
+/* Feeds one token and returns the most likely next one (greedy decoding);
+ * on a GPU backend only the id crosses to the host. */
+spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next);
+/* Name of the backend running the model ("cpu", "cuda"). */
+const char *spx_model_backend(const spx_model *m);
 
 /* Sampling. temperature <= 0: greedy. top_k <= 0: off. top_p >= 1: off. */
 typedef struct spx_sampler_params {

@@ -1,6 +1,7 @@
 /* api.c: the public API (spectra.h): model open/free, sessions, tokenize. */
 #include "engine/session.h"
 #include "core/util.h"
+#include "engine/backend.h"
 #include "format/trdc_source.h"
 
 #include <stdio.h>
@@ -59,6 +60,22 @@ spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model
     if (st == SPX_OK) st = spx_model_bind_weights(m, &e);
     if (st == SPX_OK) st = spx_pool_new(p ? p->n_threads : 0, &m->pool, &e);
     m->qk = spx_qkernels_best();
+    if (st == SPX_OK) {
+        const char *bn = p && p->backend ? p->backend : "cpu";
+        m->be = spx_backend_find(bn);
+        m->vram_budget_mb = p ? p->vram_budget_mb : 0;
+        if (!m->be)
+            st = spx_fail(&e, SPX_ERR_UNSUPPORTED, "backend '%s' is not available in this build (built: cpu%s)", bn,
+#ifdef SPX_HAVE_CUDA
+                          ", cuda"
+#else
+                          ""
+#endif
+            );
+        else
+            st = m->be->model_init(m, &e);
+        if (st != SPX_OK) m->be = NULL;
+    }
     if (st != SPX_OK) {
         spx_model_free(m);
         return set_last(&e);
@@ -77,6 +94,7 @@ void spx_model_free(spx_model *m) {
             for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
         }
     }
+    if (m->be) m->be->model_free(m);
     free(m->layers);
     free(m->final_norm);
     free(m->rope_inv_freq);
@@ -164,12 +182,18 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
         spx_session_free(s);
         return spx_fail(&m->err, SPX_ERR_NOMEM, "out of memory for a %lld-token session", (long long)n_ctx);
     }
+    if (m->be->session_init(s, &m->err) != SPX_OK) {
+        spx_session_free(s);
+        return m->err.code;
+    }
+    s->be_ready = 1;
     *out = s;
     return SPX_OK;
 }
 
 void spx_session_free(spx_session *s) {
     if (!s) return;
+    if (s->be_ready) s->m->be->session_free(s);
     spx_kv_free(&s->kv);
     spx_cpu_ctx_free(&s->cpu);
     float *v[] = {s->h,           s->x,      s->q,     s->k, s->v,
@@ -193,9 +217,28 @@ spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n, float 
         size_t k = n - i < SPX_BATCH_MAX ? n - i : SPX_BATCH_MAX;
         int last = i + k == n;
         int want = !logits ? SPX_LOGITS_NONE : all_logits ? SPX_LOGITS_ALL : last ? SPX_LOGITS_LAST : SPX_LOGITS_NONE;
-        SPX_TRY(spx_forward(s, ids + i, (int64_t)k, want, &s->err));
+        SPX_TRY(spx_session_forward(s, ids + i, (int64_t)k, want, &s->err));
         if (want == SPX_LOGITS_ALL) memcpy(logits + i * (size_t)V, s->logits, k * (size_t)V * sizeof(float));
         else if (want == SPX_LOGITS_LAST) memcpy(logits, s->logits, (size_t)V * sizeof(float));
     }
+    return SPX_OK;
+}
+
+const char *spx_model_backend(const spx_model *m) { return m->be->name; }
+
+spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next) {
+    spx_err_clear(&s->err);
+    if (s->pos >= s->n_ctx)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "context full: %lld tokens", (long long)s->n_ctx);
+    if (id < 0 || id >= s->m->cfg.vocab_size)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", id,
+                        (long long)s->m->cfg.vocab_size);
+    if (s->m->be->step_greedy) return s->m->be->step_greedy(s, id, next, &s->err);
+    SPX_TRY(spx_session_forward(s, &id, 1, SPX_LOGITS_LAST, &s->err));
+    const float *l = s->logits;
+    int64_t V = s->m->cfg.vocab_size, b = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (l[i] > l[b]) b = i;
+    *next = (int32_t)b;
     return SPX_OK;
 }

@@ -18,6 +18,8 @@ struct spx_session {
     spx_cpu_ctx cpu;      /* pool, kernels, matmul scratch */
     float *scores;        /* [threads, n_ctx] */
     float *logits;        /* [SPX_BATCH_MAX, vocab] */
+    void *be_state;       /* backend's per-session state (device KV, graphs) */
+    int be_ready;         /* session_init succeeded (session_free owed) */
     spx_err err;
 };
 
@@ -27,5 +29,7 @@ enum { SPX_LOGITS_NONE = 0, SPX_LOGITS_LAST = 1, SPX_LOGITS_ALL = 2 };
  * SPX_LOGITS_LAST writes the last token's logits to s->logits[0..vocab),
  * SPX_LOGITS_ALL every token's ([n, vocab]); NONE only advances the cache. */
 spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
+/* The same through the model's backend (what the API calls). */
+spx_status spx_session_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
 
 #endif

@@ -1,0 +1,44 @@
+/* backend.c: the CPU backend table and backend selection. */
+#include "engine/backend.h"
+#include "engine/session.h"
+
+#include <string.h>
+
+static spx_status cpu_model_init(spx_model *m, spx_err *e) { return SPX_OK; }
+static void cpu_model_free(spx_model *m) {}
+static spx_status cpu_session_init(spx_session *s, spx_err *e) { return SPX_OK; }
+static void cpu_session_free(spx_session *s) {}
+
+static const spx_backend g_cpu = {
+    "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL,
+};
+
+const spx_backend *spx_backend_cpu(void) { return &g_cpu; }
+
+#ifdef SPX_HAVE_CUDA
+int spx_cuda_device_count(void);
+#endif
+
+const spx_backend *spx_backend_find(const char *name) {
+    if (!name || !strcmp(name, "cpu")) return &g_cpu;
+#ifdef SPX_HAVE_CUDA
+    if (!strcmp(name, "cuda")) return spx_backend_cuda();
+    if (!strcmp(name, "auto")) return spx_cuda_device_count() > 0 ? spx_backend_cuda() : &g_cpu;
+#else
+    if (!strcmp(name, "auto")) return &g_cpu;
+#endif
+    return NULL;
+}
+
+spx_status spx_session_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
+    const spx_config *c = &s->m->cfg;
+    if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+    if (s->pos + n > s->n_ctx)
+        return spx_fail(e, SPX_ERR_RANGE, "context full: %lld tokens in a %lld-token context",
+                        (long long)(s->pos + n), (long long)s->n_ctx);
+    for (int64_t t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= c->vocab_size)
+            return spx_fail(e, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", ids[t],
+                            (long long)c->vocab_size);
+    return s->m->be->forward(s, ids, n, want_logits, e);
+}

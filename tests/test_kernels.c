@@ -1,0 +1,336 @@
+/* test_kernels.c: the quantized GEMV/GEMM kernel tables (cpu/qkernels.h)
+ * against a double-precision dot of spx_q_dequant_row_f32 rows.
+ *
+ * For every shape, group size, outlier count and token count: fresh random
+ * weights and activations, y poisoned with NaN before each call, rows()
+ * called on sub-ranges; every row of [r0, r1) must be written and within
+ * tolerance, every other element (other rows, the y_stride padding) must
+ * stay NaN. The avx2 table is checked against the double reference with
+ * the int8-activation bound below, and against the scalar table; the
+ * scalar table against the double reference. Splitting the rows across
+ * calls must not change a single bit. Skipped with a note where the CPU
+ * lacks AVX2/FMA/F16C. */
+#include "testlib.h"
+
+#include "core/half.h"
+#include "cpu/qkernels.h"
+#include "quant/g32.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Scalar table: float sums of at most one group (<= 128 terms) combined in
+ * double: |err| <= ~G * 2^-24 * sum_c |W^_c x_c|; 1e-5 covers G = 128. */
+#define SCALAR_TOL_REL 1e-5
+/* int8 activations: per element |x - dx * x8| <= dx * A8_HALF, the 1/2 of
+ * round-to-nearest plus the float rounding of x * (127 / max|x|) (127
+ * ulps of 2^-23 relative -> < 2e-5; 1e-4 leaves room). dx of a block is
+ * max|x| / 127 over its 32 columns, which lie inside one group, so the
+ * group's max|x| bounds it. Hence
+ *   |y_avx2 - y| <= A8_HALF / 127 * sum_g max|x_g| * sum_{k in g} s_g |q_k - z_g|
+ *                 + FP_GAMMA * (sum_c s_g (q_c + z_g) |x_c| + sum_j |ov_j x_j|)
+ * where the second term covers float32 accumulation: the kernel adds
+ * s*dx*dot and -s*z*dx*sum(x8) as separate float terms (magnitudes up to
+ * s*(q+z)*|x| per column) in 8 lanes over cols/256 chunks, each product
+ * and sum rounded once: FP_GAMMA_PER_BLOCK * (blocks + 64) with one ulp
+ * per step and a factor 2 margin. */
+#define A8_HALF (0.5 + 1e-4)
+#define FP_ULP 1.1920928955078125e-07 /* 2^-23 */
+
+static double fp_gamma(int64_t cols) { return 2.0 * FP_ULP * (double)(cols / 32 + 64); }
+
+typedef struct tcase {
+    spx_qbuf b;
+    int64_t rows, cols;
+    int group, bits;
+    /* per row r, column c: s_g |q - z| and s_g (q + z) (dense part) */
+    float *absqz, *sqz;
+} tcase;
+
+static uint64_t g_seed = 0x5eed1234abcdULL;
+
+static int make_case(tcase *tc, int64_t rows, int64_t cols, int group, int bits, int64_t n_out) {
+    memset(tc, 0, sizeof *tc);
+    tc->rows = rows;
+    tc->cols = cols;
+    tc->group = group;
+    tc->bits = bits;
+    int32_t *idx = NULL;
+    if (n_out) {
+        /* distinct sorted random columns */
+        uint8_t *pick = calloc((size_t)cols, 1);
+        idx = malloc((size_t)n_out * sizeof *idx);
+        int64_t got = 0;
+        while (got < n_out) {
+            int64_t c = (int64_t)(tl_rand_u64(&g_seed) % (uint64_t)cols);
+            if (!pick[c]) pick[c] = 1, got++;
+        }
+        got = 0;
+        for (int64_t c = 0; c < cols; c++)
+            if (pick[c]) idx[got++] = (int32_t)c;
+        free(pick);
+    }
+    spx_err e;
+    spx_err_clear(&e);
+    if (spx_qbuf_init(&tc->b, rows, cols, bits, group, idx, n_out, &e) != SPX_OK) {
+        fprintf(stderr, "qbuf: %s\n", e.msg);
+        free(idx);
+        return 0;
+    }
+    float *w = malloc((size_t)cols * sizeof *w);
+    for (int64_t r = 0; r < rows; r++) {
+        float rs = 0.02f * (1.0f + 3.0f * tl_rand_uniform(&g_seed));
+        for (int64_t c = 0; c < cols; c++) w[c] = rs * tl_rand_normal(&g_seed);
+        for (int64_t j = 0; j < n_out; j++) w[idx[j]] *= 20.0f; /* outliers are large */
+        /* some one-sided groups (z clamps to 0 or n) */
+        if (r % 5 == 1) {
+            for (int64_t c = 0; c < group && c < cols; c++) w[c] = fabsf(w[c]);
+        }
+        spx_qbuf_set_row(&tc->b, r, w, (r & 1) ? SPX_Q_MSE : SPX_Q_MINMAX, NULL);
+    }
+    free(w);
+    free(idx);
+    tc->absqz = malloc((size_t)(rows * cols) * sizeof(float));
+    tc->sqz = malloc((size_t)(rows * cols) * sizeof(float));
+    const spx_qtensor *q = &tc->b.q;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *cr = q->codes + r * tc->b.codes_row_bytes;
+        const uint8_t *zr = q->zeros + r * tc->b.zeros_row_bytes;
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t g = c / group;
+            double s = spx_f16_to_f32(q->scales[r * tc->b.n_groups + g]);
+            int qc = spx_q_code_get(cr, c, bits, group), z = spx_q_zero_get(zr, g);
+            tc->absqz[r * cols + c] = (float)(s * abs(qc - z));
+            tc->sqz[r * cols + c] = (float)(s * (qc + z));
+        }
+    }
+    return 1;
+}
+
+static void free_case(tcase *tc) {
+    spx_qbuf_free(&tc->b);
+    free(tc->absqz);
+    free(tc->sqz);
+}
+
+typedef struct tstats {
+    double worst_ratio_int8; /* max |avx2 - ref| / int8 bound seen */
+    double worst_rel;        /* max |avx2 - ref| / max|ref| per case */
+    int64_t cases;
+} tstats;
+static tstats g_st;
+
+/* Calls k on rows [r0, r1) (pieces of the range, in one or several calls)
+ * with y poisoned; checks written / untouched. Returns 1 if the layout
+ * checks passed (values are checked by the caller). */
+static int run_kernel(const spx_qkernels *k, const spx_qtensor *q, const float *x, int64_t T,
+                      float *y, int64_t ys, int64_t r0, int64_t r1, int pieces, const char *what) {
+    size_t ab = k->act_bytes(T, q->cols, q->group);
+    size_t sb = k->scratch_bytes(T, q->cols, q->group);
+    void *act = malloc(ab ? ab : 1), *scratch = malloc(sb ? sb : 1);
+    for (int64_t i = 0; i < T * ys; i++) y[i] = NAN;
+    k->prepare(x, T, q->cols, q->group, act);
+    int64_t n = r1 - r0;
+    for (int p = 0; p < pieces; p++) {
+        int64_t a = r0 + n * p / pieces, b = r0 + n * (p + 1) / pieces;
+        k->rows(q, act, x, T, y, ys, a, b, scratch);
+    }
+    free(act);
+    free(scratch);
+    int ok = 1;
+    for (int64_t t = 0; t < T && ok; t++)
+        for (int64_t r = 0; r < ys; r++) {
+            float v = y[t * ys + r];
+            int inside = r >= r0 && r < r1;
+            if (inside && !isfinite(v)) {
+                CHECK(0, "%s: y[t=%lld, r=%lld] not written (rows [%lld, %lld))", what, (long long)t,
+                      (long long)r, (long long)r0, (long long)r1);
+                ok = 0;
+                break;
+            }
+            if (!inside && !isnan(v)) {
+                CHECK(0, "%s: y[t=%lld, r=%lld] written outside rows [%lld, %lld)", what,
+                      (long long)t, (long long)r, (long long)r0, (long long)r1);
+                ok = 0;
+                break;
+            }
+        }
+    if (ok) tl_checks++;
+    return ok;
+}
+
+static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t rows, int64_t cols,
+                       int group, int bits, int64_t n_out, int64_t T) {
+    tcase tc;
+    if (!make_case(&tc, rows, cols, group, bits, n_out)) {
+        CHECK(0, "case setup failed");
+        return;
+    }
+    const spx_qtensor *q = &tc.b.q;
+    char what[160];
+    snprintf(what, sizeof what, "rows %lld cols %lld G%d b%d outliers %lld T %lld", (long long)rows,
+             (long long)cols, group, bits, (long long)n_out, (long long)T);
+    float *x = malloc((size_t)(T * cols) * sizeof *x);
+    for (int64_t i = 0; i < T * cols; i++) {
+        x[i] = tl_rand_normal(&g_seed);
+        if (tl_rand_uniform(&g_seed) < 0.01f) x[i] *= 30.0f; /* activation spikes */
+    }
+    /* double reference and tolerances */
+    double *ref = malloc((size_t)(T * rows) * sizeof *ref);
+    double *tol8 = malloc((size_t)(T * rows) * sizeof *tol8);
+    double *tols = malloc((size_t)(T * rows) * sizeof *tols);
+    float *wrow = malloc((size_t)cols * sizeof *wrow);
+    double gam = fp_gamma(cols);
+    for (int64_t r = 0; r < rows; r++) {
+        spx_q_dequant_row_f32(q, r, wrow);
+        const float *aq = tc.absqz + r * cols, *sq = tc.sqz + r * cols;
+        const uint16_t *ov = q->outlier_val + r * n_out;
+        for (int64_t t = 0; t < T; t++) {
+            const float *xt = x + t * cols;
+            double acc = 0, mag = 0, b8 = 0, bfp = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                acc += (double)wrow[c] * xt[c];
+                mag += fabs((double)wrow[c] * xt[c]);
+                bfp += (double)sq[c] * fabs(xt[c]);
+            }
+            for (int64_t g = 0; g < cols / group; g++) {
+                double amax = 0, sa = 0;
+                for (int64_t k = 0; k < group; k++) {
+                    double v = fabs(xt[g * group + k]);
+                    if (v > amax) amax = v;
+                    sa += aq[g * group + k];
+                }
+                b8 += amax * sa;
+            }
+            for (int64_t j = 0; j < n_out; j++)
+                bfp += fabs((double)spx_f16_to_f32(ov[j]) * xt[q->outlier_idx[j]]);
+            ref[t * rows + r] = acc;
+            tol8[t * rows + r] = A8_HALF / 127.0 * b8 + gam * bfp + 1e-30;
+            tols[t * rows + r] = SCALAR_TOL_REL * mag + 1e-30;
+        }
+    }
+    int64_t ys = rows + 3; /* padding must stay untouched */
+    float *ysc = malloc((size_t)(T * ys) * sizeof *ysc);
+    float *yav = malloc((size_t)(T * ys) * sizeof *yav);
+    float *ysplit = malloc((size_t)(T * ys) * sizeof *ysplit);
+    /* scalar vs double, full range */
+    if (run_kernel(sc, q, x, T, ysc, ys, 0, rows, 1, "scalar")) {
+        double worst = 0;
+        int64_t wi = -1;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double err = fabs(ysc[t * ys + r] - ref[t * rows + r]) / tols[t * rows + r];
+                if (!(err <= worst)) worst = err, wi = t * rows + r;
+            }
+        CHECK(worst <= 1.0, "%s: scalar vs double: worst err/tol %.3g at t=%lld r=%lld (got %.9g ref %.9g)",
+              what, worst, (long long)(wi / rows), (long long)(wi % rows),
+              ysc[(wi / rows) * ys + wi % rows], ref[wi]);
+    }
+    if (av) {
+        if (run_kernel(av, q, x, T, yav, ys, 0, rows, 1, "avx2")) {
+            double worst = 0, maxerr = 0, maxref = 0;
+            int64_t wi = -1;
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t r = 0; r < rows; r++) {
+                    double e = fabs(yav[t * ys + r] - ref[t * rows + r]);
+                    double err = e / tol8[t * rows + r];
+                    if (!(err <= worst)) worst = err, wi = t * rows + r;
+                    if (e > maxerr) maxerr = e;
+                    if (fabs(ref[t * rows + r]) > maxref) maxref = fabs(ref[t * rows + r]);
+                    /* avx2 vs scalar: both bounds */
+                    double es = fabs(yav[t * ys + r] - ysc[t * ys + r]);
+                    if (!(es <= tol8[t * rows + r] + tols[t * rows + r])) {
+                        CHECK(0, "%s: avx2 vs scalar at t=%lld r=%lld: %.9g vs %.9g", what,
+                              (long long)t, (long long)r, yav[t * ys + r], ysc[t * ys + r]);
+                        t = T;
+                        break;
+                    }
+                }
+            CHECK(worst <= 1.0, "%s: avx2 vs double: worst err/bound %.3g at t=%lld r=%lld (got %.9g ref %.9g)",
+                  what, worst, (long long)(wi / rows), (long long)(wi % rows),
+                  yav[(wi / rows) * ys + wi % rows], ref[wi]);
+            if (bits == 4 && worst > g_st.worst_ratio_int8) g_st.worst_ratio_int8 = worst;
+            if (bits == 4 && maxref > 0 && maxerr / maxref > g_st.worst_rel) g_st.worst_rel = maxerr / maxref;
+            g_st.cases++;
+        }
+        /* sub-ranges: a middle piece only, then the whole range in 3 calls;
+         * rows must be bit-identical to the one-call result */
+        int64_t a = rows / 3, b = rows - rows / 4;
+        if (b > a && run_kernel(av, q, x, T, ysplit, ys, a, b, 1, "avx2 sub-range")) {
+            int same = 1;
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t r = a; r < b; r++)
+                    if (memcmp(&ysplit[t * ys + r], &yav[t * ys + r], sizeof(float))) same = 0;
+            CHECK(same, "%s: rows [%lld, %lld) differ from the full-range call", what, (long long)a,
+                  (long long)b);
+        }
+        if (rows >= 3 && run_kernel(av, q, x, T, ysplit, ys, 0, rows, 3, "avx2 3 pieces")) {
+            int same = 1;
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t r = 0; r < rows; r++)
+                    if (memcmp(&ysplit[t * ys + r], &yav[t * ys + r], sizeof(float))) same = 0;
+            CHECK(same, "%s: 3-piece split differs from the one-call result", what);
+        }
+    }
+    free(x);
+    free(ref);
+    free(tol8);
+    free(tols);
+    free(wrow);
+    free(ysc);
+    free(yav);
+    free(ysplit);
+    free_case(&tc);
+}
+
+static void test_dispatch(void) {
+    const spx_qkernels *s = spx_qkernels_scalar();
+    CHECK(s && strcmp(s->name, "scalar") == 0, "scalar table");
+    CHECK(spx_qkernels_get("scalar") == s, "get(scalar)");
+    CHECK(spx_qkernels_get("no-such-kernels") == NULL, "get(unknown) is NULL");
+    CHECK(spx_qkernels_get(NULL) == NULL, "get(NULL) is NULL");
+    /* SPECTRA_KERNELS is read once, at the first spx_qkernels_best() */
+    setenv("SPECTRA_KERNELS", "scalar", 1);
+    const spx_qkernels *b = spx_qkernels_best();
+    CHECK(b == s, "SPECTRA_KERNELS=scalar gives %s", b ? b->name : "NULL");
+    CHECK(spx_qkernels_best() == b, "best() is stable");
+}
+
+int main(void) {
+    test_dispatch();
+    const spx_qkernels *sc = spx_qkernels_scalar();
+    const spx_qkernels *av = spx_qkernels_get("avx2");
+    if (!av) printf("note: no AVX2+FMA+F16C on this CPU (or build): avx2 table not tested\n");
+
+    static const int64_t shapes[][2] = {{1, 32}, {3, 96}, {7, 160}, {64, 512}, {33, 2048}, {256, 1536}};
+    static const int groups[] = {32, 64, 128};
+    static const int64_t Ts[] = {1, 2, 3, 5, 8, 17};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t gi = 0; gi < 3; gi++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            int group = groups[gi];
+            if (cols % group) continue;
+            for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                check_case(sc, av, rows, cols, group, 4, 0, Ts[ti]);
+                check_case(sc, av, rows, cols, group, 4, 1, Ts[ti]);
+                check_case(sc, av, rows, cols, group, 4, cols / 33 + 2, Ts[ti]);
+            }
+        }
+    /* every outlier count up to 3% of 512 columns */
+    for (int64_t no = 0; no <= 15; no++)
+        for (size_t gi = 0; gi < 3; gi++) {
+            check_case(sc, av, 64, 512, groups[gi], 4, no, 1);
+            check_case(sc, av, 64, 512, groups[gi], 4, no, 5);
+        }
+    /* fallbacks: bits 2 and 3, and a group size without a fast path */
+    check_case(sc, av, 9, 256, 32, 3, 3, 1);
+    check_case(sc, av, 9, 256, 64, 2, 3, 4);
+    check_case(sc, av, 9, 256, 16, 4, 2, 3);
+    check_case(sc, av, 5, 512, 256, 4, 2, 2);
+
+    if (av)
+        printf("avx2: %lld cases; worst |err| / int8 bound %.3f; worst max|err| / max|y| %.2e\n",
+               (long long)g_st.cases, g_st.worst_ratio_int8, g_st.worst_rel);
+    return tl_finish("test_kernels");
+}
