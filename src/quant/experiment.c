@@ -111,6 +111,8 @@ typedef struct {
     int method;
     float *scratch;          /* [nthreads, 2 * cols] */
     spx_qmetrics *acc;       /* [nthreads] */
+    double *light;           /* [nthreads, 2]: sum e^2, sum w^2 over non-heavy columns */
+    const uint8_t *is_heavy; /* [cols] or NULL */
 } qjob;
 
 static void qjob_fn(void *ctx, int tid, int nt) {
@@ -119,12 +121,21 @@ static void qjob_fn(void *ctx, int tid, int nt) {
     spx_pool_range(j->rows, tid, nt, 1, &r0, &r1);
     float *row = j->scratch + (size_t)tid * 2 * (size_t)j->cols, *tmp = row + j->cols;
     spx_qmetrics_init(&j->acc[tid]);
+    double le2 = 0, lw2 = 0;
     for (int64_t r = r0; r < r1; r++) {
         memcpy(row, j->W + r * j->cols, sizeof(float) * (size_t)j->cols);
         for (int64_t h = 0; h < j->n_heavy; h++) row[j->heavy[h]] *= j->m;
         spx_qbuf_set_row(j->qb, r, row, j->method, NULL);
-        spx_qmetrics_add_row(&j->acc[tid], &j->qb->q, r, row, tmp);
+        spx_qmetrics_add_row(&j->acc[tid], &j->qb->q, r, row, tmp); /* tmp = W^ row */
+        for (int64_t c = 0; c < j->cols; c++) {
+            if (j->is_heavy && j->is_heavy[c]) continue;
+            double d = (double)row[c] - tmp[c];
+            le2 += d * d;
+            lw2 += (double)row[c] * row[c];
+        }
     }
+    j->light[2 * tid] = le2;
+    j->light[2 * tid + 1] = lw2;
 }
 
 typedef struct {
@@ -146,6 +157,7 @@ typedef struct {
     int nt;
     float *W, *scratch;
     spx_qmetrics *acc;
+    double *light;
 } exp_ctx;
 
 static void exp_ctx_free(exp_ctx *x) {
@@ -153,6 +165,7 @@ static void exp_ctx_free(exp_ctx *x) {
     free(x->W);
     free(x->scratch);
     free(x->acc);
+    free(x->light);
 }
 
 static spx_status exp_ctx_init(exp_ctx *x, uint64_t seed, int64_t rows, int64_t cols, int n_threads,
@@ -163,7 +176,8 @@ static spx_status exp_ctx_init(exp_ctx *x, uint64_t seed, int64_t rows, int64_t 
     x->W = malloc(sizeof(float) * (size_t)rows * (size_t)cols);
     x->scratch = malloc(sizeof(float) * 2 * (size_t)cols * (size_t)x->nt);
     x->acc = malloc(sizeof(spx_qmetrics) * (size_t)x->nt);
-    if (!x->W || !x->scratch || !x->acc) {
+    x->light = malloc(sizeof(double) * 2 * (size_t)x->nt);
+    if (!x->W || !x->scratch || !x->acc || !x->light) {
         exp_ctx_free(x);
         return spx_fail(e, SPX_ERR_NOMEM, "experiment: out of memory for a %lld x %lld matrix",
                         (long long)rows, (long long)cols);
@@ -173,18 +187,37 @@ static spx_status exp_ctx_init(exp_ctx *x, uint64_t seed, int64_t rows, int64_t 
     return SPX_OK;
 }
 
-/* Quantizes x->W (heavy columns scaled by m) and measures it. */
+/* Quantizes x->W (heavy columns scaled by m) and measures it; *rel_light
+ * (if non-NULL) gets the relative error over the non-heavy columns only. */
 static spx_status measure(exp_ctx *x, int64_t rows, int64_t cols, int bits, int group,
                           const int32_t *heavy, int64_t n_heavy, float m, const int32_t *out_idx,
-                          int64_t n_out, int method, spx_qreport *rep, spx_err *e) {
+                          int64_t n_out, int method, spx_qreport *rep, double *rel_light,
+                          spx_err *e) {
     spx_qbuf qb;
     SPX_TRY(spx_qbuf_init(&qb, rows, cols, bits, group, out_idx, n_out, e));
-    qjob j = {x->W, rows, cols, heavy, n_heavy, m, &qb, method, x->scratch, x->acc};
+    uint8_t *is_heavy = NULL;
+    if (n_heavy) {
+        is_heavy = calloc((size_t)cols, 1);
+        if (!is_heavy) {
+            spx_qbuf_free(&qb);
+            return spx_fail(e, SPX_ERR_NOMEM, "experiment: out of memory");
+        }
+        for (int64_t h = 0; h < n_heavy; h++) is_heavy[heavy[h]] = 1;
+    }
+    qjob j = {x->W, rows, cols, heavy, n_heavy, m, &qb, method, x->scratch, x->acc, x->light,
+              is_heavy};
     spx_pool_run(x->pool, qjob_fn, &j);
     spx_qmetrics tot;
     spx_qmetrics_init(&tot);
-    for (int t = 0; t < x->nt; t++) spx_qmetrics_merge(&tot, &x->acc[t]);
+    double le2 = 0, lw2 = 0;
+    for (int t = 0; t < x->nt; t++) {
+        spx_qmetrics_merge(&tot, &x->acc[t]);
+        le2 += x->light[2 * t];
+        lw2 += x->light[2 * t + 1];
+    }
     spx_qmetrics_report(&tot, rep);
+    if (rel_light) *rel_light = lw2 > 0 ? sqrt(le2 / lw2) : 0;
+    free(is_heavy);
     spx_qbuf_free(&qb);
     return SPX_OK;
 }
@@ -210,9 +243,9 @@ spx_status spx_exp_gaussian_run(uint64_t seed, int64_t rows, int64_t cols, int b
     exp_ctx x;
     SPX_TRY(exp_ctx_init(&x, seed, rows, cols, n_threads, e));
     spx_status st = measure(&x, rows, cols, bits, group, NULL, 0, 1, NULL, 0, SPX_Q_MINMAX,
-                            &out->minmax, e);
+                            &out->minmax, NULL, e);
     if (st == SPX_OK)
-        st = measure(&x, rows, cols, bits, group, NULL, 0, 1, NULL, 0, SPX_Q_MSE, &out->mse, e);
+        st = measure(&x, rows, cols, bits, group, NULL, 0, 1, NULL, 0, SPX_Q_MSE, &out->mse, NULL, e);
     exp_ctx_free(&x);
     if (st != SPX_OK) return st;
     spx_exp_range_moments(group, EXP_A_MC_GROUPS, seed, &out->range);
@@ -270,9 +303,12 @@ spx_status spx_exp_heavy_channel(uint64_t seed, int n_threads, spx_exp_heavy_res
         const int32_t *hv = out->heavy_idx;
         int64_t nh = out->n_heavy;
         spx_qreport rep;
-        s = measure(&x, rows, cols, 4, (int)cols, hv, nh, m, NULL, 0, SPX_Q_MINMAX, &rep, e);
+        s = measure(&x, rows, cols, 4, (int)cols, hv, nh, m, NULL, 0, SPX_Q_MINMAX, &rep,
+                    &out->light_row[i], e);
         out->rel_row[i] = rep.rel_err;
-        if (s == SPX_OK) s = measure(&x, rows, cols, 4, 32, hv, nh, m, NULL, 0, SPX_Q_MINMAX, &rep, e);
+        if (s == SPX_OK)
+            s = measure(&x, rows, cols, 4, 32, hv, nh, m, NULL, 0, SPX_Q_MINMAX, &rep,
+                        &out->light_g32[i], e);
         out->rel_g32[i] = rep.rel_err;
         /* Saliency of the scaled matrix: column norms scale by m. */
         spx_saliency_finish(acc, NULL, cols, S);
@@ -286,9 +322,13 @@ spx_status spx_exp_heavy_channel(uint64_t seed, int n_threads, spx_exp_heavy_res
             while (k < n_out && idx[k] < hv[h]) k++;
             if (k < n_out && idx[k] == hv[h]) out->heavy_caught[i]++;
         }
-        if (s == SPX_OK) s = measure(&x, rows, cols, 4, 32, hv, nh, m, idx, n_out, SPX_Q_MINMAX, &rep, e);
+        if (s == SPX_OK)
+            s = measure(&x, rows, cols, 4, 32, hv, nh, m, idx, n_out, SPX_Q_MINMAX, &rep,
+                        &out->light_g32_out[i], e);
         out->rel_g32_out[i] = rep.rel_err;
-        if (s == SPX_OK) s = measure(&x, rows, cols, 4, 32, hv, nh, m, idx, n_out, SPX_Q_MSE, &rep, e);
+        if (s == SPX_OK)
+            s = measure(&x, rows, cols, 4, 32, hv, nh, m, idx, n_out, SPX_Q_MSE, &rep,
+                        &out->light_g32_out_mse[i], e);
         out->rel_g32_out_mse[i] = rep.rel_err;
     }
     exp_ctx_free(&x);

