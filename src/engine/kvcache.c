@@ -97,7 +97,7 @@ static void store_row(const spx_kvcache *c, uint8_t *dst, const float *x) {
             rotate(tmp, c->kvd, c->rot);
             src = tmp;
         }
-        spx_q_quantize_row(src, c->kvd, NULL, 4, KV_GROUP, SPX_Q_MSE, dst, (uint16_t *)(dst + c->codes_b),
+        spx_q_quantize_row(src, c->kvd, NULL, 4, KV_GROUP, SPX_Q_MINMAX, dst, (uint16_t *)(dst + c->codes_b),
                            dst + c->scales_b);
         break;
     }
