@@ -24,7 +24,7 @@ LDSAN   :=
 endif
 
 CFLAGS  += -std=c11 $(OPT) -Wall -Wextra -Wshadow -Wno-unused-parameter -Iinclude -Isrc -D_GNU_SOURCE
-LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lz -lm -lpthread
+LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lz -lm -lpthread -ldl
 
 LIB_SRC  := $(sort $(wildcard src/*/*.c))
 CLI_SRC  := $(sort $(wildcard tools/spectra/*.c))
@@ -67,9 +67,12 @@ $(BUILD)/%.o: %.c
 setup:
 	@sh scripts/setup.sh
 
+# The main job: compress the default model (once) and generate from it.
+TRDC    ?= $(BUILD)/$(notdir $(MODEL)).trdc
 run: setup
 	@$(MAKE) --no-print-directory $(BUILD)/spectra
-	$(BUILD)/spectra run -m "$(MODEL)" -p "$(PROMPT)" -n 128 --threads $(THREADS)
+	@[ -f "$(TRDC)" ] || $(BUILD)/spectra compress -m "$(MODEL)" -o "$(TRDC)" --threads $(THREADS)
+	$(BUILD)/spectra run -m "$(TRDC)" -p "$(PROMPT)" -n 128 --threads $(THREADS)
 
 # Every test in the normal build (including the slow ones), then every test
 # again under AddressSanitizer + UBSan (slow ones skipped there by name).

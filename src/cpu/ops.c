@@ -8,6 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Built twice, plain and for AVX2+FMA, and chosen by the loader from the
+ * CPU (GCC/clang function multiversioning): the same C, wider vectors. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 float spx_cpu_dot(const float *a, const float *b, int64_t n) {
     /* 16 independent partial sums: lets the compiler use SIMD lanes
      * without -ffast-math, and bounds the rounding error growth. */

@@ -303,7 +303,12 @@ spx_status tok_bpe_load(tok_bpe *m, const cJSON *model, const char *label, spx_e
     if (!cJSON_IsObject(vocab))
         return spx_fail(e, SPX_ERR_FORMAT, "%s: model.vocab: expected an object, got %s", label,
                         tok_json_type(vocab));
-    size_t count = 0;
+    size_t count = 0, slots = 1024;
+    for (const cJSON *it = vocab->child; it && count <= TOK_MAX_ID; it = it->next) count++;
+    while (slots < 2 * count + 2) slots *= 2;
+    if (!strmap_rehash(&m->vocab, slots))
+        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory reading model.vocab", label);
+    count = 0;
     for (const cJSON *it = vocab->child; it; it = it->next) {
         if (++count > TOK_MAX_ID)
             return spx_fail(e, SPX_ERR_FORMAT, "%s: model.vocab: more than %d entries", label,

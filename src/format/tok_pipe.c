@@ -13,7 +13,8 @@
  * SPX_ERR_UNSUPPORTED naming the field.
  *
  * Regexes are PCRE2 with UTF+UCP. Known difference from tokenizers'
- * Oniguruma: PCRE2's \s does not match U+0085 (NEL). */
+ * Oniguruma: PCRE2's \s also matches U+180E (MONGOLIAN VOWEL SEPARATOR,
+ * no longer White_Space since Unicode 6.3). */
 #include "format/tok_internal.h"
 
 #include <stdio.h>
@@ -296,7 +297,10 @@ static spx_status norm_step(const tok_norm *nm, const char *s, size_t n, tok_buf
             if (k <= 0) return spx_fail(e, SPX_ERR_INTERNAL, "tokenizer: invalid UTF-8 in normalizer");
             char c[4];
             size_t cl = tok_utf8_put((uint32_t)utf8proc_tolower((utf8proc_int32_t)cp), c);
-            if (!tok_buf_put(out, c, cl)) return OOM();
+            /* Rust's char::to_lowercase: U+0130 is the one character that
+             * lowercases to two ("i" + U+0307); utf8proc gives just "i" */
+            bool ok = cp == 0x130 ? tok_buf_put(out, "i\xCC\x87", 3) : tok_buf_put(out, c, cl);
+            if (!ok) return OOM();
             i += (size_t)k;
         }
         return tok_buf_put(out, "", 0) ? SPX_OK : OOM();

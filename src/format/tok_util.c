@@ -309,7 +309,8 @@ spx_status tok_regex_compile(const char *pat, size_t len, bool literal, const ch
     *out = NULL;
     if (tok_utf8_check(pat, len) != len)
         return spx_fail(e, SPX_ERR_FORMAT, "%s: %s: pattern is not valid UTF-8", label, field);
-    uint32_t opt = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL refuses PCRE2_UCP (it does not need it) */
+    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     int err = 0;
     PCRE2_SIZE off = 0;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opt, &err, &off, NULL);

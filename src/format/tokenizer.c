@@ -189,6 +189,10 @@ static spx_status load_added(spx_tokenizer *t, const cJSON *list, spx_err *e) {
             spx_log(SPX_LOG_WARN, "%s: %s has empty content; ignored", t->label, where);
             continue;
         }
+        int32_t vid = tok_strmap_get(&t->bpe.vocab, content->valuestring, cl);
+        if (vid >= 0 && vid != a->id)
+            spx_log(SPX_LOG_WARN, "%s: %s '%.40s' has id %d but the vocabulary gives it %d; using %d",
+                    t->label, where, content->valuestring, a->id, vid, a->id);
         a->pat_off = t->added_text.n;
         a->pat_len = cl;
         if (!tok_buf_put(&t->added_text, content->valuestring, cl)) return OOM(t);
@@ -742,6 +746,12 @@ static spx_status build_pieces(spx_tokenizer *t, spx_err *e) {
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].id > max_id) max_id = t->added[i].id;
     t->n_ids = max_id + 1;
+    /* real vocabularies are dense; a few ids far apart would only make
+     * the id tables huge */
+    if (t->n_ids > 4 * (int64_t)(t->bpe.vocab.n + t->n_added) + 65536)
+        return spx_fail(e, SPX_ERR_RANGE,
+                        "%s: largest token id %lld for only %zu tokens: ids are too sparse",
+                        t->label, (long long)max_id, t->bpe.vocab.n + t->n_added);
     size_t n = (size_t)(t->n_ids > 0 ? t->n_ids : 1);
     t->piece_off = malloc(n * sizeof *t->piece_off);
     t->piece_len = calloc(n, sizeof *t->piece_len);

@@ -14,7 +14,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: spectra kl -m MODEL --ref REF -f TEXT [options]\n"
-               "  -m MODEL        model under test (HF folder or .trdc)\n"
+               "  -m MODEL        model under test (HF folder or .trdc); repeat for up to 8 models,\n"
+               "                  all compared against one evaluation of the reference\n"
                "  --ref REF       reference model (HF folder or .trdc) with the same vocabulary\n"
                "  -f TEXT         UTF-8 text file (tokenized with the reference's tokenizer)\n"
                "  --ctx N         window length (int >= 2; default 512)\n"
@@ -37,8 +38,23 @@ static int32_t argmax(const float *x, int64_t n) {
     return (int32_t)b;
 }
 
+#define KL_MAX_MODELS 8
+
+typedef struct {
+    const char *path;
+    spx_model *m;
+    spx_session *s;
+    float *logits;
+    double *kls;
+    double nll, kl_sum;
+    int64_t same;
+} kl_model;
+
 int cmd_kl(int argc, char **argv) {
-    const char *model = NULL, *ref = NULL, *file = NULL;
+    const char *ref = NULL, *file = NULL;
+    kl_model ms[KL_MAX_MODELS];
+    int nm = 0;
+    memset(ms, 0, sizeof ms);
     int64_t ctx = 512, chunks = 0, threads = 0;
     spx_kv_type kv = SPX_KV_F16;
     int compat = 0, json = 0;
@@ -48,7 +64,10 @@ int cmd_kl(int argc, char **argv) {
         else if (!strcmp(a, "--llama-compat")) compat = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (nm == KL_MAX_MODELS) { cli_error("kl: at most %d models", KL_MAX_MODELS); return 2; }
+            ms[nm++].path = v;
+        }
         else if (!strcmp(a, "--ref")) ref = v;
         else if (!strcmp(a, "-f")) file = v;
         else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) { if (!cli_int(a, v, 2, 1 << 20, &ctx)) return 2; }
@@ -57,80 +76,109 @@ int cmd_kl(int argc, char **argv) {
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("kl: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    if (!file || !ref) { cli_error("kl: -f TEXT and --ref REF are required"); usage(stderr); return 2; }
+    if (!file || !ref || nm == 0) { cli_error("kl: -m MODEL, --ref REF and -f TEXT are required"); usage(stderr); return 2; }
+    int rc = 1;
+    eval_windows w = {0};
+    spx_session *sr = NULL;
+    float *lr = NULL;
+    double *pr = NULL, *pm = NULL;
+    int32_t *in = NULL, *tg = NULL;
     spx_model *mr = cli_open_model(ref, threads);
     if (!mr) return 1;
-    spx_model *mm = cli_open_model(model, threads);
-    if (!mm) { spx_model_free(mr); return 1; }
     int64_t V = spx_model_vocab_size(mr);
-    if (spx_model_vocab_size(mm) != V) {
-        cli_error("kl: vocabularies differ (%s: %lld, %s: %lld)", ref, (long long)V, model,
-                  (long long)spx_model_vocab_size(mm));
-        spx_model_free(mr);
-        spx_model_free(mm);
-        return 1;
-    }
-    eval_windows w;
-    if (!eval_windows_init(&w, mr, file, ctx, chunks, compat)) { spx_model_free(mr); spx_model_free(mm); return 1; }
-    int rc = 1;
-    spx_session *sr = NULL, *sm = NULL;
-    spx_session_params sp = {.n_ctx = ctx, .kv = kv};
-    float *lr = malloc((size_t)ctx * (size_t)V * sizeof(float)), *lm = malloc((size_t)ctx * (size_t)V * sizeof(float));
-    double *pr = malloc((size_t)V * sizeof(double)), *pm = malloc((size_t)V * sizeof(double));
-    int32_t *in = malloc((size_t)ctx * sizeof *in), *tg = malloc((size_t)ctx * sizeof *tg);
-    double *kls = malloc((size_t)(w.chunks * ctx) * sizeof(double));
-    if (!lr || !lm || !pr || !pm || !in || !tg || !kls) { cli_error("out of memory"); goto done; }
-    if (spx_session_new(mr, &sp, &sr) != SPX_OK) { cli_error("%s", spx_model_error(mr)); goto done; }
-    if (spx_session_new(mm, &sp, &sm) != SPX_OK) { cli_error("%s", spx_model_error(mm)); goto done; }
-    double nll_r = 0, nll_m = 0, kl_sum = 0, t0 = spx_now();
-    int64_t scored = 0, same = 0;
-    for (int64_t k = 0; k < w.chunks; k++) {
-        int64_t first, count;
-        eval_windows_get(&w, k, in, &first, &count, tg);
-        spx_session_reset(sr);
-        spx_session_reset(sm);
-        if (spx_session_eval(sr, in, (size_t)ctx, lr, 1) != SPX_OK) { cli_error("%s", spx_session_error(sr)); goto done; }
-        if (spx_session_eval(sm, in, (size_t)ctx, lm, 1) != SPX_OK) { cli_error("%s", spx_session_error(sm)); goto done; }
-        for (int64_t i = 0; i < count; i++) {
-            const float *a = lr + (first + i) * V, *b = lm + (first + i) * V;
-            nll_r -= eval_logprob(a, V, tg[i], pr);
-            nll_m -= eval_logprob(b, V, tg[i], pm);
-            double kl = 0;
-            for (int64_t v = 0; v < V; v++) kl += exp(pr[v]) * (pr[v] - pm[v]);
-            kls[scored] = kl > 0 ? kl : 0; /* rounding can give -1e-12 */
-            kl_sum += kls[scored];
-            same += argmax(a, V) == argmax(b, V);
-            scored++;
+    for (int k = 0; k < nm; k++) {
+        if (!(ms[k].m = cli_open_model(ms[k].path, threads))) goto done;
+        if (spx_model_vocab_size(ms[k].m) != V) {
+            cli_error("kl: vocabularies differ (%s: %lld, %s: %lld)", ref, (long long)V, ms[k].path,
+                      (long long)spx_model_vocab_size(ms[k].m));
+            goto done;
         }
+    }
+    if (!eval_windows_init(&w, mr, file, ctx, chunks, compat)) goto done;
+    spx_session_params sp = {.n_ctx = ctx, .kv = kv};
+    spx_session_params spr = {.n_ctx = ctx, .kv = SPX_KV_F32}; /* the reference is exact */
+    lr = malloc((size_t)ctx * (size_t)V * sizeof(float));
+    pr = malloc((size_t)V * sizeof(double));
+    pm = malloc((size_t)V * sizeof(double));
+    in = malloc((size_t)ctx * sizeof *in);
+    tg = malloc((size_t)ctx * sizeof *tg);
+    if (!lr || !pr || !pm || !in || !tg) { cli_error("out of memory"); goto done; }
+    if (spx_session_new(mr, &spr, &sr) != SPX_OK) { cli_error("%s", spx_model_error(mr)); goto done; }
+    for (int k = 0; k < nm; k++) {
+        ms[k].logits = malloc((size_t)ctx * (size_t)V * sizeof(float));
+        ms[k].kls = malloc((size_t)(w.chunks * ctx) * sizeof(double));
+        if (!ms[k].logits || !ms[k].kls) { cli_error("out of memory"); goto done; }
+        if (spx_session_new(ms[k].m, &sp, &ms[k].s) != SPX_OK) { cli_error("%s", spx_model_error(ms[k].m)); goto done; }
+    }
+    double nll_r = 0, t0 = spx_now();
+    int64_t scored = 0;
+    for (int64_t c = 0; c < w.chunks; c++) {
+        int64_t first, count;
+        eval_windows_get(&w, c, in, &first, &count, tg);
+        spx_session_reset(sr);
+        if (spx_session_eval(sr, in, (size_t)ctx, lr, 1) != SPX_OK) { cli_error("%s", spx_session_error(sr)); goto done; }
+        for (int k = 0; k < nm; k++) {
+            spx_session_reset(ms[k].s);
+            if (spx_session_eval(ms[k].s, in, (size_t)ctx, ms[k].logits, 1) != SPX_OK) {
+                cli_error("%s", spx_session_error(ms[k].s));
+                goto done;
+            }
+        }
+        for (int64_t i = 0; i < count; i++) {
+            const float *a = lr + (first + i) * V;
+            nll_r -= eval_logprob(a, V, tg[i], pr);
+            int32_t top_r = argmax(a, V);
+            for (int k = 0; k < nm; k++) {
+                const float *b = ms[k].logits + (first + i) * V;
+                ms[k].nll -= eval_logprob(b, V, tg[i], pm);
+                double kl = 0;
+                for (int64_t v = 0; v < V; v++) kl += exp(pr[v]) * (pr[v] - pm[v]);
+                ms[k].kls[scored + i] = kl > 0 ? kl : 0; /* rounding can give -1e-12 */
+                ms[k].kl_sum += ms[k].kls[scored + i];
+                ms[k].same += top_r == argmax(b, V);
+            }
+        }
+        scored += count;
         if (!json) {
-            fprintf(stderr, "\r[%lld/%lld] mean KL %.5f  PPL %.4f / ref %.4f", (long long)(k + 1), (long long)w.chunks,
-                    kl_sum / (double)scored, exp(nll_m / (double)scored), exp(nll_r / (double)scored));
+            fprintf(stderr, "\r[%lld/%lld] ref PPL %.4f", (long long)(c + 1), (long long)w.chunks, exp(nll_r / (double)scored));
+            for (int k = 0; k < nm; k++) fprintf(stderr, " | KL %.5f", ms[k].kl_sum / (double)scored);
             fflush(stderr);
         }
     }
-    qsort(kls, (size_t)scored, sizeof *kls, cmp_double);
-    double p99 = kls[(size_t)floor(0.99 * (double)(scored - 1))], median = kls[(size_t)(scored - 1) / 2];
-    double mean = kl_sum / (double)scored, top1 = (double)same / (double)scored;
     double secs = spx_now() - t0;
-    if (json)
-        printf("{\"ppl\": %.6f, \"ppl_ref\": %.6f, \"kl_mean\": %.6f, \"kl_median\": %.6f, \"kl_p99\": %.6f, "
-               "\"kl_max\": %.6f, \"top1\": %.6f, \"tokens_scored\": %lld, \"ctx\": %lld, \"chunks\": %lld, "
-               "\"llama_compat\": %s, \"seconds\": %.2f}\n",
-               exp(nll_m / (double)scored), exp(nll_r / (double)scored), mean, median, p99, kls[scored - 1], top1,
-               (long long)scored, (long long)ctx, (long long)w.chunks, compat ? "true" : "false", secs);
-    else
-        printf("\nPPL %.4f (reference %.4f)\nmean KL %.6f  median %.6f  p99 %.6f  max %.6f\n"
-               "top-1 agreement %.2f%%  over %lld scored tokens (%lld windows of %lld%s), %.1f s\n",
-               exp(nll_m / (double)scored), exp(nll_r / (double)scored), mean, median, p99, kls[scored - 1],
-               100 * top1, (long long)scored, (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "",
-               secs);
+    if (!json) fprintf(stderr, "\n");
+    if (json) printf("{\"ref\": \"%s\", \"ppl_ref\": %.6f, \"tokens_scored\": %lld, \"ctx\": %lld, \"chunks\": %lld, "
+                     "\"llama_compat\": %s, \"seconds\": %.2f, \"models\": [",
+                     ref, exp(nll_r / (double)scored), (long long)scored, (long long)ctx, (long long)w.chunks,
+                     compat ? "true" : "false", secs);
+    else printf("reference %s: PPL %.4f over %lld scored tokens (%lld windows of %lld%s), %.1f s\n"
+                "%-40s %10s %10s %10s %10s %8s\n", ref, exp(nll_r / (double)scored), (long long)scored,
+                (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "", secs,
+                "model", "PPL", "mean KL", "median KL", "p99 KL", "top-1 %");
+    for (int k = 0; k < nm; k++) {
+        qsort(ms[k].kls, (size_t)scored, sizeof(double), cmp_double);
+        double p99 = ms[k].kls[(size_t)floor(0.99 * (double)(scored - 1))], med = ms[k].kls[(size_t)(scored - 1) / 2];
+        double mean = ms[k].kl_sum / (double)scored, top1 = (double)ms[k].same / (double)scored;
+        double ppl = exp(ms[k].nll / (double)scored);
+        if (json)
+            printf("%s{\"model\": \"%s\", \"ppl\": %.6f, \"kl_mean\": %.6f, \"kl_median\": %.6f, \"kl_p99\": %.6f, "
+                   "\"kl_max\": %.6f, \"top1\": %.6f}", k ? ", " : "", ms[k].path, ppl, mean, med, p99,
+                   ms[k].kls[scored - 1], top1);
+        else
+            printf("%-40.40s %10.4f %10.6f %10.6f %10.6f %8.2f\n", ms[k].path, ppl, mean, med, p99, 100 * top1);
+    }
+    if (json) printf("]}\n");
     rc = 0;
 done:
-    free(lr); free(lm); free(pr); free(pm); free(in); free(tg); free(kls);
+    free(lr); free(pr); free(pm); free(in); free(tg);
+    for (int k = 0; k < nm; k++) {
+        free(ms[k].logits);
+        free(ms[k].kls);
+        spx_session_free(ms[k].s);
+        spx_model_free(ms[k].m);
+    }
     spx_session_free(sr);
-    spx_session_free(sm);
     eval_windows_free(&w);
     spx_model_free(mr);
-    spx_model_free(mm);
     return rc;
 }

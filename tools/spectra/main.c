@@ -26,6 +26,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_kl(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
 
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
@@ -38,6 +40,8 @@ static const command commands[] = {
     {"kl", cmd_kl, "KL divergence, PPL and top-1 agreement of a model against a reference"},
     {"audit", cmd_audit, "per-tensor quantization error of a .trdc against its source"},
     {"bench", cmd_bench, "prompt and generation speed, bytes per token, GB/s"},
+    {"plan", cmd_plan, "hardware probe and the execution plan for a model (backend, residency, KV, context)"},
+    {"probe", cmd_probe, "CPU, RAM and NVIDIA GPUs of this machine (optionally telemetry samples)"},
     {"synth", cmd_synth, "write a random model of a real shape (.trdc and/or HF folder)"},
     {"experiment", cmd_experiment, "reproduce the paper's quantization experiments A and B"},
 };
