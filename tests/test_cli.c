@@ -86,6 +86,8 @@ int main(void) {
     /* compress -> inspect -> verify -> run, with the file's tokenizer */
     snprintf(a, sizeof a, "compress -m %s -o %s/s.trdc -q", tl_shared("models/stories260K"), tmp);
     expect(a, 0, "bits/weight");
+    snprintf(a, sizeof a, "tokenize -m %s/s.trdc \"Lily and Tom went to the park.\"", tmp);
+    expect(a, 0, "1 317 269 274 287 263 377 267 265 282 295 433 426");
     snprintf(a, sizeof a, "inspect %s/s.trdc", tmp);
     expect(a, 0, "model.layers.0.mlp.gate_proj.weight");
     snprintf(a, sizeof a, "verify %s/s.trdc", tmp);

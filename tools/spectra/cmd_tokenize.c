@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "core/util.h"
 #include "format/tokenizer.h"
+#include "format/trdc.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -106,10 +107,6 @@ int cmd_tokenize(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!spx_is_dir(model))
-        return cli_error("%s: MODEL must be a folder with tokenizer.json (reading the tokenizer "
-                         "of a .trdc file is not supported by this command yet)",
-                         model);
 
     spx_err e;
     spx_err_clear(&e);
@@ -122,7 +119,21 @@ int cmd_tokenize(int argc, char **argv) {
         len = strlen(text);
     }
     spx_tokenizer *t = NULL;
-    if (spx_tok_load_dir(model, &t, &e) != SPX_OK) {
+    spx_status ls;
+    if (spx_is_dir(model)) {
+        ls = spx_tok_load_dir(model, &t, &e); /* a model folder, or tokenizer files alone */
+    } else {
+        /* a .trdc carries its tokenizer; no weights are bound for this */
+        spx_trdc *f = NULL;
+        ls = spx_trdc_open(model, &f, &e);
+        if (ls == SPX_OK) {
+            const char *tj = spx_trdc_tokenizer_json(f), *tc = spx_trdc_tokenizer_config_json(f);
+            ls = tj ? spx_tok_load(tj, strlen(tj), tc, tc ? strlen(tc) : 0, model, &t, &e)
+                    : spx_fail(&e, SPX_ERR_FORMAT, "%s: the file carries no tokenizer", model);
+            spx_trdc_close(f);
+        }
+    }
+    if (ls != SPX_OK) {
         free(buf);
         return cli_fail(&e);
     }
