@@ -16,6 +16,12 @@
 #include "core/err.h"
 #include <stdint.h>
 
+/* Column importance for the MSE search (see compress.c). */
+typedef enum spx_importance {
+    SPX_IMP_NONE = 0,  /* unweighted squared error (default) */
+    SPX_IMP_GAMMA = 1  /* weighted by the feeding norm's gain squared */
+} spx_importance;
+
 typedef struct spx_compress_opts {
     const char *src_dir;     /* HF folder */
     const char *out_path;    /* .trdc */
@@ -24,7 +30,11 @@ typedef struct spx_compress_opts {
     int outlier_mode;        /* spx_outlier_mode */
     double outlier_ratio;    /* for SPX_OUTLIERS_FIXED */
     int method;              /* spx_q_method */
+    int importance;          /* spx_importance (mse only) */
+    int magnitude;           /* mse: also weight by |w| (K-quant style) */
     int n_threads;           /* 0: all CPUs */
+    const char *keep[8];     /* tensors whose name contains one of these stay at source precision */
+    int n_keep;
     /* progress: called after each tensor (may be NULL) */
     void (*progress)(void *user, int64_t done, int64_t total, const char *name, uint64_t bytes_done,
                      uint64_t bytes_total);
