@@ -23,23 +23,13 @@ static void say(char *dst, const char *fmt, ...) {
 
 /* ---- sizes -------------------------------------------------------------- */
 
-/* Bytes of one matrix as stored (same accounting as spx_model_bytes_per_token). */
-static uint64_t wmat_bytes(const spx_wmat *w) {
-    if (w->kind == SPX_WM_DENSE) return (uint64_t)w->rows * (uint64_t)w->cols * spx_dtype_size(w->dtype);
-    const spx_qtensor *q = &w->q;
-    if (q->bits <= 0 || q->group <= 0) return 0;
-    uint64_t row = (uint64_t)spx_q_codes_row_bytes(q->cols, q->bits) + (uint64_t)spx_q_groups(q->cols, q->group) * 2 +
-                   (uint64_t)spx_q_zeros_row_bytes(q->cols, q->group);
-    return (uint64_t)q->rows * row + (uint64_t)q->n_outliers * (4 + 2 * (uint64_t)q->rows);
-}
-
 uint64_t spx_plan_layer_bytes(const spx_model *m, int64_t l) {
     if (!m->layers || l < 0 || l >= m->cfg.n_layers) return 0;
     const spx_config *c = &m->cfg;
     const spx_layer *L = &m->layers[l];
     const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
     uint64_t b = 0;
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) b += wmat_bytes(w[i]);
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) b += spx_wmat_bytes(w[i]);
     uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size, hd = (uint64_t)c->head_dim;
     uint64_t qd = (uint64_t)c->n_heads * hd, kvd = (uint64_t)c->n_kv_heads * hd;
     uint64_t floats = 2 * H; /* input and post-attention norm gains */
@@ -51,8 +41,8 @@ uint64_t spx_plan_layer_bytes(const spx_model *m, int64_t l) {
 }
 
 uint64_t spx_plan_global_bytes(const spx_model *m) {
-    uint64_t b = wmat_bytes(&m->embed) + 4 * (uint64_t)m->cfg.hidden_size;
-    if (!m->cfg.tie_embeddings) b += wmat_bytes(&m->lm_head);
+    uint64_t b = spx_wmat_bytes(&m->embed) + 4 * (uint64_t)m->cfg.hidden_size;
+    if (!m->cfg.tie_embeddings) b += spx_wmat_bytes(&m->lm_head);
     return b;
 }
 

@@ -230,20 +230,12 @@ spx_status spx_model_bind_weights(spx_model *m, spx_err *e) {
 
 /* ---- accounting ---------------------------------------------------------- */
 
-static uint64_t wmat_bytes(const spx_wmat *w) {
-    if (w->kind == SPX_WM_DENSE) return (uint64_t)(w->rows * w->cols) * spx_dtype_size(w->dtype);
-    const spx_qtensor *q = &w->q;
-    return (uint64_t)q->rows * (uint64_t)(spx_q_codes_row_bytes(q->cols, q->bits) +
-                                          spx_q_groups(q->cols, q->group) * 2 + spx_q_zeros_row_bytes(q->cols, q->group)) +
-           (uint64_t)q->n_outliers * (4 + 2 * (uint64_t)q->rows);
-}
-
 uint64_t spx_model_bytes_per_token(const spx_model *m) {
-    uint64_t b = wmat_bytes(&m->lm_head) + wmat_bytes(&m->embed) / (uint64_t)m->embed.rows;
+    uint64_t b = spx_wmat_bytes(&m->lm_head) + spx_wmat_bytes(&m->embed) / (uint64_t)m->embed.rows;
     for (int64_t l = 0; l < m->cfg.n_layers; l++) {
         const spx_layer *L = &m->layers[l];
         const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) b += wmat_bytes(w[i]);
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) b += spx_wmat_bytes(w[i]);
     }
     return b;
 }

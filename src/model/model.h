@@ -33,6 +33,9 @@ struct spx_model {
     spx_st *st;                   /* safetensors source, or NULL */
     struct spx_trdc *trdc;        /* .trdc source, or NULL */
     spx_pool *pool;
+    const struct spx_backend *be;  /* executes forward passes */
+    void *be_state;                /* backend's per-model state (device weights) */
+    int64_t vram_budget_mb;        /* from spx_model_params */
     const struct spx_qkernels *qk; /* CPU kernels for quantized matrices */
     int64_t max_cols;             /* widest matrix input (scratch sizing) */
     char *path;

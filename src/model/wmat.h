@@ -21,4 +21,7 @@ typedef struct spx_wmat {
 /* Row r as float32 (dense: converted; quant: dequantized with outliers). */
 void spx_wmat_row_f32(const spx_wmat *w, int64_t r, float *out);
 
+/* Bytes the matrix occupies as stored (all components). */
+uint64_t spx_wmat_bytes(const spx_wmat *w);
+
 #endif
