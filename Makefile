@@ -32,12 +32,40 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC:= $(sort $(wildcard bench/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# ---- CUDA (optional) ------------------------------------------------------
+# nvcc found -> src/cuda/*.cu are built for sm_90a (H100/H200) plus compute_90
+# PTX (JIT on other >= sm_90 parts), -DSPX_HAVE_CUDA is set and everything
+# links the static CUDA runtime. No nvcc, `make CUDA=0`, or SAN=1 (ASan and
+# the CUDA runtime do not mix) -> the CPU-only build, unchanged.
+CUDA    ?= 1
+ifeq ($(SAN),1)
+override CUDA := 0
+endif
+ifeq ($(origin NVCC),undefined)
+NVCC    := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+endif
+ifeq ($(CUDA),0)
+NVCC    :=
+endif
+ifneq ($(strip $(NVCC)),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 \
+             -Xcompiler -Wall,-Wno-unused-parameter -Iinclude -Isrc -D_GNU_SOURCE -DSPX_HAVE_CUDA
+CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+CU_TEST  := $(BUILD)/tests/cuda/test_cuda
+CU_BENCH := $(BUILD)/bench/gpu/bench_gemv
+LIB_OBJ  += $(CU_OBJ)
+CFLAGS   += -DSPX_HAVE_CUDA
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+endif
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 TEST_COMMON := $(BUILD)/tests/testlib.o
 
-all: $(BUILD)/spectra $(TEST_BIN) $(BENCH_BIN)
+all: $(BUILD)/spectra $(TEST_BIN) $(BENCH_BIN) $(CU_TEST) $(CU_BENCH)
 
 $(BUILD)/libspectra.a: $(LIB_OBJ)
 	@rm -f $@
@@ -61,6 +89,18 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libspectra.a
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c -o $@ $<
+
+$(BUILD)/tests/cuda/%: tests/cuda/%.cu $(TEST_COMMON) $(BUILD)/libspectra.a tests/testlib.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Itests -o $@ $< $(TEST_COMMON) $(BUILD)/libspectra.a $(LDLIBS)
+
+$(BUILD)/bench/gpu/%: bench/gpu/%.cu $(BUILD)/libspectra.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libspectra.a $(LDLIBS)
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
 

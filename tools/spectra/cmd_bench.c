@@ -19,6 +19,7 @@ static void usage(FILE *f) {
                "  -r N            runs (int 1..100; default 5)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
+               "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
                "  --json          print one JSON object\n");
 }
 
@@ -27,16 +28,10 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static int32_t argmax(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
-}
-
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL;
     int64_t np = 512, ng = 128, reps = 5, threads = 0;
+    const char *backend = NULL;
     spx_kv_type kv = SPX_KV_F16;
     int json = 0;
     for (int i = 1; i < argc; i++) {
@@ -49,11 +44,12 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 20, &ng)) return 2; }
         else if (!strcmp(a, "-r")) { if (!cli_int(a, v, 1, 100, &reps)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("bench: unknown option '%s'", a); usage(stderr); return 2; }
     }
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
-    spx_model *m = cli_open_model(model, threads);
+    spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) return 1;
     int rc = 1;
     int64_t V = spx_model_vocab_size(m);
@@ -68,6 +64,7 @@ int cmd_bench(int argc, char **argv) {
     /* warm-up: fault in every weight page once, outside the timings */
     int32_t w0 = 1 % (int32_t)V;
     if (spx_session_eval(s, &w0, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+    if (ng > 0 && spx_session_step_greedy(s, w0, &w0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     for (int64_t r = 0; r < reps; r++) {
         for (int64_t i = 0; i < np + 1; i++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -83,10 +80,8 @@ int cmd_bench(int argc, char **argv) {
         if (ng > 0) {
             int32_t id = ids[np];
             double t0 = spx_now();
-            for (int64_t i = 0; i < ng; i++) {
-                if (spx_session_eval(s, &id, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
-                id = argmax(logits, V);
-            }
+            for (int64_t i = 0; i < ng; i++) /* greedy: on a GPU only the id crosses to the host */
+                if (spx_session_step_greedy(s, id, &id) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             tg[r] = (double)ng / (spx_now() - t0);
         }
         if (!json) fprintf(stderr, "\rrun %lld/%lld", (long long)(r + 1), (long long)reps);
@@ -99,15 +94,16 @@ int cmd_bench(int argc, char **argv) {
     double gbs = (double)bpt * tgm / 1e9;
     const char *kvn = kv == SPX_KV_F32 ? "f32" : kv == SPX_KV_Q4 ? "q4" : "f16";
     if (json) {
-        printf("{\"model\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
+        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %zu}\n",
-               model, spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
+               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
                pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
                spx_kv_bytes_per_token(s->kv.type, m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim));
     } else {
-        printf("model %s, %d threads, kv %s, %lld runs\n", model, spx_pool_size(m->pool), kvn, (long long)reps);
+        printf("model %s, backend %s, %d threads, kv %s, %lld runs\n", model, spx_model_backend(m), spx_pool_size(m->pool),
+               kvn, (long long)reps);
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);
         if (ng)
             printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n  weights read per token: %.1f MB -> %.2f GB/s\n",

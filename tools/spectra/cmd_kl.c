@@ -23,6 +23,8 @@ static void usage(FILE *f) {
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
+               "  --backend B     for the models under test (the reference runs on cpu): cpu, cuda or auto\n"
+               "                  (auto: cuda if built in and a GPU is present; default cpu)\n"
                "  --json          print the result as JSON\n");
 }
 
@@ -56,6 +58,7 @@ int cmd_kl(int argc, char **argv) {
     int nm = 0;
     memset(ms, 0, sizeof ms);
     int64_t ctx = 512, chunks = 0, threads = 0;
+    const char *backend = NULL;
     spx_kv_type kv = SPX_KV_F16;
     int compat = 0, json = 0;
     for (int i = 1; i < argc; i++) {
@@ -73,6 +76,7 @@ int cmd_kl(int argc, char **argv) {
         else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) { if (!cli_int(a, v, 2, 1 << 20, &ctx)) return 2; }
         else if (!strcmp(a, "--chunks")) { if (!cli_int(a, v, 1, 1 << 30, &chunks)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("kl: unknown option '%s'", a); usage(stderr); return 2; }
     }
@@ -87,7 +91,7 @@ int cmd_kl(int argc, char **argv) {
     if (!mr) return 1;
     int64_t V = spx_model_vocab_size(mr);
     for (int k = 0; k < nm; k++) {
-        if (!(ms[k].m = cli_open_model(ms[k].path, threads))) goto done;
+        if (!(ms[k].m = cli_open_model_on(ms[k].path, threads, backend))) goto done;
         if (spx_model_vocab_size(ms[k].m) != V) {
             cli_error("kl: vocabularies differ (%s: %lld, %s: %lld)", ref, (long long)V, ms[k].path,
                       (long long)spx_model_vocab_size(ms[k].m));

@@ -14,12 +14,14 @@ static void usage(FILE *f) {
                "  --ids LIST     token ids, comma or space separated (fed as one sequence, no BOS added)\n"
                "  -o FILE        output: float32 little-endian, row-major [T, vocab]\n"
                "  --kv TYPE      KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
-               "  --threads N    worker threads (int, 1..1024; default: all CPUs)\n");
+               "  --threads N    worker threads (int, 1..1024; default: all CPUs)\n"
+               "  --backend B    cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n");
 }
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *out = NULL;
     int64_t threads = 0;
+    const char *backend = NULL;
     spx_kv_type kv = SPX_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -28,6 +30,7 @@ int cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "--ids")) { if (!(ids_s = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-o")) { if (!(out = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "--kv")) { if (!(v = cli_value(argc, argv, &i)) || !cli_kv(v, &kv)) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!(backend = cli_value(argc, argv, &i)) || !cli_backend(backend)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1024, &threads)) return 2;
         } else { cli_error("logits: unknown option '%s'", a); usage(stderr); return 2; }
@@ -36,7 +39,7 @@ int cmd_logits(int argc, char **argv) {
     size_t n = 0;
     int32_t *ids = cli_parse_ids(ids_s, &n);
     if (!ids) return 2;
-    spx_model *m = cli_open_model(model, threads);
+    spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) { free(ids); return 1; }
     int rc = 1;
     spx_session *s = NULL;

@@ -19,12 +19,14 @@ static void usage(FILE *f) {
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
+               "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
                "  --json          print the result as JSON\n");
 }
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int64_t ctx = 512, chunks = 0, threads = 0;
+    const char *backend = NULL;
     spx_kv_type kv = SPX_KV_F16;
     int compat = 0, json = 0;
     for (int i = 1; i < argc; i++) {
@@ -38,11 +40,12 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) { if (!cli_int(a, v, 2, 1 << 20, &ctx)) return 2; }
         else if (!strcmp(a, "--chunks")) { if (!cli_int(a, v, 1, 1 << 30, &chunks)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("perplexity: unknown option '%s'", a); usage(stderr); return 2; }
     }
     if (!file) { cli_error("perplexity: -f TEXT is required"); usage(stderr); return 2; }
-    spx_model *m = cli_open_model(model, threads);
+    spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) return 1;
     eval_windows w;
     if (!eval_windows_init(&w, m, file, ctx, chunks, compat)) { spx_model_free(m); return 1; }

@@ -26,12 +26,14 @@ static void usage(FILE *f) {
             "  --ctx N         context length (int; default: min(model max, 4096))\n"
             "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
+            "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
             "  -q, --quiet     no prompt echo and no statistics\n");
 }
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL, *ids_s = NULL;
     int64_t n_gen = 128, top_k = 40, threads = 0, n_ctx = 0, seed = -1;
+    const char *backend = NULL;
     spx_kv_type kv = SPX_KV_F16;
     double temp = 0.8, top_p = 0.95;
     int ignore_eos = 0, quiet = 0;
@@ -52,6 +54,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
+        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("run: unknown option '%s'", a); usage(stderr); return 2; }
     }
@@ -60,7 +63,7 @@ int cmd_run(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    spx_model *m = cli_open_model(model, threads);
+    spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) return 1;
     int rc = 1;
     int32_t *ids = NULL;
@@ -107,8 +110,9 @@ int cmd_run(int argc, char **argv) {
     double t1 = spx_now();
     int64_t n_done = 0;
     int32_t eos = spx_model_eos_id(m);
+    int32_t next = -1; /* greedy (--temp 0): the token step_greedy chose on the backend */
     for (; n_done < n_gen; n_done++) {
-        int32_t id = spx_sample(logits, V, &smp, &rng);
+        int32_t id = next >= 0 ? next : spx_sample(logits, V, &smp, &rng);
         int is_eos = id == eos;
         for (int k = 0; k < m->cfg.n_eos; k++) is_eos |= id == m->cfg.eos_ids[k];
         if (is_eos && !ignore_eos) break;
@@ -123,7 +127,9 @@ int cmd_run(int argc, char **argv) {
         fflush(stdout);
         if (n_done + 1 == n_gen) { n_done++; break; }
         if (spx_session_pos(s) >= s->n_ctx) { fprintf(stderr, "\n[context full]\n"); n_done++; break; }
-        if (spx_session_eval(s, &id, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+        if (temp <= 0) {
+            if (spx_session_step_greedy(s, id, &next) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+        } else if (spx_session_eval(s, &id, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     }
     if (ts) {
         const char *piece;

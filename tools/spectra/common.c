@@ -41,12 +41,20 @@ int32_t *cli_parse_ids(const char *s, size_t *n) {
     return ids;
 }
 
-spx_model *cli_open_model(const char *path, int64_t threads) {
+spx_model *cli_open_model(const char *path, int64_t threads) { return cli_open_model_on(path, threads, NULL); }
+
+int cli_backend(const char *s) {
+    if (!strcmp(s, "cpu") || !strcmp(s, "cuda") || !strcmp(s, "auto")) return 1;
+    cli_error("--backend: expected cpu, cuda or auto, got '%s'", s);
+    return 0;
+}
+
+spx_model *cli_open_model_on(const char *path, int64_t threads, const char *backend) {
     if (!path) {
         cli_error("no model given (-m MODEL: a Hugging Face folder or a .trdc file)");
         return NULL;
     }
-    spx_model_params mp = {.n_threads = (int32_t)threads};
+    spx_model_params mp = {.n_threads = (int32_t)threads, .backend = backend};
     spx_model *m = NULL;
     if (spx_model_open(path, &mp, &m) != SPX_OK) {
         cli_error("%s", spx_last_error());

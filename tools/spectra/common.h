@@ -11,6 +11,10 @@
 int32_t *cli_parse_ids(const char *s, size_t *n);
 /* Opens a model, printing the library's message on failure. */
 spx_model *cli_open_model(const char *path, int64_t threads);
+/* The same on a named backend ("cpu", "cuda", "auto"; NULL: cpu). */
+spx_model *cli_open_model_on(const char *path, int64_t threads, const char *backend);
+/* Checks --backend cpu|cuda|auto; prints an error and returns 0 otherwise. */
+int cli_backend(const char *s);
 /* Parses --kv f32|f16|q4; prints an error and returns 0 otherwise. */
 int cli_kv(const char *s, spx_kv_type *out);
 /* Reads a whole text file (for -f); prints an error and returns NULL. */

@@ -1,0 +1,274 @@
+/* bench_gemv.cu: the decode GEMV alone against the device's copy bandwidth.
+ *
+ *   bench_gemv [--json]
+ *
+ * First a device-to-device copy of 2 GiB (bytes read + written per second,
+ * the ceiling a memory-bound kernel is measured against), then the fused
+ * W4A16 GEMV on Llama-3.1-8B shapes: random codes, fp16 scales, zero
+ * nibbles and 1% fp16 outlier columns, as many copies of each matrix as
+ * make > 400 MB (so L2 holds none of them between launches), launched
+ * back to back inside a CUDA graph and timed with events (median of 7
+ * replays), for each kernel variant (impl 0: the default). Weight bytes
+ * per launch (codes + scales + zeros + outliers) over the time give GB/s.
+ * Also an FFMA throughput probe with denormal vs normal operands (the
+ * GEMV's nibble unpack relies on full-rate denormals). Prints a table (or
+ * one JSON line per row); --ncu: one plain launch per case, for ncu. */
+#include "cuda/gemv_q4.cuh"
+
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#define CK(call)                                                                                            \
+    do {                                                                                                    \
+        cudaError_t err_ = (call);                                                                          \
+        if (err_ != cudaSuccess) {                                                                          \
+            fprintf(stderr, "bench_gemv: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+__global__ void fill_random(uint8_t *p, size_t n, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        x ^= x >> 31;
+        x *= 0xBF58476D1CE4E5B9ull;
+        x ^= x >> 29;
+        p[i] = (uint8_t)x;
+    }
+}
+
+__global__ void fill_scales(__half *p, size_t n, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t x = (i + 7) * 0x9E3779B97F4A7C15ull ^ seed;
+        x ^= x >> 29;
+        p[i] = __float2half_rn(0.002f + 0.004f * (float)(x & 0xffff) / 65536.0f);
+    }
+}
+
+__global__ void fill_idx(int32_t *p, int n, int cols) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        p[i] = (int32_t)((int64_t)i * cols / n);
+}
+
+static spx_dqmat make_mat(int64_t rows, int64_t cols, int n_out, uint64_t seed, size_t *bytes) {
+    spx_dqmat d;
+    memset(&d, 0, sizeof d);
+    d.rows = rows;
+    d.cols = cols;
+    d.n_groups = (int)(cols / 32);
+    d.zrow = (d.n_groups + 1) / 2;
+    d.n_out = n_out;
+    size_t cb = (size_t)rows * cols / 2, sb = (size_t)rows * d.n_groups * 2, zb = (size_t)rows * d.zrow;
+    size_t ob = (size_t)rows * n_out * 2, ib = (size_t)n_out * 4;
+    uint8_t *c, *z;
+    __half *s, *ov;
+    int32_t *oi;
+    CK(cudaMalloc(&c, cb));
+    CK(cudaMalloc(&s, sb + 16));
+    CK(cudaMalloc(&z, zb + 16));
+    CK(cudaMalloc(&ov, ob ? ob : 2));
+    CK(cudaMalloc(&oi, ib ? ib : 4));
+    fill_random<<<1024, 256>>>(c, cb, seed);
+    fill_random<<<1024, 256>>>(z, zb, seed ^ 0x55);
+    fill_scales<<<1024, 256>>>(s, sb / 2, seed);
+    fill_scales<<<1024, 256>>>(ov, ob / 2, seed ^ 0x77);
+    if (n_out) fill_idx<<<16, 256>>>(oi, n_out, (int)cols);
+    CK(cudaGetLastError());
+    d.codes = c;
+    d.scales = s;
+    d.zeros = z;
+    d.oidx = n_out ? oi : NULL;
+    d.oval = n_out ? ov : NULL;
+    *bytes = cb + sb + zb + ob + ib;
+    return d;
+}
+
+static void free_mat(spx_dqmat &d) {
+    cudaFree((void *)d.codes);
+    cudaFree((void *)d.scales);
+    cudaFree((void *)d.zeros);
+    cudaFree((void *)d.oval);
+    cudaFree((void *)d.oidx);
+}
+
+/* FFMA throughput with a denormal (masked nibble) or a normal operand. */
+template <bool DEN> __global__ void fma_probe(float *out, uint32_t seed, int iters) {
+    float a[8];
+    uint32_t w = seed + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; i++) a[i] = 0.0f;
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t m = (w >> i) & 0xf0u;
+            a[i] = fmaf(__uint_as_float(DEN ? m : (m | 0x3f800000u)), 1.0001f, a[i]);
+        }
+        w = w * 1664525u + 1013904223u;
+    }
+    float t = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) t += a[i];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = t;
+}
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    int json = argc > 1 && !strcmp(argv[1], "--json");  /* [--json] [--ncu] */
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    int n_sm = prop.multiProcessorCount;
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    /* copy bandwidth */
+    size_t cbytes = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, cbytes));
+    CK(cudaMalloc(&b, cbytes));
+    fill_random<<<4096, 256>>>((uint8_t *)a, cbytes, 1);
+    CK(cudaMemcpyAsync(b, a, cbytes, cudaMemcpyDeviceToDevice, st));
+    std::vector<double> ct;
+    for (int r = 0; r < 9; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaMemcpyAsync(r & 1 ? a : b, r & 1 ? b : a, cbytes, cudaMemcpyDeviceToDevice, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ct.push_back(ms * 1e-3);
+    }
+    double copy_gbs = 2.0 * (double)cbytes / median(ct) / 1e9;
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    if (json) printf("{\"what\": \"copy\", \"bytes\": %zu, \"gbps\": %.1f}\n", cbytes, copy_gbs);
+    else printf("device %s (%d SMs): device-to-device copy %.1f GB/s (read + write)\n\n", prop.name, n_sm, copy_gbs);
+
+    {
+        float *o;
+        CK(cudaMalloc(&o, (size_t)n_sm * 8 * 256 * 4));
+        double tt[2];
+        for (int den = 0; den < 2; den++) {
+            for (int r = 0; r < 2; r++) {
+                CK(cudaEventRecord(e0, st));
+                if (den) fma_probe<true><<<n_sm * 8, 256, 0, st>>>(o, 1, 4096);
+                else fma_probe<false><<<n_sm * 8, 256, 0, st>>>(o, 1, 4096);
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                tt[den] = ms * 1e-3;
+            }
+        }
+        double n = (double)n_sm * 8 * 256 * 4096 * 8;
+        if (json) printf("{\"what\": \"ffma_probe\", \"normal_gflops\": %.1f, \"denormal_gflops\": %.1f}\n", n / tt[0] / 1e9, n / tt[1] / 1e9);
+        else printf("FFMA probe: normal operand %.1f G/s, denormal operand %.1f G/s\n", n / tt[0] / 1e9, n / tt[1] / 1e9);
+        CK(cudaFree(o));
+    }
+    CK(spx_gemv_q4_setup(SPX_GEMV_MAX_COLS));
+    const int n_impls = spx_gemv_q4_impls();
+    const int ncu = argc > 1 && !strcmp(argv[argc - 1], "--ncu");
+    struct { const char *name; int64_t rows, cols; int mode; } cases[] = {
+        {"down 4096x14336", 4096, 14336, SPX_GEMV_STORE},
+        {"up 14336x4096", 14336, 4096, SPX_GEMV_STORE},
+        {"gate+up swiglu 2x14336x4096", 14336, 4096, SPX_GEMV_SWIGLU},
+        {"q 4096x4096", 4096, 4096, SPX_GEMV_STORE},
+        {"qkv 6144x4096 (3 mats)", 4096, 4096, -1},
+        {"lm_head 128256x4096 argmax", 128256, 4096, SPX_GEMV_ARGMAX},
+    };
+    if (!json) printf("%-30s %4s %9s %9s %9s %8s\n", "gemv", "impl", "MB", "us", "GB/s", "of copy");
+    float *x, *y;
+    CK(cudaMalloc(&x, 14336 * 4));
+    CK(cudaMalloc(&y, 128256 * 4 * 2));
+    fill_scales<<<64, 256>>>((__half *)x, 14336 * 2, 3); /* any finite values */
+    unsigned long long *best;
+    CK(cudaMalloc(&best, 8));
+    for (auto &c : cases) {
+        int n_mats = c.mode == SPX_GEMV_SWIGLU ? 2 : c.mode == -1 ? 3 : 1;
+        int64_t rows[3] = {c.rows, c.mode == -1 ? 1024 : c.rows, 1024};
+        size_t per = 0;
+        std::vector<std::vector<spx_dqmat>> sets;
+        while (sets.size() < 2 || per * sets.size() < ((size_t)400 << 20)) {
+            std::vector<spx_dqmat> s;
+            size_t tot = 0;
+            for (int i = 0; i < n_mats; i++) {
+                size_t bb;
+                s.push_back(make_mat(rows[i], c.cols, (int)(c.cols / 100), 1000 * sets.size() + i, &bb));
+                tot += bb;
+            }
+            per = tot;
+            sets.push_back(s);
+        }
+        CK(cudaDeviceSynchronize());
+        for (int impl = 0; impl < (ncu ? 1 : n_impls); impl++) {
+        if (ncu) { /* one plain launch per case for the profiler */
+            spx_gemv_args ga;
+            memset(&ga, 0, sizeof ga);
+            for (int k = 0; k < n_mats; k++) {
+                ga.w[k] = sets[0][k];
+                ga.o[k].y = y + (k == 2 ? 4096 + 1024 : k * rows[0]);
+            }
+            ga.n_mats = n_mats;
+            ga.mode = c.mode == -1 ? SPX_GEMV_STORE : c.mode;
+            ga.x = x;
+            ga.best = best;
+            CK(spx_gemv_q4(ga, n_sm, st));
+            CK(cudaStreamSynchronize(st));
+            continue;
+        }
+        const int launches = 64;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+        for (int i = 0; i < launches; i++) {
+            const std::vector<spx_dqmat> &s = sets[i % sets.size()];
+            spx_gemv_args ga;
+            memset(&ga, 0, sizeof ga);
+            for (int k = 0; k < n_mats; k++) {
+                ga.w[k] = s[k];
+                ga.o[k].y = y + (k == 2 ? 4096 + 1024 : k * rows[0]);
+            }
+            ga.n_mats = n_mats;
+            ga.mode = c.mode == -1 ? SPX_GEMV_STORE : c.mode;
+            ga.x = x;
+            ga.best = best;
+            ga.impl = impl;
+            CK(spx_gemv_q4(ga, n_sm, st));
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphLaunch(ge, st));
+        std::vector<double> t;
+        for (int r = 0; r < 7; r++) {
+            CK(cudaEventRecord(e0, st));
+            CK(cudaGraphLaunch(ge, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms * 1e-3 / launches);
+        }
+        double tm = median(t), gbs = (double)per / tm / 1e9;
+        if (json)
+            printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": %d, \"bytes\": %zu, \"us\": %.2f, \"gbps\": %.1f, "
+                   "\"of_copy\": %.3f}\n",
+                   c.name, impl, per, tm * 1e6, gbs, gbs / copy_gbs);
+        else
+            printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%\n", c.name, impl, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        }
+        for (auto &s : sets)
+            for (auto &m : s) free_mat(m);
+    }
+    return 0;
+}

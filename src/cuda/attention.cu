@@ -1,0 +1,209 @@
+/* attention.cu: split-K GQA attention over the fp16 cache (see
+ * attention.cuh).
+ *
+ * Block = 4 warps, one (KV head, group of <= 4 q heads, split, token).
+ * Warps take 32-key tiles in turn; in a tile lane i owns key k0 + i: it
+ * computes its scores for every head (K row read with 16-byte loads, q
+ * broadcast from shared memory), the warp updates its running max / sum,
+ * then for each of the 32 keys the probability is broadcast by shuffle
+ * and every lane accumulates its hd/32 output dimensions from the V row
+ * (coalesced across lanes). The 4 warps merge through shared memory. */
+#include "cuda/attention.cuh"
+
+#define AT_WARPS 4
+#define AT_HB 4 /* q heads per block */
+
+template <int ND>
+__global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_constant__ spx_attn_args a) {
+    extern __shared__ float at_sm[];
+    spx_pdl_trigger();
+    spx_pdl_wait();
+    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
+    const int kvh = blockIdx.x / HBn, hb = blockIdx.x % HBn;
+    const int h0 = kvh * G + hb * AT_HB;
+    const int nhb = min(AT_HB, G - hb * AT_HB);
+    const int split = blockIdx.y, t = blockIdx.z;
+    const int hd = a.hd, qd = a.nh * hd;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t kvd = (int64_t)a.nkv * hd;
+    const int64_t p = (int64_t)a.pos[0] + t;
+    int64_t start = 0;
+    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
+    const int64_t end = p + 1, len = end - start;
+    const int64_t ntiles = (len + 31) / 32;
+    const int64_t per = (ntiles + a.n_splits - 1) / a.n_splits; /* tiles per split */
+    const int64_t k_begin = start + (int64_t)split * per * 32;
+    const int64_t k_end = min(end, k_begin + per * 32);
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    float *qs = at_sm; /* [AT_HB][hd] */
+    for (int i = threadIdx.x; i < AT_HB * hd; i += blockDim.x) {
+        int hh = i / hd, d = i - hh * hd;
+        qs[i] = hh < nhb ? a.q[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] : 0.0f;
+    }
+    __syncthreads();
+
+    float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
+    }
+    const __half *kbase = a.kc + (int64_t)kvh * hd, *vbase = a.vc + (int64_t)kvh * hd;
+    const bool vec8 = (hd & 7) == 0;
+
+    for (int64_t k0 = k_begin + warp * 32; k0 < k_end; k0 += AT_WARPS * 32) {
+        const int64_t key = k0 + lane;
+        const bool valid = key < k_end;
+        float s[AT_HB];
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) s[hh] = 0.0f;
+        if (valid) {
+            const __half *kr = kbase + key * kvd;
+            if (vec8) {
+                for (int d = 0; d < hd; d += 8) {
+                    uint4 u = *reinterpret_cast<const uint4 *>(kr + d);
+                    const __half2 *h2 = reinterpret_cast<const __half2 *>(&u);
+                    float kf[8];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float2 f = __half22float2(h2[e]);
+                        kf[2 * e] = f.x;
+                        kf[2 * e + 1] = f.y;
+                    }
+#pragma unroll
+                    for (int hh = 0; hh < AT_HB; hh++) {
+                        const float *qq = qs + hh * hd + d;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) s[hh] = fmaf(qq[e], kf[e], s[hh]);
+                    }
+                }
+            } else {
+                for (int d = 0; d < hd; d++) {
+                    float kv = __half2float(kr[d]);
+#pragma unroll
+                    for (int hh = 0; hh < AT_HB; hh++) s[hh] = fmaf(qs[hh * hd + d], kv, s[hh]);
+                }
+            }
+        }
+        float ps[AT_HB];
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) {
+            float sc = valid ? s[hh] * scale : -INFINITY;
+            float mn = fmaxf(m[hh], spx_warp_max(sc)); /* finite: lane 0's key is valid */
+            float corr = expf(m[hh] - mn);
+            float pr = valid ? expf(sc - mn) : 0.0f;
+            l[hh] = l[hh] * corr + spx_warp_sum(pr);
+            m[hh] = mn;
+#pragma unroll
+            for (int dd = 0; dd < ND; dd++) acc[hh][dd] *= corr;
+            ps[hh] = pr;
+        }
+        const int nvalid = (int)min((int64_t)32, k_end - k0);
+        for (int j = 0; j < nvalid; j++) {
+            const __half *vr = vbase + (k0 + j) * kvd;
+            float vv[ND];
+#pragma unroll
+            for (int dd = 0; dd < ND; dd++) {
+                int d = lane + 32 * dd;
+                vv[dd] = d < hd ? __half2float(vr[d]) : 0.0f;
+            }
+#pragma unroll
+            for (int hh = 0; hh < AT_HB; hh++) {
+                float pj = __shfl_sync(0xffffffffu, ps[hh], j);
+#pragma unroll
+                for (int dd = 0; dd < ND; dd++) acc[hh][dd] = fmaf(pj, vv[dd], acc[hh][dd]);
+            }
+        }
+    }
+
+    __syncthreads(); /* q no longer needed: reuse shared memory */
+    float *wm = at_sm, *wl = wm + AT_WARPS * AT_HB, *wacc = wl + AT_WARPS * AT_HB;
+    if (lane == 0)
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) {
+            wm[warp * AT_HB + hh] = m[hh];
+            wl[warp * AT_HB + hh] = l[hh];
+        }
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++)
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) {
+            int d = lane + 32 * dd;
+            if (d < hd) wacc[(warp * AT_HB + hh) * hd + d] = acc[hh][dd];
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nhb * hd; i += blockDim.x) {
+        int hh = i / hd, d = i - hh * hd;
+        float M = -INFINITY;
+        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w * AT_HB + hh]);
+        float L = 0.0f, O = 0.0f;
+        for (int w = 0; w < AT_WARPS; w++) {
+            float mw = wm[w * AT_HB + hh];
+            if (mw != -INFINITY) {
+                float f = expf(mw - M);
+                L += wl[w * AT_HB + hh] * f;
+                O += wacc[(w * AT_HB + hh) * hd + d] * f;
+            }
+        }
+        const int h = h0 + hh;
+        if (gridDim.y == 1) {
+            a.out[(int64_t)t * qd + (int64_t)h * hd + d] = O / L;
+        } else {
+            float *pp = a.part + (((int64_t)t * a.nh + h) * a.n_splits + split) * (hd + 2);
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+            pp[2 + d] = O;
+        }
+    }
+}
+
+__global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
+    spx_pdl_trigger();
+    spx_pdl_wait();
+    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, S = a.n_splits;
+    const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float L = 0.0f, O = 0.0f;
+        for (int s = 0; s < S; s++) {
+            float ms = pp[s * (hd + 2)];
+            if (ms != -INFINITY) {
+                float f = expf(ms - M);
+                L += pp[s * (hd + 2) + 1] * f;
+                O += pp[s * (hd + 2) + 2 + d] * f;
+            }
+        }
+        a.out[(int64_t)t * a.nh * hd + (int64_t)h * hd + d] = O / L;
+    }
+}
+
+int spx_attention_blocks_per_split(int n_tok, int nh, int nkv) {
+    int G = nkv > 0 ? nh / nkv : 1;
+    return n_tok * nkv * ((G + AT_HB - 1) / AT_HB);
+}
+
+cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl) {
+    if (a.n_tok <= 0) return cudaSuccess;
+    if (a.hd <= 0 || a.hd > SPX_ATTN_MAX_HD || a.nkv <= 0 || a.nh % a.nkv || a.n_splits < 1)
+        return cudaErrorInvalidValue;
+    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
+    int q_f = AT_HB * a.hd, m_f = 2 * AT_WARPS * AT_HB + AT_WARPS * AT_HB * a.hd;
+    size_t smem = (size_t)(q_f > m_f ? q_f : m_f) * sizeof(float);
+    dim3 grid((unsigned)(a.nkv * HBn), (unsigned)a.n_splits, (unsigned)a.n_tok);
+    int nd = (a.hd + 31) / 32;
+    void (*kern)(const spx_attn_args) = nd <= 1 ? attn_split_kernel<1>
+                                       : nd <= 2 ? attn_split_kernel<2>
+                                       : nd <= 4 ? attn_split_kernel<4>
+                                                 : attn_split_kernel<8>;
+    cudaError_t err = spx_launch(kern, grid, dim3(AT_WARPS * 32), smem, st, pdl, a);
+    if (err == cudaSuccess) err = cudaGetLastError();
+    if (err != cudaSuccess || a.n_splits == 1) return err;
+    err = spx_launch(attn_combine_kernel, dim3((unsigned)a.nh, (unsigned)a.n_tok), dim3(128), 0, st, pdl, a);
+    return err != cudaSuccess ? err : cudaGetLastError();
+}

@@ -1,0 +1,570 @@
+/* backend.cu: the CUDA backend (spx_backend table, engine/backend.h).
+ *
+ * model_init uploads every quantized matrix component by component exactly
+ * as laid out in the .trdc map (codes, fp16 scales, packed zero nibbles,
+ * outlier indices and values: no re-layout) into one device allocation,
+ * plus norm gains, biases and RoPE frequencies as float32. Dense matrices
+ * are refused ("compress first"): this backend runs 4-bit G32 .trdc models.
+ *
+ * session_init allocates the device KV cache (fp16, the CPU's layout) and
+ * scratch for SPX_BATCH_MAX tokens. forward(n) runs the same math as the
+ * CPU reference (engine/forward.c): n == 1 through the fused GEMV path
+ * (RMSNorm in the GEMV prologue, merged Q/K/V launch, residual adds and
+ * SwiGLU in GEMV epilogues), n >= 2 through the tensor-core GEMM. Every
+ * kernel reads the position (and the embedding its token ids) from device
+ * memory, so step_greedy captures one decode step (ending with the argmax
+ * and the position advance on the device) in a CUDA graph once per
+ * session and replays it; only the next token id comes back to the host.
+ *
+ * The single-token kernels are chained with programmatic dependent launch
+ * (each fetches its first weights before waiting for the previous one);
+ * SPECTRA_CUDA_PDL=0 turns that off (for measurements).
+ *
+ * Limits: one device (the first); fp16 KV cache only (--kv q4 / f32 are
+ * refused with a message); head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
+ * The host-side KV cache and scratch that api.c allocates for every
+ * session stay unused here. */
+#include "cuda/act.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/cuda_check.h"
+#include "cuda/embed.cuh"
+#include "cuda/gemm_q4.cuh"
+#include "cuda/gemv_q4.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/sample.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "core/dtype.h"
+#include "engine/backend.h"
+#include "engine/session.h"
+}
+
+/* ---- per-model device state ------------------------------------------- */
+
+struct cu_layer {
+    spx_dqmat wq, wk, wv, wo, wg, wu, wd;
+    float *attn_norm, *mlp_norm, *q_norm, *k_norm;
+    float *bq, *bk, *bv, *bo, *bg, *bu, *bd;
+};
+
+struct cu_model {
+    int dev, n_sm;
+    bool pdl;                 /* decode kernels use programmatic dependent launch */
+    uint8_t *arena;
+    size_t arena_bytes;
+    cu_layer *layers;
+    spx_dqmat embed, lm_head;
+    float *final_norm, *inv_freq;
+};
+
+/* Two passes over the weights: the first (dry) sizes the arena, the second
+ * copies. Every component starts 256-byte aligned. */
+struct uploader {
+    uint8_t *base;
+    size_t off;
+    int dry;
+    cudaError_t err;
+};
+
+static void *up_take(uploader *u, const void *src, size_t n) {
+    size_t o = (u->off + 255) & ~(size_t)255;
+    u->off = o + n + 16; /* slack: the GEMV reads scale/zero words aligned down */
+    if (u->dry) return NULL;
+    if (n && u->err == cudaSuccess) u->err = cudaMemcpy(u->base + o, src, n, cudaMemcpyHostToDevice);
+    return u->base + o;
+}
+
+static float *up_vec(uploader *u, const float *v, int64_t n) {
+    return v ? (float *)up_take(u, v, (size_t)n * sizeof(float)) : NULL;
+}
+
+static spx_dqmat up_mat(uploader *u, const spx_wmat *w) {
+    const spx_qtensor *q = &w->q;
+    spx_dqmat d;
+    memset(&d, 0, sizeof d);
+    d.rows = q->rows;
+    d.cols = q->cols;
+    d.n_groups = (int)(q->cols / SPX_CUDA_GROUP);
+    d.zrow = (d.n_groups + 1) / 2;
+    d.n_out = (int)q->n_outliers;
+    size_t r = (size_t)q->rows;
+    d.codes = (const uint8_t *)up_take(u, q->codes, r * (size_t)(q->cols / 2));
+    d.scales = (const __half *)up_take(u, q->scales, r * (size_t)d.n_groups * 2);
+    d.zeros = (const uint8_t *)up_take(u, q->zeros, r * (size_t)d.zrow);
+    if (d.n_out > 0) {
+        d.oidx = (const int32_t *)up_take(u, q->outlier_idx, (size_t)d.n_out * 4);
+        d.oval = (const __half *)up_take(u, q->outlier_val, r * (size_t)d.n_out * 2);
+    }
+    return d;
+}
+
+static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *name, spx_err *e) {
+    if (w->kind != SPX_WM_QUANT)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: matrix '%s' is dense %s; the cuda backend runs 4-bit .trdc models: compress first "
+                        "(spectra compress -m MODEL -o MODEL.trdc)",
+                        m->path, name, spx_dtype_name(w->dtype));
+    const spx_qtensor *q = &w->q;
+    if (q->bits != 4 || q->group != SPX_CUDA_GROUP)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: matrix '%s' has %d-bit codes in groups of %d; the cuda backend runs 4 bits in groups of "
+                        "32 (recompress with --bits 4 --group 32)",
+                        m->path, name, (int)q->bits, (int)q->group);
+    if (q->cols % SPX_CUDA_GROUP || q->cols > SPX_GEMV_MAX_COLS || q->rows >= ((int64_t)1 << 31))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: matrix '%s' is [%lld, %lld]; the cuda backend needs cols <= %d",
+                        m->path, name, (long long)q->rows, (long long)q->cols, SPX_GEMV_MAX_COLS);
+    return SPX_OK;
+}
+
+/* Uploads (or, dry, sizes) everything. */
+static void upload_all(uploader *u, const spx_model *m, cu_model *cm) {
+    const spx_config *c = &m->cfg;
+    int64_t H = c->hidden_size, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    int64_t I = c->intermediate_size;
+    cm->embed = up_mat(u, &m->embed);
+    if (m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes) cm->lm_head = cm->embed;
+    else cm->lm_head = up_mat(u, &m->lm_head);
+    cm->final_norm = up_vec(u, m->final_norm, H);
+    cm->inv_freq = up_vec(u, m->rope_inv_freq, hd / 2);
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        const spx_layer *L = &m->layers[l];
+        cu_layer *D = &cm->layers[l];
+        D->wq = up_mat(u, &L->wq);
+        D->wk = up_mat(u, &L->wk);
+        D->wv = up_mat(u, &L->wv);
+        D->wo = up_mat(u, &L->wo);
+        D->wg = up_mat(u, &L->w_gate);
+        D->wu = up_mat(u, &L->w_up);
+        D->wd = up_mat(u, &L->w_down);
+        D->attn_norm = up_vec(u, L->attn_norm, H);
+        D->mlp_norm = up_vec(u, L->mlp_norm, H);
+        D->q_norm = up_vec(u, L->q_norm, hd);
+        D->k_norm = up_vec(u, L->k_norm, hd);
+        D->bq = up_vec(u, L->bq, qd);
+        D->bk = up_vec(u, L->bk, kvd);
+        D->bv = up_vec(u, L->bv, kvd);
+        D->bo = up_vec(u, L->bo, H);
+        D->bg = up_vec(u, L->b_gate, I);
+        D->bu = up_vec(u, L->b_up, I);
+        D->bd = up_vec(u, L->b_down, H);
+    }
+}
+
+static void cu_model_free(spx_model *m) {
+    cu_model *cm = (cu_model *)m->be_state;
+    if (!cm) return;
+    cudaSetDevice(cm->dev);
+    if (cm->arena) cudaFree(cm->arena);
+    free(cm->layers);
+    free(cm);
+    m->be_state = NULL;
+}
+
+static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
+    const spx_config *c = &m->cfg;
+    int n_dev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess || n_dev < 1) {
+        cudaGetLastError();
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: no CUDA device is available (%s); use --backend cpu", m->path,
+                        ce != cudaSuccess ? cudaGetErrorString(ce) : "device count 0");
+    }
+    cm->dev = 0;
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    SPX_CUDA_TRY(e, cudaDeviceGetAttribute(&cm->n_sm, cudaDevAttrMultiProcessorCount, cm->dev));
+    const char *pdl = getenv("SPECTRA_CUDA_PDL"); /* benchmarking knob: 0 turns PDL off */
+    cm->pdl = !(pdl && !strcmp(pdl, "0"));
+
+    if (c->head_dim > SPX_ATTN_MAX_HD || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: head_dim %lld with %lld heads / %lld KV heads; the cuda backend needs an even head_dim <= "
+                        "%d and heads a multiple of KV heads",
+                        m->path, (long long)c->head_dim, (long long)c->n_heads, (long long)c->n_kv_heads,
+                        SPX_ATTN_MAX_HD);
+    char nm[160];
+    SPX_TRY(check_mat(m, &m->embed, "model.embed_tokens.weight", e));
+    SPX_TRY(check_mat(m, &m->lm_head, "lm_head.weight", e));
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        const spx_layer *L = &m->layers[l];
+        const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const char *n[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                           "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+        for (int i = 0; i < 7; i++) {
+            snprintf(nm, sizeof nm, "model.layers.%lld.%s.weight", (long long)l, n[i]);
+            SPX_TRY(check_mat(m, w[i], nm, e));
+        }
+    }
+    cm->layers = (cu_layer *)calloc((size_t)c->n_layers, sizeof *cm->layers);
+    if (!cm->layers) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+
+    uploader u;
+    memset(&u, 0, sizeof u);
+    u.dry = 1;
+    upload_all(&u, m, cm);
+    cm->arena_bytes = u.off;
+    size_t free_b = 0, total_b = 0;
+    SPX_CUDA_TRY(e, cudaMemGetInfo(&free_b, &total_b));
+    if (m->vram_budget_mb > 0 && cm->arena_bytes > (size_t)m->vram_budget_mb << 20)
+        return spx_fail(e, SPX_ERR_NOMEM, "%s: the weights need %.1f MiB of device memory; the budget is %lld MiB",
+                        m->path, (double)cm->arena_bytes / (1 << 20), (long long)m->vram_budget_mb);
+    if (cm->arena_bytes > free_b)
+        return spx_fail(e, SPX_ERR_NOMEM, "%s: the weights need %.1f MiB of device memory; %.1f MiB are free", m->path,
+                        (double)cm->arena_bytes / (1 << 20), (double)free_b / (1 << 20));
+    SPX_CUDA_TRY(e, cudaMalloc((void **)&cm->arena, cm->arena_bytes));
+    memset(&u, 0, sizeof u);
+    u.base = cm->arena;
+    upload_all(&u, m, cm);
+    SPX_CUDA_TRY(e, u.err);
+    SPX_CUDA_TRY(e, spx_gemv_q4_setup(m->max_cols));
+    return SPX_OK;
+}
+
+static spx_status cu_model_init(spx_model *m, spx_err *e) {
+    cu_model *cm = (cu_model *)calloc(1, sizeof *cm);
+    if (!cm) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    m->be_state = cm;
+    spx_status st = cu_model_init_inner(m, cm, e);
+    if (st != SPX_OK) cu_model_free(m);
+    return st;
+}
+
+/* ---- per-session device state ------------------------------------------ */
+
+enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3 };
+
+#define CU_PART_TOK_SPLITS 128 /* n_tok * n_splits bound when splitting */
+
+struct cu_sess {
+    cudaStream_t st;
+    __half *kc, *vc;                 /* [n_layers, n_ctx, kvd] */
+    float *h, *x, *q, *k, *v, *att, *gate, *up, *logits, *part;
+    float *ws;                       /* split-K workspace of the GEMM */
+    size_t ws_floats;
+    __half *x16;                     /* [B, max(H, qd, I)] */
+    int32_t *d_ids, *d_pos;
+    unsigned long long *d_best;
+    int32_t *pin;                    /* pinned: [B] ids, [B] pos, [B + 1] next id */
+    cudaGraphExec_t graph;
+    int have_graph;
+    int dev_known;                   /* device pos/ids[0] mirror the fields below */
+    int64_t dev_pos;
+    int32_t dev_tok;
+    int dec_splits;
+    void *allocs[32];                /* every cudaMalloc above, freed in session_free */
+    int n_allocs;
+};
+
+static cudaError_t sess_alloc(cu_sess *cs, void **p, size_t bytes) {
+    *p = NULL;
+    if (cs->n_allocs >= (int)(sizeof cs->allocs / sizeof cs->allocs[0])) return cudaErrorInvalidValue;
+    cudaError_t err = cudaMalloc(p, bytes ? bytes : 1);
+    if (err == cudaSuccess) cs->allocs[cs->n_allocs++] = *p;
+    return err;
+}
+
+static void cu_session_free(spx_session *s) {
+    cu_sess *cs = (cu_sess *)s->be_state;
+    if (!cs) return;
+    cu_model *cm = (cu_model *)s->m->be_state;
+    cudaSetDevice(cm->dev);
+    if (cs->st) cudaStreamSynchronize(cs->st);
+    if (cs->have_graph) cudaGraphExecDestroy(cs->graph);
+    for (int i = 0; i < cs->n_allocs; i++) cudaFree(cs->allocs[i]);
+    if (cs->pin) cudaFreeHost(cs->pin);
+    if (cs->st) cudaStreamDestroy(cs->st);
+    free(cs);
+    s->be_state = NULL;
+}
+
+static int splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
+    int bps = spx_attention_blocks_per_split(n_tok, (int)c->n_heads, (int)c->n_kv_heads);
+    int64_t S = (2 * (int64_t)cm->n_sm + bps - 1) / bps;
+    int64_t tiles = (max_keys + 31) / 32;
+    if (S > tiles) S = tiles;
+    if (S * n_tok > CU_PART_TOK_SPLITS) S = CU_PART_TOK_SPLITS / n_tok;
+    return S < 1 ? 1 : (int)S;
+}
+
+static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e) {
+    const spx_model *m = s->m;
+    const cu_model *cm = (const cu_model *)m->be_state;
+    const spx_config *c = &m->cfg;
+    if (s->kv.type != SPX_KV_F16)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "the cuda backend keeps the KV cache in fp16 (--kv f16); --kv %s is not supported on the "
+                        "device yet",
+                        s->kv.type == SPX_KV_Q4 ? "q4" : "f32");
+    if (s->n_ctx >= ((int64_t)1 << 31)) return spx_fail(e, SPX_ERR_ARG, "context too large for the cuda backend");
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
+    size_t B = SPX_BATCH_MAX, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t hd = (size_t)c->head_dim, qd = (size_t)c->n_heads * hd, kvd = (size_t)c->n_kv_heads * hd;
+    size_t V = (size_t)c->vocab_size, L = (size_t)c->n_layers, T = (size_t)s->n_ctx;
+    size_t wide = H > qd ? H : qd;
+    if (I > wide) wide = I;
+    size_t kv_bytes = L * T * kvd * 2;
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->kc, kv_bytes));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->vc, kv_bytes));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->h, B * H * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x, B * wide * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->q, B * qd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->k, B * kvd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->v, B * kvd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->att, B * qd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->gate, B * I * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->up, B * I * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, B * V * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->part, (size_t)CU_PART_TOK_SPLITS * (size_t)c->n_heads * (hd + 2) * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x16, B * wide * 2));
+    cs->ws_floats = 4 * B * wide;
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ws, cs->ws_floats * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_ids, B * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
+    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_best, 0, 8, cs->st));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_pos, 0, 4, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    cs->dec_splits = splits_for(cm, c, 1, s->n_ctx);
+    return SPX_OK;
+}
+
+static spx_status cu_session_init(spx_session *s, spx_err *e) {
+    cu_sess *cs = (cu_sess *)calloc(1, sizeof *cs);
+    if (!cs) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    s->be_state = cs;
+    spx_status st = cu_session_init_inner(s, cs, e);
+    if (st != SPX_OK) cu_session_free(s);
+    return st;
+}
+
+/* ---- the forward pass ---------------------------------------------------- */
+
+static spx_gemv_args gemv_one(const spx_dqmat &w, const float *x, float *y, const float *bias, int mode) {
+    spx_gemv_args g;
+    memset(&g, 0, sizeof g);
+    g.w[0] = w;
+    g.o[0].y = y;
+    g.o[0].bias = bias;
+    g.n_mats = 1;
+    g.mode = mode;
+    g.x = x;
+    return g;
+}
+
+static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __half *x, int64_t ldx, float *y,
+                              int64_t ldy, const float *bias, int M, int accumulate) {
+    spx_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.ws = cs->ws;
+    g.ws_floats = cs->ws_floats;
+    g.w = w;
+    g.x = x;
+    g.ldx = ldx;
+    g.y = y;
+    g.ldy = ldy;
+    g.bias = bias;
+    g.M = M;
+    g.accumulate = accumulate;
+    return g;
+}
+
+/* Enqueues the forward pass of n tokens (ids in cs->d_ids, position of the
+ * first in cs->d_pos) on cs->st. Nothing here reads host state that
+ * changes between steps, so it can be captured. */
+static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e) {
+    const spx_model *m = s->m;
+    const cu_model *cm = (const cu_model *)m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    const spx_config *c = &m->cfg;
+    cudaStream_t st = cs->st;
+    const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    const int nh = (int)c->n_heads, nkv = (int)c->n_kv_heads;
+    const int64_t qd = nh * hd, kvd = nkv * hd, V = c->vocab_size;
+    const float eps = c->rms_eps;
+    const int nsm = cm->n_sm;
+    const bool pdl = cm->pdl && n == 1; /* the decode chain only */
+
+    SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        const cu_layer *L = &cm->layers[l];
+        __half *kc = cs->kc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
+        __half *vc = cs->vc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
+        /* attention block */
+        if (n == 1) {
+            spx_gemv_args g = gemv_one(L->wq, cs->h, cs->q, L->bq, SPX_GEMV_STORE);
+            g.w[1] = L->wk;
+            g.o[1].y = cs->k;
+            g.o[1].bias = L->bk;
+            g.w[2] = L->wv;
+            g.o[2].y = cs->v;
+            g.o[2].bias = L->bv;
+            g.n_mats = 3;
+            g.gain = L->attn_norm;
+            g.eps = eps;
+            SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
+        } else {
+            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->attn_norm, eps, n, H, NULL, cs->x16, st));
+            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wk, cs->x16, H, cs->k, kvd, L->bk, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wv, cs->x16, H, cs->v, kvd, L->bv, n, 0), nsm, st));
+        }
+        spx_rope_args ra;
+        memset(&ra, 0, sizeof ra);
+        ra.q = cs->q;
+        ra.k = cs->k;
+        ra.v = cs->v;
+        ra.n_tok = n;
+        ra.nh = nh;
+        ra.nkv = nkv;
+        ra.hd = (int)hd;
+        ra.inv_freq = cm->inv_freq;
+        ra.q_norm = L->q_norm;
+        ra.k_norm = L->k_norm;
+        ra.eps = eps;
+        ra.pos = cs->d_pos;
+        ra.kc = kc;
+        ra.vc = vc;
+        SPX_CUDA_TRY(e, spx_rope_store(ra, st, pdl));
+        spx_attn_args aa;
+        memset(&aa, 0, sizeof aa);
+        aa.q = cs->q;
+        aa.kc = kc;
+        aa.vc = vc;
+        aa.out = cs->att;
+        aa.part = cs->part;
+        aa.n_tok = n;
+        aa.nh = nh;
+        aa.nkv = nkv;
+        aa.hd = (int)hd;
+        aa.window = (int)c->sliding_window;
+        aa.n_splits = n_splits;
+        aa.pos = cs->d_pos;
+        SPX_CUDA_TRY(e, spx_attention(aa, st, pdl));
+        if (n == 1) {
+            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD), nsm, st, pdl));
+        } else {
+            SPX_CUDA_TRY(e, spx_to_half(cs->att, (int64_t)n * qd, cs->x16, st));
+            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wo, cs->x16, qd, cs->h, H, L->bo, n, 1), nsm, st));
+        }
+        /* MLP block */
+        if (n == 1) {
+            spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, SPX_GEMV_SWIGLU);
+            g.w[1] = L->wu;
+            g.o[1].bias = L->bu;
+            g.n_mats = 2;
+            g.gain = L->mlp_norm;
+            g.eps = eps;
+            SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD), nsm, st, pdl));
+        } else {
+            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
+            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wu, cs->x16, H, cs->up, I, L->bu, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)n * I, NULL, cs->x16, st));
+            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wd, cs->x16, I, cs->h, H, L->bd, n, 1), nsm, st));
+        }
+    }
+    if (lmode == LM_NONE) return SPX_OK;
+    if (lmode == LM_ALL && n > 1) {
+        SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, cm->final_norm, eps, n, H, NULL, cs->x16, st));
+        SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, cm->lm_head, cs->x16, H, cs->logits, V, NULL, n, 0), nsm, st));
+        return SPX_OK;
+    }
+    spx_gemv_args g = gemv_one(cm->lm_head, cs->h + (size_t)(n - 1) * (size_t)H, cs->logits, NULL,
+                               lmode == LM_ARGMAX ? SPX_GEMV_ARGMAX : SPX_GEMV_STORE);
+    g.gain = cm->final_norm;
+    g.eps = eps;
+    g.best = cs->d_best;
+    SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
+    if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, pdl));
+    return SPX_OK;
+}
+
+static spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    const spx_config *c = &s->m->cfg;
+    if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    memcpy(cs->pin, ids, (size_t)n * 4);
+    cs->pin[SPX_BATCH_MAX] = (int32_t)s->pos;
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX, 4, cudaMemcpyHostToDevice, cs->st));
+    cs->dev_known = 0;
+    int lmode = want_logits == SPX_LOGITS_ALL ? LM_ALL : want_logits == SPX_LOGITS_LAST ? LM_LAST : LM_NONE;
+    int splits = splits_for(cm, c, (int)n, s->pos + n);
+    SPX_TRY(enqueue_forward(s, (int)n, lmode, splits, e));
+    if (lmode != LM_NONE) {
+        size_t rows = lmode == LM_ALL ? (size_t)n : 1;
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits, cs->logits, rows * (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost,
+                                        cs->st));
+    }
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    cs->dev_pos = s->pos;
+    cs->dev_tok = ids[0];
+    cs->dev_known = 1;
+    s->pos += n;
+    return SPX_OK;
+}
+
+static spx_status capture_decode(spx_session *s, cu_sess *cs, spx_err *e) {
+    SPX_CUDA_TRY(e, cudaStreamBeginCapture(cs->st, cudaStreamCaptureModeRelaxed));
+    spx_status st = enqueue_forward(s, 1, LM_ARGMAX, cs->dec_splits, e);
+    cudaGraph_t g = NULL;
+    cudaError_t ce = cudaStreamEndCapture(cs->st, &g);
+    if (st != SPX_OK) {
+        if (ce == cudaSuccess && g) cudaGraphDestroy(g);
+        return st;
+    }
+    SPX_CUDA_TRY(e, ce);
+    ce = cudaGraphInstantiate(&cs->graph, g, 0);
+    cudaGraphDestroy(g);
+    SPX_CUDA_TRY(e, ce);
+    cs->have_graph = 1;
+    return SPX_OK;
+}
+
+static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
+    if (!cs->dev_known || cs->dev_pos != s->pos || cs->dev_tok != id) {
+        cs->pin[0] = id;
+        cs->pin[SPX_BATCH_MAX] = (int32_t)s->pos;
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, 4, cudaMemcpyHostToDevice, cs->st));
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX, 4, cudaMemcpyHostToDevice, cs->st));
+    }
+    cs->dev_known = 0;
+    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    *next = cs->pin[SPX_BATCH_MAX + 1];
+    s->pos += 1;
+    cs->dev_pos = s->pos;
+    cs->dev_tok = *next;
+    cs->dev_known = 1;
+    return SPX_OK;
+}
+
+static const spx_backend g_cuda = {
+    "cuda", cu_model_init, cu_model_free, cu_session_init, cu_session_free, cu_forward, cu_step_greedy,
+};
+
+extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }
+
+extern "C" int spx_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}

@@ -1,0 +1,100 @@
+/* common.cuh: what every CUDA op family shares: the device view of a
+ * quantized matrix (spx_dqmat, the .trdc layout of qtensor.h copied
+ * component by component, no re-layout), warp/block reductions and the
+ * packed (value, index) key of the device argmax.
+ *
+ * Limits: 4-bit codes in groups of 32 (the .trdc default); the backend
+ * rejects other widths and group sizes at model load with a message. */
+#ifndef SPX_CUDA_COMMON_CUH
+#define SPX_CUDA_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define SPX_CUDA_GROUP 32 /* columns per quantization group */
+
+/* A Group-32 4-bit matrix [rows, cols] in device memory, laid out exactly
+ * as qtensor.h describes (row r: codes at codes + r*cols/2, scales at
+ * scales + r*n_groups, zero nibbles at zeros + r*zrow; outlier values
+ * row-major [rows, n_out]). */
+struct spx_dqmat {
+    int64_t rows, cols;
+    int n_groups;             /* cols / 32 */
+    int zrow;                 /* bytes of zero points per row: (n_groups + 1) / 2 */
+    int n_out;                /* outlier columns */
+    const uint8_t *codes;     /* [rows, cols / 2] */
+    const __half *scales;     /* [rows, n_groups] */
+    const uint8_t *zeros;     /* [rows, zrow] */
+    const int32_t *oidx;      /* [n_out] strictly increasing, or NULL */
+    const __half *oval;       /* [rows, n_out], or NULL */
+};
+
+__device__ __forceinline__ float spx_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float spx_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ double spx_warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the block (every thread gets it). red: >= 32 doubles of shared
+ * memory; blockDim.x a multiple of 32. Contains __syncthreads(). */
+__device__ __forceinline__ double spx_block_sum_d(double v, double *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = spx_warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    double t = lane < nw ? red[lane] : 0.0;
+    return spx_warp_sum_d(t);
+}
+
+/* Argmax key: larger key = larger value, and for equal values the smaller
+ * index (the CPU's first maximum). NaN orders above +inf (never expected). */
+__device__ __forceinline__ unsigned long long spx_argmax_key(float v, int idx) {
+    unsigned u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned)idx);
+}
+__device__ __forceinline__ int spx_argmax_key_index(unsigned long long k) {
+    return (int)(0xffffffffu - (unsigned)(k & 0xffffffffu));
+}
+
+/* Programmatic dependent launch (sm_90): a kernel launched with
+ * spx_launch(..., pdl = true) may start while the previous kernel of the
+ * stream still runs. It may only read data that no earlier kernel writes
+ * (weights) before spx_pdl_wait(), which returns once the previous grid
+ * has completed and its writes are visible; it must write nothing before
+ * it. spx_pdl_trigger() lets the next kernel launch early (safe at any
+ * point: the next one waits in turn). Both are no-ops without PDL. */
+__device__ __forceinline__ void spx_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void spx_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
+template <typename... Params, typename... Args>
+static inline cudaError_t spx_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                     bool pdl, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+#endif

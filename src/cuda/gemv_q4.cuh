@@ -1,0 +1,59 @@
+/* gemv_q4.cuh: fused W4A16 GEMV (one token) over Group-32 4-bit matrices
+ * as mapped from a .trdc (spx_dqmat), with the fp16 outlier columns added
+ * in the same kernel.
+ *
+ *   y[r] = sum_c W^[r, c] x'[c] (+ bias[r])        x' = x, or rmsnorm(x) * gain
+ *
+ * One launch may cover up to SPX_GEMV_MAX_MATS matrices that read the same
+ * input (merged Q/K/V: each with its own rows, outlier set, output and
+ * bias), so a decode layer needs one launch per input vector. Modes:
+ *   STORE   y = dot + bias
+ *   ADD     y += dot + bias                (residual add: h += W x)
+ *   SWIGLU  mats[0] = gate, mats[1] = up (same rows); o[0].y =
+ *           silu(g + bg) * (u + bu), the CPU's spx_cpu_silu_mul
+ *   ARGMAX  STORE, and the packed (value, index) maximum of y is
+ *           max-reduced into *best (the caller zeroes it first)
+ * Arithmetic: float32 throughout (activations are kept in float32 in
+ * shared memory; "A16" would only lose accuracy here, the kernel is bound
+ * by the 4-bit weight stream). Limits: all matrices of a launch have the
+ * same cols, cols <= SPX_GEMV_MAX_COLS; rows < 2^31; x and gain 16-byte
+ * aligned. Reads up to 3 bytes past the end of the scale and zero arrays
+ * (whole aligned words): allocate them with a little slack. */
+#ifndef SPX_CUDA_GEMV_Q4_CUH
+#define SPX_CUDA_GEMV_Q4_CUH
+
+#include "cuda/common.cuh"
+
+#define SPX_GEMV_MAX_MATS 3
+#define SPX_GEMV_MAX_COLS 32768 /* shared memory: 4.125 bytes per column + pipeline stages */
+
+enum { SPX_GEMV_STORE = 0, SPX_GEMV_ADD = 1, SPX_GEMV_SWIGLU = 2, SPX_GEMV_ARGMAX = 3 };
+
+struct spx_gemv_out {
+    float *y;           /* [rows] (SWIGLU: o[0].y only) */
+    const float *bias;  /* [rows] or NULL */
+};
+
+struct spx_gemv_args {
+    spx_dqmat w[SPX_GEMV_MAX_MATS];
+    spx_gemv_out o[SPX_GEMV_MAX_MATS];
+    int n_mats;                 /* 1..3 (SWIGLU: 2) */
+    int mode;                   /* SPX_GEMV_* */
+    const float *x;             /* [cols] */
+    const float *gain;          /* [cols]: fuse rmsnorm(x) * gain; NULL: x as is */
+    float eps;                  /* rmsnorm epsilon */
+    unsigned long long *best;   /* ARGMAX only */
+    int impl;                   /* 0: the pipelined kernel (default); 1: the first, register-fed one */
+};
+
+/* Number of kernel variants (benchmarks compare them; 0 is the default). */
+int spx_gemv_q4_impls(void);
+
+/* Once per process and device, before the first launch (raises the
+ * kernel's shared-memory limit for cols up to max_cols). */
+cudaError_t spx_gemv_q4_setup(int64_t max_cols);
+/* Enqueues the GEMV on st. n_sm: multiprocessors of the device; pdl: see
+ * spx_launch (the first weight chunks are fetched before the wait). */
+cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl = false);
+
+#endif

@@ -1,0 +1,27 @@
+/* rope.cuh: per-head q/k RMSNorm (Qwen3, optional), RoPE (HF rotate_half:
+ * element i pairs with i + d/2, angle pos * inv_freq[i] in float32) and
+ * the store of k and v into the fp16 KV cache, in one launch for n_tok
+ * tokens at positions *pos .. *pos + n_tok - 1 (pos read from device
+ * memory, so a captured decode graph can replay it). q and k are rotated
+ * in place (float32). Matches spx_cpu_rmsnorm / spx_cpu_rope / the f16
+ * branch of spx_kv_store. */
+#ifndef SPX_CUDA_ROPE_CUH
+#define SPX_CUDA_ROPE_CUH
+
+#include "cuda/common.cuh"
+
+struct spx_rope_args {
+    float *q;              /* [n_tok, nh * hd] */
+    float *k;              /* [n_tok, nkv * hd] */
+    const float *v;        /* [n_tok, nkv * hd] */
+    int n_tok, nh, nkv, hd;
+    const float *inv_freq; /* [hd / 2] */
+    const float *q_norm, *k_norm; /* [hd] or NULL */
+    float eps;
+    const int32_t *pos;    /* device: position of token 0 */
+    __half *kc, *vc;       /* this layer's cache rows [n_ctx, nkv * hd] */
+};
+
+cudaError_t spx_rope_store(const spx_rope_args &a, cudaStream_t st, bool pdl = false);
+
+#endif

@@ -1,0 +1,760 @@
+/* test_cuda.cu: the CUDA backend against the CPU reference.
+ *
+ *   test_cuda [MODEL.trdc ...]
+ *
+ * Kernels: every op family (GEMV in all modes, GEMM, embedding, RMSNorm,
+ * q/k-norm + RoPE + KV store, SwiGLU, attention with and without split-K
+ * and sliding window, argmax) on fresh random inputs across shapes, the
+ * outputs poisoned with NaN before each launch, against the scalar C
+ * references (quant/g32.c, cpu/ops.c) or double-precision loops.
+ * End to end, for each .trdc given: logits of the cuda backend against the
+ * cpu backend with the scalar kernels (SPECTRA_KERNELS=scalar) for a
+ * 150-token prefill (two GEMM chunks), eager single-token steps (GEMV
+ * path), then greedy steps through the captured graph (step_greedy), and
+ * a replay of the prefill that must give bit-identical logits.
+ * Prints every measured error; exits 0 with a note when no CUDA device is
+ * present (CI machines). Tolerances are the named constants below. */
+#include "cuda/act.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/embed.cuh"
+#include "cuda/gemm_q4.cuh"
+#include "cuda/gemv_q4.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/sample.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+extern "C" {
+#include "core/half.h"
+#include "cpu/ops.h"
+#include "engine/session.h"
+#include "quant/g32.h"
+#include "testlib.h"
+}
+
+/* GEMV: float32 sums of <= 32 terms per group and <= 14 groups per lane,
+ * after the zero point is taken out per group (sum q x - z X), so the
+ * error scales with sum_c s (q + z) |x| rather than |y|: 2^-23 * ~60 terms
+ * with a factor ~4 margin. */
+#define GEMV_TOL_REL 3e-5
+/* GEMM: W^ and x rounded to fp16 (2^-11 relative each) before exact
+ * products and float32 sums on the tensor cores. */
+#define GEMM_TOL_REL 1.5e-3
+/* Elementwise float32 ops (norm, rope, silu): a few ulps. */
+#define ELEM_TOL_REL 2e-6
+/* Attention: float32 online softmax vs a double reference. */
+#define ATTN_TOL_ABS 2e-5
+/* End to end, max |logit_cuda - logit_cpu| / max(1, max |logit_cpu|) per
+ * token: prefill runs fp16 tensor-core GEMMs (and its K/V stay in the
+ * cache for the steps after it); a sequence fed one token at a time runs
+ * float32 GEMVs only. */
+#define E2E_PREFILL_TOL 2e-2
+#define E2E_GEMV_TOL 1e-3
+
+static uint64_t g_rng = 0xc0da5eedULL;
+
+#define CK(call)                                                                                            \
+    do {                                                                                                    \
+        cudaError_t err_ = (call);                                                                          \
+        if (err_ != cudaSuccess) {                                                                          \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+static std::vector<void *> g_dev;
+
+template <typename T> static T *dev_alloc(size_t n) {
+    void *p = NULL;
+    size_t bytes = n * sizeof(T) + 16; /* slack, as the backend's arena (see gemv_q4.cuh) */
+    CK(cudaMalloc(&p, bytes));
+    g_dev.push_back(p);
+    return (T *)p;
+}
+template <typename T> static T *dev_up(const T *h, size_t n) {
+    T *d = dev_alloc<T>(n);
+    if (n) CK(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+static void dev_free_all(void) {
+    for (void *p : g_dev) cudaFree(p);
+    g_dev.clear();
+}
+static void poison(void *d, size_t bytes) { CK(cudaMemset(d, 0xff, bytes)); } /* NaN floats / halves */
+static std::vector<float> down(const float *d, size_t n) {
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static std::vector<float> rand_vec(size_t n, float scale) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = scale * tl_rand_normal(&g_rng);
+    return v;
+}
+
+/* ---- quantized test matrices ------------------------------------------ */
+
+struct qmat {
+    spx_qbuf b;
+    spx_dqmat d;
+    std::vector<float> wabs; /* per (row, col): s (q + z) for the GEMV bound, |W^| otherwise */
+};
+
+static void make_qmat(qmat &m, int64_t rows, int64_t cols, int64_t n_out) {
+    std::vector<int32_t> idx;
+    for (int64_t c = 0; c < cols && (int64_t)idx.size() < n_out; c++)
+        if ((int64_t)(tl_rand_u64(&g_rng) % (uint64_t)cols) < n_out * 2 || cols - c <= n_out - (int64_t)idx.size())
+            idx.push_back((int32_t)c);
+    n_out = (int64_t)idx.size();
+    spx_err e;
+    spx_err_clear(&e);
+    if (spx_qbuf_init(&m.b, rows, cols, 4, 32, n_out ? idx.data() : NULL, n_out, &e) != SPX_OK) {
+        fprintf(stderr, "FAIL qbuf: %s\n", e.msg);
+        exit(1);
+    }
+    std::vector<float> w(cols);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++) w[c] = 0.05f * tl_rand_normal(&g_rng) + (c % 7 == 0 ? 0.02f : 0.0f);
+        for (int64_t j = 0; j < n_out; j++) w[idx[j]] = 0.8f * tl_rand_normal(&g_rng);
+        spx_qbuf_set_row(&m.b, r, w.data(), SPX_Q_MINMAX, NULL);
+    }
+    const spx_qtensor *q = &m.b.q;
+    spx_dqmat &d = m.d;
+    memset(&d, 0, sizeof d);
+    d.rows = rows;
+    d.cols = cols;
+    d.n_groups = (int)(cols / 32);
+    d.zrow = (d.n_groups + 1) / 2;
+    d.n_out = (int)n_out;
+    d.codes = dev_up(q->codes, (size_t)(rows * cols / 2));
+    d.scales = (const __half *)dev_up(q->scales, (size_t)(rows * d.n_groups));
+    d.zeros = dev_up(q->zeros, (size_t)(rows * d.zrow));
+    if (n_out) {
+        d.oidx = dev_up(q->outlier_idx, (size_t)n_out);
+        d.oval = (const __half *)dev_up(q->outlier_val, (size_t)(rows * n_out));
+    }
+    m.wabs.resize((size_t)(rows * cols));
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *cr = q->codes + r * (cols / 2), *zr = q->zeros + r * d.zrow;
+        const uint16_t *sr = q->scales + r * d.n_groups;
+        for (int64_t c = 0; c < cols; c++) {
+            int g = (int)(c / 32);
+            float s = spx_f16_to_f32(sr[g]);
+            m.wabs[r * cols + c] = s * (float)(spx_q_code_get(cr, c, 4, 32) + spx_q_zero_get(zr, g));
+        }
+        for (int64_t j = 0; j < n_out; j++)
+            m.wabs[r * cols + idx[j]] += fabsf(spx_f16_to_f32(q->outlier_val[r * n_out + j]));
+    }
+}
+
+static void free_qmat(qmat &m) { spx_qbuf_free(&m.b); }
+
+/* ---- GEMV ----------------------------------------------------------------- */
+
+/* Reference of one matrix: y[r] = W^ x + bias; bound[r] for the tolerance. */
+static void gemv_ref(const qmat &m, const float *x, const float *bias, std::vector<double> &y,
+                     std::vector<double> &bound) {
+    int64_t rows = m.b.q.rows, cols = m.b.q.cols;
+    y.assign((size_t)rows, 0.0);
+    bound.assign((size_t)rows, 0.0);
+    for (int64_t r = 0; r < rows; r++) {
+        y[r] = (double)spx_q_dot_row(&m.b.q, r, x) + (bias ? bias[r] : 0.0);
+        double b = 0;
+        for (int64_t c = 0; c < cols; c++) b += (double)m.wabs[r * cols + c] * fabs(x[c]);
+        bound[r] = GEMV_TOL_REL * b + 1e-6 + (bias ? 1e-7 * fabs(bias[r]) : 0.0);
+    }
+}
+
+static int check_close(const char *what, const float *got, const double *ref, const double *tol, size_t n) {
+    double worst = 0;
+    size_t wi = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= tol[i])) bad++;
+        double ratio = isnan(got[i]) ? INFINITY : d / tol[i];
+        if (ratio > worst || isnan(got[i])) {
+            worst = ratio;
+            wi = i;
+        }
+    }
+    CHECK(bad == 0, "%s: %d of %zu outside tolerance; worst [%zu] got %.8g ref %.8g (%.2f x tol)", what, bad, n, wi,
+          (double)got[wi], ref[wi], worst);
+    return bad == 0;
+}
+
+static void test_gemv(int n_sm) {
+    struct { int64_t rows, cols, n_out; } shapes[] = {
+        {64, 128, 0}, {100, 352, 5}, {333, 4096, 41}, {4096, 4096, 41}, {1000, 14336, 143}, {5, 64, 3}, {2049, 2048, 20},
+    };
+    int n_cases = 0;
+    for (auto &sh : shapes) {
+        for (int norm = 0; norm < 2; norm++) {
+            qmat m;
+            make_qmat(m, sh.rows, sh.cols, sh.n_out);
+            std::vector<float> x = rand_vec((size_t)sh.cols, 1.5f), bias = rand_vec((size_t)sh.rows, 0.1f);
+            std::vector<float> gain = rand_vec((size_t)sh.cols, 0.3f);
+            for (auto &g : gain) g += 1.0f;
+            std::vector<float> xr = x;
+            if (norm) spx_cpu_rmsnorm(xr.data(), x.data(), gain.data(), sh.cols, 1e-5f);
+            float *dx = dev_up(x.data(), x.size()), *dg = dev_up(gain.data(), gain.size());
+            float *db = dev_up(bias.data(), bias.size());
+            float *dy = dev_alloc<float>((size_t)sh.rows);
+            std::vector<double> ref, tol;
+            gemv_ref(m, xr.data(), bias.data(), ref, tol);
+            char what[128];
+
+            /* STORE with bias */
+            spx_gemv_args a;
+            memset(&a, 0, sizeof a);
+            a.w[0] = m.d;
+            a.o[0].y = dy;
+            a.o[0].bias = db;
+            a.n_mats = 1;
+            a.mode = SPX_GEMV_STORE;
+            a.x = dx;
+            a.gain = norm ? dg : NULL;
+            a.eps = 1e-5f;
+            for (int impl = spx_gemv_q4_impls() - 1; impl >= 0; impl--) { /* every variant; the default last */
+                a.impl = impl;
+                poison(dy, (size_t)sh.rows * 4);
+                CK(spx_gemv_q4(a, n_sm, 0));
+                CK(cudaDeviceSynchronize());
+                snprintf(what, sizeof what, "gemv store %lldx%lld out %lld norm %d impl %d", (long long)sh.rows,
+                         (long long)sh.cols, (long long)sh.n_out, norm, impl);
+                check_close(what, down(dy, (size_t)sh.rows).data(), ref.data(), tol.data(), (size_t)sh.rows);
+            }
+
+            /* ADD onto random y0 */
+            std::vector<float> y0 = rand_vec((size_t)sh.rows, 1.0f);
+            CK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
+            a.mode = SPX_GEMV_ADD;
+            CK(spx_gemv_q4(a, n_sm, 0));
+            CK(cudaDeviceSynchronize());
+            std::vector<double> ref2(ref), tol2(tol);
+            for (size_t i = 0; i < ref2.size(); i++) {
+                ref2[i] += y0[i];
+                tol2[i] += 2e-7 * fabs(ref2[i]);
+            }
+            snprintf(what, sizeof what, "gemv add %lldx%lld norm %d", (long long)sh.rows, (long long)sh.cols, norm);
+            check_close(what, down(dy, (size_t)sh.rows).data(), ref2.data(), tol2.data(), (size_t)sh.rows);
+
+            /* ARGMAX (no bias, as the LM head) */
+            unsigned long long *dbest = dev_alloc<unsigned long long>(1);
+            CK(cudaMemset(dbest, 0, 8));
+            a.mode = SPX_GEMV_ARGMAX;
+            a.o[0].bias = NULL;
+            a.best = dbest;
+            poison(dy, (size_t)sh.rows * 4);
+            CK(spx_gemv_q4(a, n_sm, 0));
+            int32_t *dids = dev_alloc<int32_t>(1), *dpos = dev_alloc<int32_t>(1);
+            CK(cudaMemset(dpos, 0, 4));
+            CK(spx_argmax_finish(dbest, dids, dpos, 0));
+            CK(cudaDeviceSynchronize());
+            std::vector<float> yl = down(dy, (size_t)sh.rows);
+            int64_t bi = 0;
+            for (int64_t r = 1; r < sh.rows; r++)
+                if (yl[r] > yl[bi]) bi = r;
+            int32_t gid = -1, gpos = -1;
+            unsigned long long bz = 1;
+            CK(cudaMemcpy(&gid, dids, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&gpos, dpos, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&bz, dbest, 8, cudaMemcpyDeviceToHost));
+            CHECK(gid == bi && gpos == 1 && bz == 0, "gemv argmax %lldx%lld: device %d, host argmax of its logits %lld, pos %d, key %llu",
+                  (long long)sh.rows, (long long)sh.cols, gid, (long long)bi, gpos, bz);
+            free_qmat(m);
+            n_cases++;
+        }
+    }
+    /* merged launch: three matrices with their own rows, outliers, outputs, biases */
+    {
+        int64_t cols = 4096, rows[3] = {4096, 1024, 1000}, nout[3] = {41, 0, 17};
+        qmat m[3];
+        std::vector<float> x = rand_vec((size_t)cols, 1.0f), gain = rand_vec((size_t)cols, 0.2f);
+        for (auto &g : gain) g += 1.0f;
+        std::vector<float> xr(x);
+        spx_cpu_rmsnorm(xr.data(), x.data(), gain.data(), cols, 1e-6f);
+        spx_gemv_args a;
+        memset(&a, 0, sizeof a);
+        float *dys[3];
+        std::vector<float> bias[3];
+        for (int i = 0; i < 3; i++) {
+            make_qmat(m[i], rows[i], cols, nout[i]);
+            bias[i] = rand_vec((size_t)rows[i], 0.1f);
+            dys[i] = dev_alloc<float>((size_t)rows[i]);
+            poison(dys[i], (size_t)rows[i] * 4);
+            a.w[i] = m[i].d;
+            a.o[i].y = dys[i];
+            a.o[i].bias = i == 1 ? NULL : dev_up(bias[i].data(), bias[i].size());
+        }
+        a.n_mats = 3;
+        a.mode = SPX_GEMV_STORE;
+        a.x = dev_up(x.data(), x.size());
+        a.gain = dev_up(gain.data(), gain.size());
+        a.eps = 1e-6f;
+        CK(spx_gemv_q4(a, n_sm, 0));
+        CK(cudaDeviceSynchronize());
+        for (int i = 0; i < 3; i++) {
+            std::vector<double> ref, tol;
+            gemv_ref(m[i], xr.data(), i == 1 ? NULL : bias[i].data(), ref, tol);
+            char what[64];
+            snprintf(what, sizeof what, "gemv merged qkv, matrix %d", i);
+            check_close(what, down(dys[i], (size_t)rows[i]).data(), ref.data(), tol.data(), (size_t)rows[i]);
+            free_qmat(m[i]);
+        }
+        n_cases++;
+    }
+    /* SWIGLU: gate and up in one launch */
+    for (int64_t rows : {14336, 353}) {
+        int64_t cols = 4096;
+        qmat g, u;
+        make_qmat(g, rows, cols, 41);
+        make_qmat(u, rows, cols, 7);
+        std::vector<float> x = rand_vec((size_t)cols, 1.0f), bg = rand_vec((size_t)rows, 0.1f),
+                           bu = rand_vec((size_t)rows, 0.1f);
+        spx_gemv_args a;
+        memset(&a, 0, sizeof a);
+        float *dy = dev_alloc<float>((size_t)rows);
+        poison(dy, (size_t)rows * 4);
+        a.w[0] = g.d;
+        a.w[1] = u.d;
+        a.o[0].y = dy;
+        a.o[0].bias = dev_up(bg.data(), bg.size());
+        a.o[1].bias = dev_up(bu.data(), bu.size());
+        a.n_mats = 2;
+        a.mode = SPX_GEMV_SWIGLU;
+        a.x = dev_up(x.data(), x.size());
+        CK(spx_gemv_q4(a, n_sm, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<double> rg, tg, ru, tu, ref((size_t)rows), tol((size_t)rows);
+        gemv_ref(g, x.data(), bg.data(), rg, tg);
+        gemv_ref(u, x.data(), bu.data(), ru, tu);
+        for (int64_t r = 0; r < rows; r++) {
+            double gg = rg[r], sg = gg / (1 + exp(-gg));
+            ref[r] = sg * ru[r];
+            /* d(silu(g) u) = silu'(g) u dg + silu(g) du, silu' <= 1.1 */
+            tol[r] = 1.1 * fabs(ru[r]) * tg[r] + fabs(sg) * tu[r] + 1e-6 * fabs(ref[r]) + 1e-7;
+        }
+        check_close("gemv swiglu", down(dy, (size_t)rows).data(), ref.data(), tol.data(), (size_t)rows);
+        free_qmat(g);
+        free_qmat(u);
+        n_cases++;
+    }
+    printf("gemv: %d cases\n", n_cases);
+}
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+static void test_gemm(int n_sm) {
+    struct { int64_t rows, cols, n_out; } shapes[] = {{100, 352, 5}, {300, 4096, 41}, {1000, 1536, 20}, {129, 64, 0}, {256, 2048, 100}};
+    int Ms[] = {2, 5, 64, 65, 128};
+    int n_cases = 0;
+    double worst_rel = 0;
+    for (auto &sh : shapes) {
+        qmat m;
+        make_qmat(m, sh.rows, sh.cols, sh.n_out);
+        std::vector<float> deq((size_t)sh.cols);
+        std::vector<float> W((size_t)(sh.rows * sh.cols));
+        for (int64_t r = 0; r < sh.rows; r++) spx_q_dequant_row_f32(&m.b.q, r, W.data() + r * sh.cols);
+        for (int M : Ms) {
+            for (int variant = 0; variant < 4; variant++) {
+                int accumulate = variant & 1, split = variant >> 1;
+                std::vector<float> x = rand_vec((size_t)(M * sh.cols), 1.0f), bias = rand_vec((size_t)sh.rows, 0.1f);
+                std::vector<uint16_t> xh(x.size());
+                for (size_t i = 0; i < x.size(); i++) {
+                    xh[i] = spx_f32_to_f16(x[i]);
+                    x[i] = spx_f16_to_f32(xh[i]);
+                }
+                std::vector<float> y0 = rand_vec((size_t)(M * sh.rows), 1.0f);
+                float *dy = dev_alloc<float>(y0.size());
+                if (accumulate) CK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
+                else poison(dy, y0.size() * 4);
+                spx_gemm_args a;
+                memset(&a, 0, sizeof a);
+                a.w = m.d;
+                a.x = (const __half *)dev_up(xh.data(), xh.size());
+                a.ldx = sh.cols;
+                a.y = dy;
+                a.ldy = sh.rows;
+                a.bias = dev_up(bias.data(), bias.size());
+                a.M = M;
+                a.accumulate = accumulate;
+                if (split) {
+                    a.ws_floats = (size_t)16 * M * sh.rows;
+                    a.ws = dev_alloc<float>(a.ws_floats);
+                    poison(a.ws, a.ws_floats * 4);
+                }
+                CK(spx_gemm_q4(a, n_sm, 0));
+                CK(cudaDeviceSynchronize());
+                std::vector<float> y = down(dy, y0.size());
+                std::vector<double> ref(y.size()), tol(y.size());
+                for (int t = 0; t < M; t++)
+                    for (int64_t r = 0; r < sh.rows; r++) {
+                        double s = 0, b = 0;
+                        for (int64_t c = 0; c < sh.cols; c++) {
+                            double p = (double)W[r * sh.cols + c] * x[t * sh.cols + c];
+                            s += p;
+                            b += fabs(p);
+                        }
+                        size_t i = (size_t)t * sh.rows + r;
+                        ref[i] = s + bias[r] + (accumulate ? y0[i] : 0.0);
+                        tol[i] = GEMM_TOL_REL * b + 1e-5;
+                        double rel = fabs(y[i] - ref[i]) / (b + 1e-30);
+                        if (rel > worst_rel) worst_rel = rel;
+                    }
+                char what[96];
+                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d", (long long)sh.rows,
+                         (long long)sh.cols, (long long)sh.n_out, M, accumulate, split);
+                check_close(what, y.data(), ref.data(), tol.data(), y.size());
+                n_cases++;
+            }
+        }
+        free_qmat(m);
+    }
+    printf("gemm: %d cases, worst |err| / sum|w x| = %.3g (tolerance %.3g)\n", n_cases, worst_rel, GEMM_TOL_REL);
+}
+
+/* ---- embedding, norm, rope, silu, argmax ---------------------------------- */
+
+static void test_small_ops(int n_sm) {
+    /* embedding: bit-exact */
+    {
+        qmat m;
+        make_qmat(m, 300, 352, 9);
+        int32_t ids[5] = {0, 299, 17, 17, 150};
+        float *dh = dev_alloc<float>(5 * 352);
+        poison(dh, 5 * 352 * 4);
+        CK(spx_embed_q4(m.d, dev_up(ids, 5), 5, dh, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> h = down(dh, 5 * 352), r(352);
+        int bad = 0;
+        for (int t = 0; t < 5; t++) {
+            spx_q_dequant_row_f32(&m.b.q, ids[t], r.data());
+            for (int c = 0; c < 352; c++) bad += memcmp(&h[t * 352 + c], &r[c], 4) != 0;
+        }
+        CHECK(bad == 0, "embed: %d elements differ from spx_q_dequant_row_f32", bad);
+        free_qmat(m);
+    }
+    /* rmsnorm f32 + f16 */
+    {
+        int rows = 7;
+        int64_t n = 4096;
+        std::vector<float> x = rand_vec((size_t)(rows * n), 3.0f), g = rand_vec((size_t)n, 1.0f);
+        float *d32 = dev_alloc<float>(x.size());
+        __half *d16 = dev_alloc<__half>(x.size());
+        poison(d32, x.size() * 4);
+        poison(d16, x.size() * 2);
+        CK(spx_rmsnorm(dev_up(x.data(), x.size()), dev_up(g.data(), g.size()), 1e-5f, rows, n, d32, d16, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> y = down(d32, x.size()), ref(x.size());
+        std::vector<uint16_t> y16(x.size());
+        CK(cudaMemcpy(y16.data(), d16, x.size() * 2, cudaMemcpyDeviceToHost));
+        int bad = 0, bad16 = 0;
+        for (int r = 0; r < rows; r++) spx_cpu_rmsnorm(ref.data() + r * n, x.data() + r * n, g.data(), n, 1e-5f);
+        for (size_t i = 0; i < x.size(); i++) {
+            bad += !(fabs(y[i] - ref[i]) <= ELEM_TOL_REL * fabs(ref[i]) + 1e-12);
+            float h = spx_f16_to_f32(y16[i]);
+            bad16 += !(fabs(h - ref[i]) <= 1e-3 * fabs(ref[i]) + 1e-7);
+        }
+        CHECK(bad == 0 && bad16 == 0, "rmsnorm: %d float32 and %d fp16 elements out of tolerance", bad, bad16);
+    }
+    /* q/k norm + rope + KV store */
+    for (int qkn = 0; qkn < 2; qkn++) {
+        int nt = 3, nh = 8, nkv = 2, hd = qkn ? 48 : 128, nctx = 64, pos0 = 37;
+        int qd = nh * hd, kvd = nkv * hd;
+        std::vector<float> q = rand_vec((size_t)(nt * qd), 1.0f), k = rand_vec((size_t)(nt * kvd), 1.0f),
+                           v = rand_vec((size_t)(nt * kvd), 1.0f), qn = rand_vec((size_t)hd, 0.2f),
+                           kn = rand_vec((size_t)hd, 0.2f), inv((size_t)(hd / 2));
+        for (int i = 0; i < hd / 2; i++) inv[i] = (float)(1.0 / pow(500000.0, 2.0 * i / hd));
+        spx_rope_args a;
+        memset(&a, 0, sizeof a);
+        float *dq = dev_up(q.data(), q.size()), *dk = dev_up(k.data(), k.size());
+        __half *kc = dev_alloc<__half>((size_t)(nctx * kvd)), *vc = dev_alloc<__half>((size_t)(nctx * kvd));
+        poison(kc, (size_t)(nctx * kvd) * 2);
+        poison(vc, (size_t)(nctx * kvd) * 2);
+        int32_t p0 = pos0;
+        a.q = dq;
+        a.k = dk;
+        a.v = dev_up(v.data(), v.size());
+        a.n_tok = nt;
+        a.nh = nh;
+        a.nkv = nkv;
+        a.hd = hd;
+        a.inv_freq = dev_up(inv.data(), inv.size());
+        a.q_norm = qkn ? dev_up(qn.data(), qn.size()) : NULL;
+        a.k_norm = qkn ? dev_up(kn.data(), kn.size()) : NULL;
+        a.eps = 1e-6f;
+        a.pos = dev_up(&p0, 1);
+        a.kc = kc;
+        a.vc = vc;
+        CK(spx_rope_store(a, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> gq = down(dq, q.size()), gk = down(dk, k.size());
+        std::vector<uint16_t> gkc((size_t)(nctx * kvd)), gvc((size_t)(nctx * kvd));
+        CK(cudaMemcpy(gkc.data(), kc, gkc.size() * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gvc.data(), vc, gvc.size() * 2, cudaMemcpyDeviceToHost));
+        int bad = 0, badc = 0, unwritten = 0;
+        for (int t = 0; t < nt; t++) {
+            float *qt = q.data() + t * qd, *kt = k.data() + t * kvd;
+            if (qkn) {
+                for (int h = 0; h < nh; h++) spx_cpu_rmsnorm(qt + h * hd, qt + h * hd, qn.data(), hd, 1e-6f);
+                for (int h = 0; h < nkv; h++) spx_cpu_rmsnorm(kt + h * hd, kt + h * hd, kn.data(), hd, 1e-6f);
+            }
+            spx_cpu_rope(qt, nh, hd, pos0 + t, inv.data());
+            spx_cpu_rope(kt, nkv, hd, pos0 + t, inv.data());
+            for (int i = 0; i < kvd; i++) {
+                float kr = spx_f16_to_f32(gkc[(size_t)(pos0 + t) * kvd + i]), vr = spx_f16_to_f32(gvc[(size_t)(pos0 + t) * kvd + i]);
+                badc += !(fabs(kr - kt[i]) <= 1e-3 * fabs(kt[i]) + 1e-4) || vr != spx_f16_to_f32(spx_f32_to_f16(v[t * kvd + i]));
+            }
+        }
+        for (int p = 0; p < nctx; p++)
+            if (p < pos0 || p >= pos0 + nt)
+                for (int i = 0; i < kvd; i++) unwritten += gkc[(size_t)p * kvd + i] != 0xffff;
+        /* angles up to 40 rad: cosf/sinf agree to ~1 ulp, the products to a few */
+        for (size_t i = 0; i < q.size(); i++) bad += !(fabs(gq[i] - q[i]) <= 1e-5 * (fabs(q[i]) + 1));
+        for (size_t i = 0; i < k.size(); i++) bad += !(fabs(gk[i] - k[i]) <= 1e-5 * (fabs(k[i]) + 1));
+        CHECK(bad == 0 && badc == 0 && unwritten == 0,
+              "rope (qk-norm %d, hd %d): %d q/k values, %d cache values off, %d cache values written outside the tokens", qkn,
+              hd, bad, badc, unwritten);
+    }
+    /* silu * up, to_half */
+    {
+        int64_t n = 100003;
+        std::vector<float> g = rand_vec((size_t)n, 3.0f), u = rand_vec((size_t)n, 1.0f), ref(g);
+        spx_cpu_silu_mul(ref.data(), u.data(), n);
+        float *d32 = dev_alloc<float>((size_t)n);
+        __half *d16 = dev_alloc<__half>((size_t)n);
+        poison(d32, (size_t)n * 4);
+        CK(spx_silu_mul(dev_up(g.data(), g.size()), dev_up(u.data(), u.size()), n, d32, d16, 0));
+        __half *d16b = dev_alloc<__half>((size_t)n);
+        CK(spx_to_half(d32, n, d16b, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> y = down(d32, (size_t)n);
+        std::vector<uint16_t> h((size_t)n), hb((size_t)n);
+        CK(cudaMemcpy(h.data(), d16, (size_t)n * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hb.data(), d16b, (size_t)n * 2, cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            bad += !(fabs(y[i] - ref[i]) <= ELEM_TOL_REL * fabs(ref[i]) + 1e-30);
+            bad += h[i] != spx_f32_to_f16(y[i]) || hb[i] != h[i];
+        }
+        CHECK(bad == 0, "silu_mul / to_half: %d elements off", bad);
+    }
+    /* argmax kernel */
+    for (int64_t n : {1, 1000, 128256}) {
+        std::vector<float> x = rand_vec((size_t)n, 5.0f);
+        int64_t bi = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (x[i] > x[bi]) bi = i;
+        if (n > 2) x[n - 1] = x[bi]; /* a tie later in the array: the first index wins */
+        unsigned long long *db = dev_alloc<unsigned long long>(1);
+        int32_t *di = dev_alloc<int32_t>(1), *dp = dev_alloc<int32_t>(1);
+        CK(cudaMemset(db, 0, 8));
+        CK(cudaMemset(dp, 0, 4));
+        CK(spx_argmax(dev_up(x.data(), x.size()), n, db, n_sm, 0));
+        CK(spx_argmax_finish(db, di, dp, 0));
+        int32_t got = -1;
+        CK(cudaMemcpy(&got, di, 4, cudaMemcpyDeviceToHost));
+        CHECK(got == bi, "argmax of %lld: got %d, expected %lld", (long long)n, got, (long long)bi);
+    }
+    printf("small ops: done\n");
+}
+
+/* ---- attention -------------------------------------------------------------- */
+
+static void test_attention(void) {
+    struct { int n_tok, nh, nkv, hd, window, splits, pos0; } cs[] = {
+        {1, 32, 8, 128, 0, 1, 700},  {1, 32, 8, 128, 0, 33, 700}, {1, 32, 8, 128, 0, 33, 3},  {1, 4, 2, 48, 0, 5, 90},
+        {5, 8, 2, 64, 0, 1, 40},     {5, 8, 2, 64, 0, 7, 40},     {3, 12, 2, 64, 50, 4, 300}, {128, 8, 8, 32, 0, 1, 0},
+        {2, 16, 1, 256, 0, 3, 130},  {1, 6, 6, 96, 0, 2, 64},
+    };
+    int n_cases = 0;
+    for (auto &c : cs) {
+        int qd = c.nh * c.hd, kvd = c.nkv * c.hd, nctx = c.pos0 + c.n_tok + 5, G = c.nh / c.nkv;
+        std::vector<float> q = rand_vec((size_t)(c.n_tok * qd), 1.0f);
+        std::vector<uint16_t> kc((size_t)(nctx * kvd)), vc((size_t)(nctx * kvd));
+        for (auto &x : kc) x = spx_f32_to_f16(tl_rand_normal(&g_rng));
+        for (auto &x : vc) x = spx_f32_to_f16(tl_rand_normal(&g_rng));
+        float *dout = dev_alloc<float>(q.size());
+        poison(dout, q.size() * 4);
+        spx_attn_args a;
+        memset(&a, 0, sizeof a);
+        int32_t p0 = c.pos0;
+        a.q = dev_up(q.data(), q.size());
+        a.kc = (const __half *)dev_up(kc.data(), kc.size());
+        a.vc = (const __half *)dev_up(vc.data(), vc.size());
+        a.out = dout;
+        a.part = dev_alloc<float>((size_t)(c.n_tok * c.nh * c.splits * (c.hd + 2)));
+        a.n_tok = c.n_tok;
+        a.nh = c.nh;
+        a.nkv = c.nkv;
+        a.hd = c.hd;
+        a.window = c.window;
+        a.n_splits = c.splits;
+        a.pos = dev_up(&p0, 1);
+        CK(spx_attention(a, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> out = down(dout, q.size());
+        std::vector<double> ref(q.size()), tol(q.size(), ATTN_TOL_ABS);
+        double scale = 1.0 / sqrt((double)c.hd);
+        for (int t = 0; t < c.n_tok; t++)
+            for (int h = 0; h < c.nh; h++) {
+                int p = c.pos0 + t, kvh = h / G, start = 0;
+                if (c.window > 0 && p - c.window + 1 > 0) start = p - c.window + 1;
+                std::vector<double> s((size_t)(p + 1 - start));
+                double mx = -1e300, sum = 0;
+                for (int i = start; i <= p; i++) {
+                    double d = 0;
+                    for (int j = 0; j < c.hd; j++)
+                        d += (double)q[(size_t)t * qd + h * c.hd + j] * spx_f16_to_f32(kc[(size_t)i * kvd + kvh * c.hd + j]);
+                    s[i - start] = d * scale;
+                    mx = fmax(mx, s[i - start]);
+                }
+                for (auto &x : s) sum += (x = exp(x - mx));
+                for (int j = 0; j < c.hd; j++) {
+                    double o = 0;
+                    for (int i = start; i <= p; i++) o += s[i - start] * spx_f16_to_f32(vc[(size_t)i * kvd + kvh * c.hd + j]);
+                    ref[(size_t)t * qd + h * c.hd + j] = o / sum;
+                }
+            }
+        char what[128];
+        snprintf(what, sizeof what, "attention n_tok %d nh %d nkv %d hd %d window %d splits %d pos %d", c.n_tok, c.nh,
+                 c.nkv, c.hd, c.window, c.splits, c.pos0);
+        check_close(what, out.data(), ref.data(), tol.data(), out.size());
+        n_cases++;
+    }
+    printf("attention: %d cases\n", n_cases);
+}
+
+/* ---- end to end --------------------------------------------------------- */
+
+static double row_err(const float *g, const float *c, int64_t V) {
+    double d = 0, mx = 1;
+    for (int64_t i = 0; i < V; i++) {
+        if (isnan(g[i])) return INFINITY;
+        d = fmax(d, fabs((double)g[i] - c[i]));
+        mx = fmax(mx, fabs((double)c[i]));
+    }
+    return d / mx;
+}
+
+static int32_t argmax_f(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+static void test_model(const char *path) {
+    spx_model *mc = NULL, *mg = NULL;
+    spx_model_params pc = {0, "cpu", 0}, pg = {0, "cuda", 0};
+    if (spx_model_open(path, &pc, &mc) != SPX_OK) {
+        CHECK(0, "%s: cpu open: %s", path, spx_last_error());
+        return;
+    }
+    if (spx_model_open(path, &pg, &mg) != SPX_OK) {
+        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
+        spx_model_free(mc);
+        return;
+    }
+    int64_t V = spx_model_vocab_size(mc);
+    spx_session_params sp = {320, SPX_KV_F16};
+    spx_session *sc = NULL, *sg = NULL;
+    CHECK(spx_session_new(mc, &sp, &sc) == SPX_OK, "%s: cpu session: %s", path, spx_model_error(mc));
+    CHECK(spx_session_new(mg, &sp, &sg) == SPX_OK, "%s: cuda session: %s", path, spx_model_error(mg));
+    if (!sc || !sg) goto done;
+    {
+        const int T = 150;
+        std::vector<int32_t> ids(T);
+        for (auto &id : ids) id = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+        std::vector<float> lc((size_t)T * V), lg((size_t)T * V), lg2((size_t)T * V);
+        CHECK(spx_session_eval(sc, ids.data(), T, lc.data(), 1) == SPX_OK, "cpu eval: %s", spx_session_error(sc));
+        CHECK(spx_session_eval(sg, ids.data(), T, lg.data(), 1) == SPX_OK, "cuda eval: %s", spx_session_error(sg));
+        double wp = 0;
+        int agree = 0;
+        for (int t = 0; t < T; t++) {
+            wp = fmax(wp, row_err(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
+            agree += argmax_f(lg.data() + (size_t)t * V, V) == argmax_f(lc.data() + (size_t)t * V, V);
+        }
+        CHECK(wp <= E2E_PREFILL_TOL, "%s: prefill logits error %.3g > %.3g", path, wp, E2E_PREFILL_TOL);
+        /* replay: bit-identical */
+        spx_session_reset(sg);
+        CHECK(spx_session_eval(sg, ids.data(), T, lg2.data(), 1) == SPX_OK, "cuda eval: %s", spx_session_error(sg));
+        CHECK(memcmp(lg.data(), lg2.data(), lg.size() * 4) == 0, "%s: a second prefill gave different logits", path);
+
+        /* eager single-token steps (GEMV path), the CPU's greedy tokens fed to both */
+        double wd = 0;
+        int32_t id = argmax_f(lc.data() + (size_t)(T - 1) * V, V);
+        std::vector<float> c1((size_t)V), g1((size_t)V);
+        for (int i = 0; i < 8; i++) {
+            CHECK(spx_session_eval(sc, &id, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
+            CHECK(spx_session_eval(sg, &id, 1, g1.data(), 0) == SPX_OK, "cuda step: %s", spx_session_error(sg));
+            wd = fmax(wd, row_err(g1.data(), c1.data(), V));
+            id = argmax_f(c1.data(), V);
+        }
+        CHECK(wd <= E2E_PREFILL_TOL, "%s: decode logits error %.3g > %.3g", path, wd, E2E_PREFILL_TOL);
+
+        /* greedy steps through the captured graph */
+        int same = 0, near = 0, n_steps = 24;
+        for (int i = 0; i < n_steps; i++) {
+            int32_t ng = -1;
+            CHECK(spx_session_eval(sc, &id, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
+            CHECK(spx_session_step_greedy(sg, id, &ng) == SPX_OK, "cuda step_greedy: %s", spx_session_error(sg));
+            int32_t nc = argmax_f(c1.data(), V);
+            if (ng == nc) same++;
+            else if (ng >= 0 && ng < V && fabs(c1[ng] - c1[nc]) <= E2E_PREFILL_TOL * fmax(1.0, fabs(c1[nc]))) near++;
+            id = nc;
+        }
+        CHECK(same + near == n_steps, "%s: step_greedy chose the CPU's token %d times of %d (%d near-ties)", path, same,
+              n_steps, near);
+        CHECK(spx_session_pos(sg) == spx_session_pos(sc), "%s: positions differ: cuda %lld cpu %lld", path,
+              (long long)spx_session_pos(sg), (long long)spx_session_pos(sc));
+        /* a fresh sequence one token at a time: the float32 GEMV path only */
+        spx_session_reset(sc);
+        spx_session_reset(sg);
+        double wg = 0;
+        for (int i = 0; i < 12; i++) {
+            int32_t t1 = ids[i];
+            CHECK(spx_session_eval(sc, &t1, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
+            CHECK(spx_session_eval(sg, &t1, 1, g1.data(), 0) == SPX_OK, "cuda step: %s", spx_session_error(sg));
+            wg = fmax(wg, row_err(g1.data(), c1.data(), V));
+        }
+        CHECK(wg <= E2E_GEMV_TOL, "%s: token-by-token logits error %.3g > %.3g", path, wg, E2E_GEMV_TOL);
+        printf("e2e %s: prefill err %.3g, top-1 agree %d/%d; steps after it %.3g (tol %.3g); token-by-token %.3g (tol "
+               "%.3g); greedy graph %d/%d same (+%d near-ties)\n",
+               path, wp, agree, T, wd, E2E_PREFILL_TOL, wg, E2E_GEMV_TOL, same, n_steps, near);
+    }
+done:
+    spx_session_free(sc);
+    spx_session_free(sg);
+    spx_model_free(mc);
+    spx_model_free(mg);
+}
+
+int main(int argc, char **argv) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        printf("test_cuda: no CUDA device; skipped\n");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
+    CK(spx_gemv_q4_setup(SPX_GEMV_MAX_COLS));
+    setenv("SPECTRA_KERNELS", "scalar", 1); /* the CPU side of the end-to-end checks: the scalar reference */
+    int only_e2e = argc > 1 && !strcmp(argv[1], "--e2e-only");
+    if (!only_e2e) {
+        test_small_ops(prop.multiProcessorCount);
+        test_attention();
+        test_gemv(prop.multiProcessorCount);
+        test_gemm(prop.multiProcessorCount);
+        dev_free_all();
+    }
+    for (int i = 1 + only_e2e; i < argc; i++) test_model(argv[i]);
+    return tl_finish("test_cuda");
+}
