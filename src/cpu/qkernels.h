@@ -8,12 +8,16 @@
  * (qtensor.h). A kernel never materialises a dequantized matrix.
  *
  * Use: once per matmul, prepare() turns x[T, cols] into the kernel's
- * activation format in `act` (act_bytes() bytes; e.g. int8 blocks with
- * scales and per-group sums). Then rows() is called by each thread on its
- * own row range with the same prepared activations. rows() may use
- * `scratch` (scratch_bytes() bytes per thread). Entries may be NULL only
- * where documented. Variants (avx2, later avx512/neon) live in their own
- * files beside the scalar one. */
+ * activation format in `act` (act_bytes() bytes, malloc alignment; e.g.
+ * int8 blocks with scales and per-block sums; 0 bytes when the kernel
+ * reads x directly, then act may be NULL). Then rows() is called by each
+ * thread on its own row range with the same prepared activations and the
+ * same x. rows() may use `scratch` (scratch_bytes() bytes per thread; the
+ * size depends on T). Results for a row do not depend on how the rows are
+ * split. Entries may be NULL only where documented (none are, today).
+ * Variants (avx2, later avx512/neon) live in their own files beside the
+ * scalar one (qkernels.c, qkernels_avx2.c); a variant may hand shapes it
+ * has no fast path for (e.g. bits 2/3) to the scalar table. */
 #ifndef SPX_QKERNELS_H
 #define SPX_QKERNELS_H
 

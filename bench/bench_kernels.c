@@ -1,0 +1,245 @@
+/* bench_kernels.c: speed of the quantized GEMV / GEMM kernel tables
+ * (cpu/qkernels.h) on Llama-like shapes. A program, not a test: prints a
+ * table.
+ *
+ * Per shape (rows x cols = out x in features, 4-bit, G32 by default, 1%
+ * outlier columns) and per kernel table and thread count: GEMV (T = 1)
+ * median time per call over --runs calls after warm-up, and the weight
+ * bytes read per call (codes + scales + zeros + outlier values and
+ * indices) over that time; GEMM (T = --tokens, default 512) in GFLOP/s
+ * (2 * rows * cols * T per call), median of --gemm-runs calls. A call is
+ * prepare() on the calling thread, then rows() split by row ranges over
+ * the pool (spx_pool_range, rows aligned to 32), as the engine does.
+ * The matrices are random bytes (codes, zero points, fp16 scales in
+ * [1e-3, 1e-2)): speed does not depend on the values. The scalar table's
+ * GEMM is slow (double sums over a dequantized row) and runs only with
+ * --scalar-gemm. */
+#include "core/half.h"
+#include "core/pool.h"
+#include "core/util.h"
+#include "cpu/qkernels.h"
+#include "quant/g32.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static uint64_t next_u64(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+static float next_unit(void) { return (float)(next_u64() >> 40) / 16777216.0f; }
+
+typedef struct bmat {
+    spx_qtensor q;
+    uint8_t *codes, *zeros;
+    uint16_t *scales, *ov;
+    int32_t *oi;
+    size_t bytes; /* weight bytes a matmul reads */
+} bmat;
+
+static int bmat_init(bmat *m, int64_t rows, int64_t cols, int group, double out_frac) {
+    memset(m, 0, sizeof *m);
+    int64_t ng = cols / group, crb = cols / 2, zrb = (ng + 1) / 2;
+    int64_t no = (int64_t)(out_frac * (double)cols);
+    m->codes = malloc((size_t)(rows * crb));
+    m->zeros = malloc((size_t)(rows * zrb));
+    m->scales = malloc((size_t)(rows * ng) * 2);
+    m->ov = malloc((size_t)(rows * (no ? no : 1)) * 2);
+    m->oi = malloc((size_t)(no ? no : 1) * 4);
+    if (!m->codes || !m->zeros || !m->scales || !m->ov || !m->oi) return 0;
+    for (int64_t i = 0; i < rows * crb; i++) m->codes[i] = (uint8_t)next_u64();
+    for (int64_t i = 0; i < rows * zrb; i++) m->zeros[i] = (uint8_t)next_u64();
+    for (int64_t i = 0; i < rows * ng; i++) m->scales[i] = spx_f32_to_f16(1e-3f + 9e-3f * next_unit());
+    for (int64_t i = 0; i < rows * no; i++) m->ov[i] = spx_f32_to_f16(next_unit() - 0.5f);
+    for (int64_t j = 0; j < no; j++) m->oi[j] = (int32_t)(j * (cols / no) + (cols / no) / 2);
+    m->q = (spx_qtensor){rows, cols, 4, group, no, m->codes, m->scales, m->zeros, m->oi, m->ov};
+    m->bytes = (size_t)(rows * crb + rows * zrb + rows * ng * 2 + rows * no * 2 + no * 4);
+    return 1;
+}
+
+static void bmat_free(bmat *m) {
+    free(m->codes);
+    free(m->zeros);
+    free(m->scales);
+    free(m->ov);
+    free(m->oi);
+}
+
+typedef struct job {
+    const spx_qkernels *k;
+    const spx_qtensor *q;
+    const void *act;
+    const float *x;
+    int64_t T;
+    float *y;
+    char *scratch; /* nthreads * scratch_bytes */
+    size_t sb;
+} job;
+
+static void job_fn(void *ctx, int tid, int n) {
+    job *j = ctx;
+    int64_t r0, r1;
+    spx_pool_range(j->q->rows, tid, n, 32, &r0, &r1);
+    if (r0 < r1) j->k->rows(j->q, j->act, j->x, j->T, j->y, j->q->rows, r0, r1, j->scratch + (size_t)tid * j->sb);
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Median seconds per call of prepare + rows over the pool (wall clock),
+ * and in *cpu the median process CPU seconds per call divided by the
+ * thread count: on a shared machine, the time the call would take if its
+ * threads had the cores to themselves (pool wake-up spins count too). */
+static double time_matmul(spx_pool *pool, const spx_qkernels *k, const spx_qtensor *q,
+                          const float *x, int64_t T, float *y, int runs, int warm, double *cpu) {
+    size_t ab = k->act_bytes(T, q->cols, q->group), sb = k->scratch_bytes(T, q->cols, q->group);
+    sb = (sb + 63) / 64 * 64;
+    int nt = spx_pool_size(pool);
+    void *act = malloc(ab ? ab : 1);
+    char *scratch = malloc(sb * (size_t)nt + 1);
+    double *ts = malloc((size_t)runs * sizeof *ts), *cs = malloc((size_t)runs * sizeof *cs);
+    job j = {k, q, act, x, T, y, scratch, sb};
+    for (int i = 0; i < warm + runs; i++) {
+        double t0 = spx_now(), c0 = cpu_now();
+        k->prepare(x, T, q->cols, q->group, act);
+        spx_pool_run(pool, job_fn, &j);
+        double dt = spx_now() - t0, dc = cpu_now() - c0;
+        if (i >= warm) ts[i - warm] = dt, cs[i - warm] = dc / nt;
+    }
+    qsort(ts, (size_t)runs, sizeof *ts, cmp_d);
+    qsort(cs, (size_t)runs, sizeof *cs, cmp_d);
+    double med = ts[runs / 2];
+    *cpu = cs[runs / 2];
+    free(ts);
+    free(cs);
+    free(act);
+    free(scratch);
+    return med;
+}
+
+static void usage(const char *argv0) {
+    printf("usage: %s [options]\n"
+           "  --runs N        GEMV calls timed per row (int >= 1, default 20)\n"
+           "  --gemm-runs N   GEMM calls timed per row (int >= 1, default 5; 0 skips GEMM)\n"
+           "  --tokens T      GEMM tokens (int >= 2, default 512)\n"
+           "  --group G       group size (32, 64 or 128, default 32)\n"
+           "  --outliers F    outlier column fraction (float in [0, 0.5], default 0.01)\n"
+           "  --threads N     largest thread count; rows for 1..N (int 1..64, default 2)\n"
+           "  --shape RxC     only this shape (default: the five Llama shapes)\n"
+           "  --scalar-gemm   also time the scalar table's GEMM (slow)\n"
+           "  --help          this text\n",
+           argv0);
+}
+
+int main(int argc, char **argv) {
+    int runs = 20, gemm_runs = 5, group = 32, max_threads = 2, scalar_gemm = 0;
+    int64_t T = 512;
+    double out_frac = 0.01;
+    int64_t shapes[8][2] = {{2048, 2048}, {2048, 8192}, {8192, 2048}, {4096, 14336}, {14336, 4096}};
+    int n_shapes = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            usage(argv[0]);
+            return 0;
+        } else if (!strcmp(a, "--scalar-gemm")) {
+            scalar_gemm = 1;
+        } else if (v && !strcmp(a, "--runs")) {
+            runs = atoi(v), i++;
+        } else if (v && !strcmp(a, "--gemm-runs")) {
+            gemm_runs = atoi(v), i++;
+        } else if (v && !strcmp(a, "--tokens")) {
+            T = atoll(v), i++;
+        } else if (v && !strcmp(a, "--group")) {
+            group = atoi(v), i++;
+        } else if (v && !strcmp(a, "--outliers")) {
+            out_frac = atof(v), i++;
+        } else if (v && !strcmp(a, "--threads")) {
+            max_threads = atoi(v), i++;
+        } else if (v && !strcmp(a, "--shape")) {
+            long long r, c;
+            if (sscanf(v, "%lldx%lld", &r, &c) != 2 || r <= 0 || c <= 0) {
+                fprintf(stderr, "--shape %s: expected ROWSxCOLS\n", v);
+                return 2;
+            }
+            shapes[0][0] = r, shapes[0][1] = c, n_shapes = 1, i++;
+        } else {
+            fprintf(stderr, "unknown or incomplete option '%s'\n", a);
+            usage(argv[0]);
+            return 2;
+        }
+    }
+    if (runs < 1 || gemm_runs < 0 || T < 2 || !spx_q_group_stored_ok(group) || out_frac < 0 ||
+        out_frac > 0.5 || max_threads < 1 || max_threads > 64) {
+        fprintf(stderr, "bad option value (see --help)\n");
+        return 2;
+    }
+    const spx_qkernels *tables[2] = {spx_qkernels_scalar(), spx_qkernels_get("avx2")};
+    printf("bench_kernels: 4-bit G%d, %.1f%% outliers, GEMV median of %d, GEMM T=%lld median of %d\n",
+           group, 100 * out_frac, runs, (long long)T, gemm_runs);
+    printf("(cpu: the same from process CPU time / threads, for a shared machine)\n");
+    printf("%-12s %-7s %3s | %10s %9s %9s | %10s %9s %9s\n", "shape", "kernel", "thr", "GEMV us",
+           "GB/s", "cpu GB/s", "GEMM ms", "GFLOP/s", "cpu GF/s");
+    for (int si = 0; si < n_shapes; si++) {
+        int64_t rows = shapes[si][0], cols = shapes[si][1];
+        if (cols % group) {
+            fprintf(stderr, "shape %lldx%lld: cols not a multiple of %d\n", (long long)rows,
+                    (long long)cols, group);
+            continue;
+        }
+        bmat m;
+        if (!bmat_init(&m, rows, cols, group, out_frac)) {
+            fprintf(stderr, "out of memory\n");
+            return 1;
+        }
+        float *x = malloc((size_t)(T * cols) * sizeof *x);
+        float *y = malloc((size_t)(T * rows) * sizeof *y);
+        for (int64_t i = 0; i < T * cols; i++) x[i] = 2 * next_unit() - 1;
+        char shape[32];
+        snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
+        for (int nt = 1; nt <= max_threads; nt++) {
+            spx_pool *pool;
+            spx_err e;
+            spx_err_clear(&e);
+            if (spx_pool_new(nt, &pool, &e) != SPX_OK) {
+                fprintf(stderr, "%s\n", e.msg);
+                return 1;
+            }
+            for (int ki = 0; ki < 2; ki++) {
+                const spx_qkernels *k = tables[ki];
+                if (!k) continue;
+                int sc = ki == 0;
+                double cv, cg;
+                double tv = time_matmul(pool, k, &m.q, x, 1, y, runs, sc ? 1 : 3, &cv);
+                printf("%-12s %-7s %3d | %10.1f %9.2f %9.2f |", shape, k->name, nt, tv * 1e6,
+                       (double)m.bytes / tv * 1e-9, (double)m.bytes / cv * 1e-9);
+                if (gemm_runs && (!sc || scalar_gemm)) {
+                    double tg = time_matmul(pool, k, &m.q, x, T, y, gemm_runs, 1, &cg);
+                    double fl = 2.0 * (double)rows * (double)cols * (double)T;
+                    printf(" %10.2f %9.1f %9.1f\n", tg * 1e3, fl / tg * 1e-9, fl / cg * 1e-9);
+                } else {
+                    printf(" %10s %9s %9s\n", "-", "-", "-");
+                }
+                fflush(stdout);
+            }
+            spx_pool_free(pool);
+        }
+        free(x);
+        free(y);
+        bmat_free(&m);
+    }
+    return 0;
+}

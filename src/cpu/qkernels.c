@@ -1,0 +1,119 @@
+/* qkernels.c: the scalar kernel table (the g32.c reference wrapped in the
+ * qkernels.h interface) and run-time dispatch to the fastest variant this
+ * CPU supports.
+ *
+ * The scalar table reads the float activations directly: act_bytes() is 0
+ * and prepare() does nothing. rows() is spx_q_dot_row for one token and
+ * spx_q_dot_rows (row dequantized once into scratch[cols], double sums)
+ * for several. It is the oracle the SIMD variants are tested against and
+ * the fallback where a CPU lacks their features.
+ *
+ * Variants live in their own files (qkernels_avx2.c; later avx512, neon)
+ * and export one getter each, declared below; a getter returns NULL where
+ * the variant is not compiled in. Dispatch checks the CPU features itself,
+ * so a variant's getter never runs its code on a CPU that lacks them. */
+#include "cpu/qkernels.h"
+#include "core/err.h"
+#include "quant/g32.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Variant getters (one per file; NULL when not compiled for this target). */
+const spx_qkernels *spx_qkernels_avx2_table(void);
+
+/* ======================================================================
+ * Scalar table
+ * ==================================================================== */
+
+static size_t scalar_act_bytes(int64_t T, int64_t cols, int group) { return 0; }
+
+static size_t scalar_scratch_bytes(int64_t T, int64_t cols, int group) {
+    return (size_t)cols * sizeof(float);
+}
+
+static void scalar_prepare(const float *x, int64_t T, int64_t cols, int group, void *act) {}
+
+static void scalar_rows(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
+                        int64_t y_stride, int64_t r0, int64_t r1, void *scratch) {
+    if (T == 1) {
+        for (int64_t r = r0; r < r1; r++) y[r] = spx_q_dot_row(q, r, x);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++)
+        spx_q_dot_rows(q, r, x, T, q->cols, y + r, y_stride, (float *)scratch);
+}
+
+static const spx_qkernels g_scalar = {
+    .name = "scalar",
+    .act_bytes = scalar_act_bytes,
+    .scratch_bytes = scalar_scratch_bytes,
+    .prepare = scalar_prepare,
+    .rows = scalar_rows,
+};
+
+const spx_qkernels *spx_qkernels_scalar(void) { return &g_scalar; }
+
+/* ======================================================================
+ * Dispatch
+ * ==================================================================== */
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+
+/* AVX2 + FMA + F16C usable: the CPU has them (CPUID) and the OS saves the
+ * ymm state (OSXSAVE, XCR0 bits 1-2). Read directly because clang's
+ * __builtin_cpu_supports does not know "f16c". */
+static int cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned fma = 1u << 12, osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
+    if ((c & (fma | osxsave | avx | f16c)) != (fma | osxsave | avx | f16c)) return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 6u) != 6u) return 0;
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1u; /* AVX2 */
+}
+#else
+static int cpu_has_avx2(void) { return 0; }
+#endif
+
+const spx_qkernels *spx_qkernels_get(const char *name) {
+    if (!name) return NULL;
+    if (strcmp(name, "scalar") == 0) return &g_scalar;
+    if (strcmp(name, "avx2") == 0) return cpu_has_avx2() ? spx_qkernels_avx2_table() : NULL;
+    return NULL;
+}
+
+static const spx_qkernels *g_best;
+static pthread_once_t g_best_once = PTHREAD_ONCE_INIT;
+
+static void best_init(void) {
+    const char *env = getenv("SPECTRA_KERNELS");
+    if (env && *env) {
+        const spx_qkernels *k = spx_qkernels_get(env);
+        if (k) {
+            g_best = k;
+            return;
+        }
+        if (strcmp(env, "avx2") == 0)
+            spx_log(SPX_LOG_WARN,
+                    "SPECTRA_KERNELS=avx2: this CPU (or build) lacks AVX2+FMA+F16C; using scalar");
+        else
+            spx_log(SPX_LOG_WARN,
+                    "SPECTRA_KERNELS=%s: unknown kernel set (expected scalar or avx2); using scalar",
+                    env);
+        g_best = &g_scalar;
+        return;
+    }
+    const spx_qkernels *k = spx_qkernels_get("avx2");
+    g_best = k ? k : &g_scalar;
+}
+
+const spx_qkernels *spx_qkernels_best(void) {
+    pthread_once(&g_best_once, best_init);
+    return g_best;
+}

@@ -1,0 +1,552 @@
+/* qkernels_avx2.c: the AVX2 + FMA + F16C variant of the quantized GEMV /
+ * GEMM kernels (qkernels.h), with int8 activations.
+ *
+ * Every function that uses these instructions carries the target attribute,
+ * so the file builds without -mavx2 and nothing here runs unless dispatch
+ * (qkernels.c) found the features. Non-x86 builds compile the getter only
+ * (it returns NULL).
+ *
+ * Fast path: bits = 4, group 32, 64 or 128. Other widths (2, 3) and group
+ * sizes fall back to the scalar reference on the float x (by design, not an
+ * error): rows() calls the scalar table's rows(); prepare() does nothing
+ * for unsupported group sizes (act_bytes() is 0 then) and its int8 output
+ * is simply unused for bits 2 and 3.
+ *
+ * Activation format. A row's packed codes are cut into 16-byte pieces; the
+ * 32 codes of piece b (both nibbles) form block b. With bpg = G / 32 blocks
+ * per group, block b = bpg * g + i covers the columns
+ *     g*G + 16i + [0,16)  (low nibbles)  and  g*G + G/2 + 16i + [0,16)  (high)
+ * (for G32: the group's 32 columns). Each block of x gets its own scale:
+ *     dx_b = max|x| over the block / 127,   x8 = round_even(x * 127 / max|x|)
+ * in [-127, 127], so |x - dx_b * x8| <= dx_b / 2 (+ the float rounding of
+ * x * (127 / max)). Per token (act_layout.stride bytes):
+ *     q8[cols]   int8; block pairs (2p, 2p+1) as 64 bytes
+ *                [lo(2p) | lo(2p+1) | hi(2p) | hi(2p+1)] (16 each), so the
+ *                32-byte code load of blocks 2p, 2p+1 meets its x in two
+ *                loads; an odd last block (G32, odd group count) is [lo | hi].
+ *     dx[nb8]    float per block, nb8 = blocks rounded up to 8, zero padded;
+ *     xsb[nb8]   float per block: dx_b * sum(x8 of the block);
+ *                both in "tree order" within each chunk of 8 blocks: slot k
+ *                holds block TREE[k], TREE = [0 2 4 6 1 3 5 7] (below).
+ *
+ * Arithmetic. Per block, in integers, dot = sum_k q_k x8_k: maddubs of the
+ * codes (u8) by x8 (s8) for the low- and high-nibble halves, added in int16
+ * (|.| <= 7620), then madd with ones to int32. Then in float
+ *     y += s * dx * dot - s * z * xsb  =  s * dx * sum_k (q_k - z) x8_k,
+ * so an outlier slot (q = z) adds exactly 0; the fp16 outlier columns are
+ * added as float (fp16 value x float x) to the same accumulators.
+ * Why int8 activations: on two cores the kernels run at the rate of
+ * instructions per weight, and one maddubs does 32 multiplies where a float
+ * FMA does 8 (and would need every nibble converted to float first).
+ * Accuracy: |y - y_exact| <= sum_blocks s * sum_k |q_k - z| * dx_b / 2 plus
+ * float rounding; tests/test_kernels.c checks this bound.
+ *
+ * Loops. A micro-kernel of NR rows x TB tokens walks the blocks in chunks
+ * of 8 (256 columns). Per row and chunk it unpacks the four 32-byte code
+ * loads once (nibbles to bytes) and reuses them for the TB tokens; per row,
+ * token and chunk the four pair sums are reduced by a tree of hadds to one
+ * vector whose lane k is block TREE[k], which then takes one convert, one
+ * multiply (row scales x token dx, both in tree order) and two FMAs. GEMV
+ * (T = 1): 4 rows x 1 token over the whole row; outliers added before the
+ * horizontal sum, y written once. GEMM (T > 1): row blocks of 256 rows x
+ * column chunks of 4096 (a row block's weights of one chunk stay in L2)
+ * x token blocks of 8 (their activations stay in L1); 1 row x 8 tokens per
+ * micro-kernel (8 code vectors + 8 accumulators in registers); the last
+ * column chunk adds the outliers. Tuned on a 2-core AVX2 Xeon: about 4.6
+ * cycles per 64 weights for GEMV and 3.3 per 64 weights and token for GEMM
+ * from L1/L2. */
+#include "cpu/qkernels.h"
+#include "quant/g32.h"
+
+#include <stdint.h>
+#include <string.h>
+
+const spx_qkernels *spx_qkernels_avx2_table(void);
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+enum {
+    BLK = 32,        /* columns per activation block */
+    CHUNK = 8,       /* blocks per chunk (scale vectors are 8 lanes) */
+    GEMV_NR = 4,     /* rows per GEMV micro-kernel */
+    GEMM_TB = 8,     /* tokens per GEMM micro-kernel (one row: the chunk's
+                      * unpacked codes stay in registers for 8 tokens) */
+    GEMM_RB = 256,   /* rows per GEMM row block: its weights of one column chunk
+                      * (512 KB at 4096 columns) stay in L2 while the
+                      * activations stream through once per row block */
+    GEMM_KB = 128    /* blocks per GEMM column chunk (multiple of CHUNK): 4096 cols */
+};
+
+#define ACC_N 8 /* max(GEMM_TB, 1): inner size of accumulator arrays */
+
+static int fast_group(int group) { return group == 32 || group == 64 || group == 128; }
+static int fast_ok(const spx_qtensor *q) { return q->bits == 4 && fast_group(q->group); }
+
+/* ======================================================================
+ * Activation layout
+ * ==================================================================== */
+
+typedef struct act_layout {
+    int64_t nb;     /* blocks per token: cols / 32 */
+    int64_t nb8;    /* nb rounded up to 8 */
+    int64_t stride; /* bytes per token, a multiple of 32 */
+} act_layout;
+
+static act_layout layout_of(int64_t cols) {
+    act_layout l;
+    l.nb = cols / BLK;
+    l.nb8 = (l.nb + CHUNK - 1) / CHUNK * CHUNK;
+    l.stride = (cols + 2 * l.nb8 * (int64_t)sizeof(float) + 31) / 32 * 32;
+    return l;
+}
+
+static size_t avx2_act_bytes(int64_t T, int64_t cols, int group) {
+    if (!fast_group(group) || cols <= 0 || cols % group) return 0;
+    return (size_t)T * (size_t)layout_of(cols).stride;
+}
+
+/* x at the outlier columns, gathered for up to GEMM_TB tokens (n_outliers
+ * <= cols, each token's row padded to 8); also covers the scalar
+ * fallback's cols floats. */
+static size_t avx2_scratch_bytes(int64_t T, int64_t cols, int group) {
+    return (size_t)(T == 1 ? 1 : GEMM_TB) * ((size_t)cols + 8) * sizeof(float);
+}
+
+/* Byte offsets of block b's low / high 16 x8 values in a token's q8. */
+static inline int64_t q8_lo_off(int64_t b) { return 32 * (b & ~(int64_t)1) + 16 * (b & 1); }
+static inline int64_t q8_hi_off(int64_t b, int64_t nb) {
+    if ((nb & 1) && b == nb - 1) return 32 * b + 16;
+    return 32 * (b & ~(int64_t)1) + 32 + 16 * (b & 1);
+}
+
+AVX2_INLINE float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2_INLINE int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Position of block j of a chunk in tree order: TREE[tree_pos[j]] = j. */
+static const int8_t tree_pos[CHUNK] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+AVX2_FN static void avx2_prepare(const float *x, int64_t T, int64_t cols, int group, void *act) {
+    if (!fast_group(group) || cols <= 0 || cols % group) return;
+    act_layout l = layout_of(cols);
+    const int64_t half = group / 2, bpg = group / BLK;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * cols;
+        uint8_t *base = (uint8_t *)act + t * l.stride;
+        int8_t *q8 = (int8_t *)base;
+        float *dx = (float *)(base + cols), *xsb = dx + l.nb8;
+        for (int64_t b = 0; b < l.nb; b++) {
+            int64_t g = b / bpg, i = b % bpg;
+            const float *lo = xt + g * group + 16 * i, *hi = lo + half;
+            __m256 v0 = _mm256_loadu_ps(lo), v1 = _mm256_loadu_ps(lo + 8);
+            __m256 v2 = _mm256_loadu_ps(hi), v3 = _mm256_loadu_ps(hi + 8);
+            __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                     _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float amax = _mm_cvtss_f32(m4);
+            float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+            __m256 vid = _mm256_set1_ps(id);
+            /* round to nearest even (MXCSR default); |x * id| <= 127 */
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+            __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+            int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            p = _mm256_permutevar8x32_epi32(p, perm); /* [lo 16 | hi 16] in column order */
+            _mm_storeu_si128((__m128i *)(q8 + q8_lo_off(b)), _mm256_castsi256_si128(p));
+            _mm_storeu_si128((__m128i *)(q8 + q8_hi_off(b, l.nb)), _mm256_extracti128_si256(p, 1));
+            int64_t k = (b & ~(int64_t)7) + tree_pos[b & 7];
+            dx[k] = d;
+            xsb[k] = d * (float)sum;
+        }
+        for (int64_t b = l.nb; b < l.nb8; b++) {
+            int64_t k = (b & ~(int64_t)7) + tree_pos[b & 7];
+            dx[k] = xsb[k] = 0.0f;
+        }
+    }
+}
+
+/* ======================================================================
+ * Micro-kernel
+ * ==================================================================== */
+
+typedef struct kmat {
+    const uint8_t *codes;
+    const uint16_t *scales;
+    const uint8_t *zeros;
+    int64_t crb, ng, zrb; /* codes bytes, groups, zero bytes per row */
+} kmat;
+
+/* Per-block scales of chunk [b0, b0 + nbc) of one row in tree order (lane
+ * k: block b0 + TREE[k]; 0 past nbc). bpg is a compile-time constant at
+ * every call. */
+AVX2_INLINE __m256 chunk_scales(const uint16_t *srow, int64_t b0, int nbc, const int bpg) {
+    int64_t g0 = b0 / bpg;
+    __m128i h;
+    if (nbc == CHUNK) {
+        if (bpg == 1) {
+            h = _mm_loadu_si128((const __m128i *)(srow + g0));
+        } else if (bpg == 2) {
+            h = _mm_loadl_epi64((const __m128i *)(srow + g0));
+        } else {
+            int32_t u;
+            memcpy(&u, srow + g0, 4);
+            h = _mm_cvtsi32_si128(u);
+        }
+    } else {
+        uint16_t tmp[8];
+        int n = (nbc + bpg - 1) / bpg;
+        for (int k = 0; k < 8; k++) tmp[k] = k < n ? srow[g0 + k] : 0;
+        h = _mm_loadu_si128((const __m128i *)tmp);
+    }
+    /* lane k holds block TREE[k]'s group: TREE / bpg */
+    const __m256i idx = bpg == 1   ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
+                        : bpg == 2 ? _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3)
+                                   : _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+    return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), idx);
+}
+
+/* Per-block zero points of the chunk as floats, tree order: nibble g of
+ * the row's zero bytes is bits 4g.. of the little-endian bytes (group 2i
+ * low, 2i+1 high). */
+AVX2_INLINE __m256 chunk_zeros(const uint8_t *zrow, int64_t b0, int nbc, const int bpg) {
+    int64_t g0 = b0 / bpg; /* even: a chunk spans 256 columns, G <= 128 */
+    uint32_t u = 0;
+    if (nbc == CHUNK) { /* constant sizes: plain loads, no memcpy call */
+        if (bpg == 1) {
+            memcpy(&u, zrow + g0 / 2, 4);
+        } else if (bpg == 2) {
+            uint16_t h;
+            memcpy(&h, zrow + g0 / 2, 2);
+            u = h;
+        } else {
+            u = zrow[g0 / 2];
+        }
+    } else {
+        for (int k = 0; k < ((nbc + bpg - 1) / bpg + 1) / 2; k++) u |= (uint32_t)zrow[g0 / 2 + k] << (8 * k);
+    }
+    /* lane k: the nibble of block TREE[k]'s group, 4 * (TREE[k] / bpg) */
+    const __m256i sh = bpg == 1   ? _mm256_setr_epi32(0, 8, 16, 24, 4, 12, 20, 28)
+                       : bpg == 2 ? _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12)
+                                  : _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4);
+    __m256i z = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)u), sh),
+                                 _mm256_set1_epi32(15));
+    return _mm256_cvtepi32_ps(z);
+}
+
+/* int32 sums of one 32-byte code load (blocks b, b + 1: lanes [4 x b |
+ * 4 x b+1]) against x: the low- and high-nibble products added in int16
+ * (|sum| <= 2 * 2 * 15 * 127 = 7620), then pairs of int16 in int32. */
+AVX2_INLINE __m256i pair_dot(__m256i lo, __m256i hi, const int8_t *xlo, const int8_t *xhi) {
+    __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xlo)),
+                                   _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)xhi)));
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+/* One chunk [b0, b0 + nbc) for NR rows x TB tokens. Called with nbc ==
+ * CHUNK (a constant: everything folds) for full chunks and once with the
+ * variable tail. The four pair sums of a chunk are reduced by a tree of
+ * hadds to one vector with lane k = block TREE[k] = [0 2 4 6 1 3 5 7][k],
+ * the order in which dx, xsb (act) and the row's scales and zero points
+ * (chunk_scales, chunk_zeros) are laid out, so a chunk costs one convert,
+ * one multiply and two FMAs per row and token. */
+AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *srow,
+                             const uint8_t *const *zrow, const int8_t *const *q8,
+                             const float *const *dx, const float *const *xs, int64_t b0, int nbc,
+                             const int NR, const int TB, const int bpg, __m256 acc[][ACC_N]) {
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    const int np = (nbc + 1) / 2; /* pairs, counting an odd last block (G32) as one */
+    #pragma GCC unroll 8
+    for (int i = 0; i < NR; i++) {
+        __m256 sv = chunk_scales(srow[i], b0, nbc, bpg);
+        __m256 sz = _mm256_mul_ps(sv, chunk_zeros(zrow[i], b0, nbc, bpg));
+        __m256i lo[CHUNK / 2], hi[CHUNK / 2];
+        #pragma GCC unroll 4
+        for (int p = 0; p < CHUNK / 2; p++) {
+            if (p >= np) {
+                lo[p] = hi[p] = _mm256_setzero_si256();
+                continue;
+            }
+            const uint8_t *cp = crow[i] + 16 * (b0 + 2 * p);
+            /* an odd last block loads 16 bytes: its upper lanes are 0 codes */
+            __m256i c = 2 * p + 1 < nbc ? _mm256_loadu_si256((const __m256i *)cp)
+                                        : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)cp));
+            lo[p] = _mm256_and_si256(c, mask);
+            hi[p] = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) {
+            __m256i ps[CHUNK / 2];
+            #pragma GCC unroll 4
+            for (int p = 0; p < CHUNK / 2; p++) {
+                if (p >= np) {
+                    ps[p] = _mm256_setzero_si256();
+                    continue;
+                }
+                const int8_t *xq = q8[t] + 32 * (b0 + 2 * p);
+                /* an odd last block's x is [lo | hi]; the 16 bytes read past
+                 * it stay inside the token (dx follows) and meet 0 codes */
+                ps[p] = pair_dot(lo[p], hi[p], xq, xq + (2 * p + 1 < nbc ? 32 : 16));
+            }
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(ps[0], ps[1]), _mm256_hadd_epi32(ps[2], ps[3]));
+            __m256 d = _mm256_mul_ps(sv, _mm256_loadu_ps(dx[t] + b0));
+            acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), d, acc[i][t]);
+            acc[i][t] = _mm256_fnmadd_ps(sz, _mm256_loadu_ps(xs[t] + b0), acc[i][t]);
+        }
+    }
+}
+
+/* acc[i][t] (8 lanes each) += rows r..r+NR-1 of the matrix times tokens
+ * t of act (base, stride) over blocks [kb0, kb1). */
+AVX2_INLINE void micro(const kmat *m, int64_t r, const uint8_t *abase, int64_t astride,
+                       int64_t cols, int64_t nb8, int64_t kb0, int64_t kb1, const int NR,
+                       const int TB, const int bpg, __m256 acc[][ACC_N]) {
+    const uint8_t *crow[GEMV_NR], *zrow[GEMV_NR];
+    const uint16_t *srow[GEMV_NR];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NR; i++) {
+        crow[i] = m->codes + (r + i) * m->crb;
+        srow[i] = m->scales + (r + i) * m->ng;
+        zrow[i] = m->zeros + (r + i) * m->zrb;
+    }
+    const int8_t *q8[ACC_N];
+    const float *dx[ACC_N], *xs[ACC_N];
+    #pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        q8[t] = (const int8_t *)(abase + t * astride);
+        dx[t] = (const float *)(abase + t * astride + cols);
+        xs[t] = dx[t] + nb8;
+    }
+    int64_t kfull = kb0 + (kb1 - kb0) / CHUNK * CHUNK;
+    for (int64_t b0 = kb0; b0 < kfull; b0 += CHUNK)
+        micro_chunk(crow, srow, zrow, q8, dx, xs, b0, CHUNK, NR, TB, bpg, acc);
+    if (kfull < kb1) micro_chunk(crow, srow, zrow, q8, dx, xs, kfull, (int)(kb1 - kfull), NR, TB, bpg, acc);
+}
+
+/* fp16 p[0..n) as floats, 0 < n < 8, zeros after. When the 16-byte read
+ * stays below `end` (the end of the outlier array) it reads directly and
+ * masks; otherwise (the last row) through a small buffer, element by
+ * element (no memcpy call: a call would spill every ymm register). */
+AVX2_INLINE __m256 f16_partial(const uint16_t *p, int n, const uint16_t *end) {
+    if (end - p >= 8) {
+        __m256 keep = _mm256_castsi256_ps(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+        return _mm256_and_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), keep);
+    }
+    uint16_t tmp[8];
+    for (int k = 0; k < 8; k++) tmp[k] = k < n ? p[k] : 0;
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
+}
+
+/* a + sum_j fp16(ov[j]) * xg[j] (8 lanes), j < n; xg is zero padded to a
+ * multiple of 8; end as for f16_partial. */
+AVX2_INLINE __m256 outlier_dot8(const uint16_t *ov, const float *xg, int64_t n, __m256 a,
+                                const uint16_t *end) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ov + j))),
+                            _mm256_loadu_ps(xg + j), a);
+    if (j < n) a = _mm256_fmadd_ps(f16_partial(ov + j, (int)(n - j), end), _mm256_loadu_ps(xg + j), a);
+    return a;
+}
+
+/* ======================================================================
+ * GEMV (one token) and GEMM (many)
+ * ==================================================================== */
+
+typedef struct kargs {
+    kmat m;
+    const spx_qtensor *q;
+    const uint8_t *act;
+    act_layout l;
+    const float *x;
+    int64_t T;
+    float *y;
+    int64_t ys;
+    float *scratch;
+    int64_t xg_stride; /* floats per token of gathered outlier x: n_outliers rounded up to 8 */
+} kargs;
+
+#define ACC_T __m256 acc[GEMV_NR][ACC_N] /* [rows][tokens] */
+
+/* NR rows of one token over the whole row, outliers added, y written. */
+AVX2_INLINE void gemv_tile(const kargs *a, int64_t r, const int NR, const int bpg) {
+    ACC_T;
+    #pragma GCC unroll 8
+    for (int i = 0; i < NR; i++) acc[i][0] = _mm256_setzero_ps();
+    micro(&a->m, r, a->act, a->l.stride, a->q->cols, a->l.nb8, 0, a->l.nb, NR, 1, bpg, acc);
+    int64_t no = a->q->n_outliers;
+    #pragma GCC unroll 8
+    for (int i = 0; i < NR; i++) {
+        if (no)
+            acc[i][0] = outlier_dot8(a->q->outlier_val + (r + i) * no, a->scratch, no, acc[i][0],
+                                     a->q->outlier_val + a->q->rows * no);
+        a->y[r + i] = hsum_ps(acc[i][0]);
+    }
+}
+
+AVX2_INLINE void gemv(const kargs *a, int64_t r0, int64_t r1, const int bpg) {
+    int64_t no = a->q->n_outliers;
+    for (int64_t j = 0; j < no; j++) a->scratch[j] = a->x[a->q->outlier_idx[j]];
+    for (int64_t j = no; j < ((no + 7) & ~(int64_t)7); j++) a->scratch[j] = 0.0f;
+    int64_t r = r0;
+    for (; r + GEMV_NR <= r1; r += GEMV_NR) gemv_tile(a, r, GEMV_NR, bpg);
+    switch (r1 - r) {
+    case 3: gemv_tile(a, r, 3, bpg); break;
+    case 2: gemv_tile(a, r, 2, bpg); break;
+    case 1: gemv_tile(a, r, 1, bpg); break;
+    default: break;
+    }
+}
+
+/* One GEMM micro-tile: NR rows x TB tokens over blocks [kb0, kb1); the
+ * partial sums replace y (first chunk) or are added to it. The last chunk
+ * also adds the outlier columns (x gathered into scratch, a->xg_stride
+ * floats per token) before the horizontal sums. */
+AVX2_INLINE void gemm_tile(const kargs *a, int64_t r, int64_t t0, int64_t kb0, int64_t kb1,
+                           const int NR, const int TB, const int bpg) {
+    ACC_T;
+    #pragma GCC unroll 8
+    for (int i = 0; i < NR; i++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) acc[i][t] = _mm256_setzero_ps();
+    micro(&a->m, r, a->act + t0 * a->l.stride, a->l.stride, a->q->cols, a->l.nb8, kb0, kb1, NR, TB,
+          bpg, acc);
+    const int64_t no = a->q->n_outliers;
+    if (no && kb1 == a->l.nb) {
+        const uint16_t *end = a->q->outlier_val + a->q->rows * no;
+        #pragma GCC unroll 8
+        for (int i = 0; i < NR; i++) {
+            const uint16_t *ov = a->q->outlier_val + (r + i) * no;
+            for (int64_t j = 0; j < no; j += 8) {
+                __m256 w = j + 8 <= no ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ov + j)))
+                                       : f16_partial(ov + j, (int)(no - j), end);
+                #pragma GCC unroll 8
+                for (int t = 0; t < TB; t++)
+                    acc[i][t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(a->scratch + t * a->xg_stride + j), acc[i][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        float *yt = a->y + (t0 + t) * a->ys + r;
+        #pragma GCC unroll 8
+        for (int i = 0; i < NR; i++) {
+            float v = hsum_ps(acc[i][t]);
+            yt[i] = kb0 == 0 ? v : yt[i] + v;
+        }
+    }
+}
+
+#define GEMM_TILE_FN(TB, BPG)                                                                  \
+    AVX2_FN __attribute__((noinline)) static void gemm_tile_##TB##_##BPG(                       \
+        const kargs *a, int64_t r, int64_t t0, int64_t kb0, int64_t kb1) {                      \
+        gemm_tile(a, r, t0, kb0, kb1, 1, TB, BPG);                                              \
+    }
+#define GEMM_TILE_FNS(BPG)                                                                      \
+    GEMM_TILE_FN(1, BPG) GEMM_TILE_FN(2, BPG) GEMM_TILE_FN(3, BPG) GEMM_TILE_FN(4, BPG)         \
+    GEMM_TILE_FN(5, BPG) GEMM_TILE_FN(6, BPG) GEMM_TILE_FN(7, BPG) GEMM_TILE_FN(8, BPG)
+GEMM_TILE_FNS(1)
+GEMM_TILE_FNS(2)
+GEMM_TILE_FNS(4)
+
+typedef void (*gemm_tile_fn)(const kargs *, int64_t, int64_t, int64_t, int64_t);
+#define GEMM_TILE_ROW(BPG)                                                                      \
+    {gemm_tile_1_##BPG, gemm_tile_2_##BPG, gemm_tile_3_##BPG, gemm_tile_4_##BPG,                \
+     gemm_tile_5_##BPG, gemm_tile_6_##BPG, gemm_tile_7_##BPG, gemm_tile_8_##BPG}
+/* [bpg index][tokens - 1] */
+static const gemm_tile_fn g_gemm_tiles[3][GEMM_TB] = {GEMM_TILE_ROW(1), GEMM_TILE_ROW(2),
+                                                       GEMM_TILE_ROW(4)};
+
+AVX2_FN static void gemm(const kargs *a, int64_t r0, int64_t r1, int bpi) {
+    const int64_t nb = a->l.nb, no = a->q->n_outliers;
+    for (int64_t rb0 = r0; rb0 < r1; rb0 += GEMM_RB) {
+        int64_t rb1 = rb0 + GEMM_RB < r1 ? rb0 + GEMM_RB : r1;
+        for (int64_t kb0 = 0; kb0 < nb; kb0 += GEMM_KB) {
+            int64_t kb1 = kb0 + GEMM_KB < nb ? kb0 + GEMM_KB : nb;
+            for (int64_t t0 = 0; t0 < a->T; t0 += GEMM_TB) {
+                int tn = a->T - t0 < GEMM_TB ? (int)(a->T - t0) : GEMM_TB;
+                if (no && kb1 == nb) /* the tiles of the last chunk add the outliers */
+                    for (int t = 0; t < tn; t++) {
+                        const float *xt = a->x + (t0 + t) * a->q->cols;
+                        float *g = a->scratch + t * a->xg_stride;
+                        for (int64_t j = 0; j < no; j++) g[j] = xt[a->q->outlier_idx[j]];
+                        for (int64_t j = no; j < a->xg_stride; j++) g[j] = 0.0f;
+                    }
+                for (int64_t r = rb0; r < rb1; r++) g_gemm_tiles[bpi][tn - 1](a, r, t0, kb0, kb1);
+            }
+        }
+    }
+}
+
+AVX2_FN __attribute__((noinline)) static void gemv_b1(const kargs *a, int64_t r0, int64_t r1) { gemv(a, r0, r1, 1); }
+AVX2_FN __attribute__((noinline)) static void gemv_b2(const kargs *a, int64_t r0, int64_t r1) { gemv(a, r0, r1, 2); }
+AVX2_FN __attribute__((noinline)) static void gemv_b4(const kargs *a, int64_t r0, int64_t r1) { gemv(a, r0, r1, 4); }
+
+static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
+                      int64_t y_stride, int64_t r0, int64_t r1, void *scratch) {
+    if (!fast_ok(q)) {
+        spx_qkernels_scalar()->rows(q, act, x, T, y, y_stride, r0, r1, scratch);
+        return;
+    }
+    if (r0 >= r1 || T <= 0) return;
+    kargs a;
+    a.q = q;
+    a.m.codes = q->codes;
+    a.m.scales = q->scales;
+    a.m.zeros = q->zeros;
+    a.m.crb = spx_q_codes_row_bytes(q->cols, q->bits);
+    a.m.ng = spx_q_groups(q->cols, q->group);
+    a.m.zrb = spx_q_zeros_row_bytes(q->cols, q->group);
+    a.act = (const uint8_t *)act;
+    a.l = layout_of(q->cols);
+    a.x = x;
+    a.T = T;
+    a.y = y;
+    a.ys = y_stride;
+    a.scratch = (float *)scratch;
+    a.xg_stride = (q->n_outliers + 7) & ~(int64_t)7;
+    int bpg = q->group / BLK, bpi = bpg == 1 ? 0 : bpg == 2 ? 1 : 2;
+    if (T == 1) {
+        if (bpg == 1) gemv_b1(&a, r0, r1);
+        else if (bpg == 2) gemv_b2(&a, r0, r1);
+        else gemv_b4(&a, r0, r1);
+    } else {
+        gemm(&a, r0, r1, bpi);
+    }
+}
+
+static const spx_qkernels g_avx2 = {
+    .name = "avx2",
+    .act_bytes = avx2_act_bytes,
+    .scratch_bytes = avx2_scratch_bytes,
+    .prepare = avx2_prepare,
+    .rows = avx2_rows,
+};
+
+const spx_qkernels *spx_qkernels_avx2_table(void) { return &g_avx2; }
+
+#else /* not x86 */
+
+const spx_qkernels *spx_qkernels_avx2_table(void) { return NULL; }
+
+#endif
