@@ -312,7 +312,7 @@ int main(void) {
     const spx_qkernels *av = spx_qkernels_get("avx2");
     if (!av) printf("note: no AVX2+FMA+F16C on this CPU (or build): avx2 table not tested\n");
 
-    /* the last three cross the avx2 GEMM's blocking: row blocks of 256 rows,
+    /* the last three cross the avx2 GEMM's blocking: row blocks of 64 rows,
      * column chunks of 4096 (4256 / 32 = 133 blocks: a 5-block odd tail) */
     static const int64_t shapes[][2] = {{1, 32},    {3, 96},   {7, 160}, {64, 512},
                                         {33, 2048}, {256, 1536}, {300, 256}, {9, 4256}, {5, 8448}};

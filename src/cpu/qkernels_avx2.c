@@ -48,13 +48,13 @@
  * vector whose lane k is block TREE[k], which then takes one convert, one
  * multiply (row scales x token dx, both in tree order) and two FMAs. GEMV
  * (T = 1): 4 rows x 1 token over the whole row; outliers added before the
- * horizontal sum, y written once. GEMM (T > 1): row blocks of 256 rows x
+ * horizontal sum, y written once. GEMM (T > 1): row blocks of 64 rows x
  * column chunks of 4096 (a row block's weights of one chunk stay in L2)
  * x token blocks of 8 (their activations stay in L1); 1 row x 8 tokens per
  * micro-kernel (8 code vectors + 8 accumulators in registers); the last
  * column chunk adds the outliers. Tuned on a 2-core AVX2 Xeon: about 4.6
- * cycles per 64 weights for GEMV and 3.3 per 64 weights and token for GEMM
- * from L1/L2. */
+ * cycles per 64 weights for GEMV and 3.3-3.9 per 64 weights and token for
+ * GEMM (the sizes below). */
 #include "cpu/qkernels.h"
 #include "quant/g32.h"
 
@@ -75,9 +75,11 @@ enum {
     GEMV_NR = 4,     /* rows per GEMV micro-kernel */
     GEMM_TB = 8,     /* tokens per GEMM micro-kernel (one row: the chunk's
                       * unpacked codes stay in registers for 8 tokens) */
-    GEMM_RB = 256,   /* rows per GEMM row block: its weights of one column chunk
-                      * (512 KB at 4096 columns) stay in L2 while the
-                      * activations stream through once per row block */
+    GEMM_RB = 64,    /* rows per GEMM row block: its weights of one column chunk
+                      * (128 KB at 4096 columns) stay in L2 while the
+                      * activations stream through once per row block. 256
+                      * was 3-8% faster on one thread but 10-20% slower on
+                      * two (pp512 shapes, 2-core Xeon VMs) */
     GEMM_KB = 128    /* blocks per GEMM column chunk (multiple of CHUNK): 4096 cols */
 };
 
