@@ -47,58 +47,92 @@ static int grow(void **p, size_t *cap, size_t need) {
     return 1;
 }
 
+/* Several products of the same input x, run as one parallel section:
+ * the rows of all matrices form one range split across threads (fewer
+ * hand-offs per decode step: q/k/v, gate/up). */
 typedef struct {
     spx_cpu_ctx *c;
-    const spx_wmat *w;
+    int n;
+    const spx_wmat *const *w;
     const float *x;
     int64_t T;
-    float *y;
-    const float *bias;
+    float *const *y;
+    const float *const *bias;
+    int64_t total;
 } matmul_job;
 
-static void matmul_task(void *arg, int tid, int nth) {
-    const matmul_job *j = arg;
-    const spx_wmat *w = j->w;
-    int64_t r0, r1;
-    spx_pool_range(w->rows, tid, nth, 4, &r0, &r1);
-    void *scratch = j->c->scratch + (size_t)tid * j->c->scratch_stride;
+static void rows_one(const matmul_job *j, int k, int64_t r0, int64_t r1, void *scratch) {
+    const spx_wmat *w = j->w[k];
+    float *y = j->y[k];
     if (w->kind == SPX_WM_QUANT) {
-        if (r1 > r0) j->c->qk->rows(&w->q, j->c->act, j->x, j->T, j->y, w->rows, r0, r1, scratch);
+        j->c->qk->rows(&w->q, j->c->act, j->x, j->T, y, w->rows, r0, r1, scratch);
     } else {
         float *row = scratch;
         for (int64_t r = r0; r < r1; r++) {
             spx_wmat_row_f32(w, r, row);
-            for (int64_t t = 0; t < j->T; t++) j->y[t * w->rows + r] = spx_cpu_dot(row, j->x + t * w->cols, w->cols);
+            for (int64_t t = 0; t < j->T; t++) y[t * w->rows + r] = spx_cpu_dot(row, j->x + t * w->cols, w->cols);
         }
     }
-    if (j->bias)
+    if (j->bias[k])
         for (int64_t t = 0; t < j->T; t++)
-            for (int64_t r = r0; r < r1; r++) j->y[t * w->rows + r] += j->bias[r];
+            for (int64_t r = r0; r < r1; r++) y[t * w->rows + r] += j->bias[k][r];
+}
+
+static void matmul_task(void *arg, int tid, int nth) {
+    const matmul_job *j = arg;
+    int64_t g0, g1;
+    spx_pool_range(j->total, tid, nth, 4, &g0, &g1);
+    void *scratch = j->c->scratch + (size_t)tid * j->c->scratch_stride;
+    int64_t base = 0;
+    for (int k = 0; k < j->n && g0 < g1; k++) {
+        int64_t rows = j->w[k]->rows;
+        int64_t r0 = g0 - base, r1 = g1 - base;
+        if (r0 < rows && r1 > 0) {
+            r0 = r0 < 0 ? 0 : r0;
+            r1 = r1 > rows ? rows : r1;
+            rows_one(j, k, r0, r1, scratch);
+        }
+        base += rows;
+    }
+}
+
+spx_status spx_cpu_matmul_n(spx_cpu_ctx *c, int n, const spx_wmat *const *w, const float *x, int64_t T,
+                            float *const *y, const float *const *bias, spx_err *e) {
+    size_t per_thread = 0, ab = 0;
+    int64_t total = 0;
+    for (int k = 0; k < n; k++) {
+        if (w[k]->cols != w[0]->cols || (w[k]->kind == SPX_WM_QUANT && w[0]->kind == SPX_WM_QUANT &&
+                                         w[k]->q.group != w[0]->q.group) || w[k]->kind != w[0]->kind)
+            return spx_fail(e, SPX_ERR_INTERNAL, "matmul_n: matrices of different input layout");
+        size_t pt = (size_t)w[k]->cols * sizeof(float);
+        if (w[k]->kind == SPX_WM_QUANT) {
+            size_t sb = c->qk->scratch_bytes(T, w[k]->cols, w[k]->q.group);
+            if (sb > pt) pt = sb;
+            ab = c->qk->act_bytes(T, w[k]->cols, w[k]->q.group);
+        }
+        if (pt > per_thread) per_thread = pt;
+        total += w[k]->rows;
+    }
+    if (!grow(&c->act, &c->act_cap, ab))
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory for %zu bytes of activations", ab);
+    per_thread = (per_thread + 63) & ~(size_t)63;
+    if (per_thread > c->scratch_stride) {
+        size_t nth = (size_t)spx_pool_size(c->pool);
+        uint8_t *nb = aligned_alloc(64, nth * per_thread);
+        if (!nb) return spx_fail(e, SPX_ERR_NOMEM, "out of memory for matmul scratch");
+        free(c->scratch);
+        c->scratch = nb;
+        c->scratch_stride = per_thread;
+    }
+    if (w[0]->kind == SPX_WM_QUANT) c->qk->prepare(x, T, w[0]->cols, w[0]->q.group, c->act);
+    matmul_job j = {c, n, w, x, T, y, bias, total};
+    spx_pool_run(c->pool, matmul_task, &j);
+    return SPX_OK;
 }
 
 spx_status spx_cpu_matmul(spx_cpu_ctx *c, const spx_wmat *w, const float *x, int64_t T, float *y,
                           const float *bias, spx_err *e) {
-    size_t per_thread = (size_t)w->cols * sizeof(float);
-    if (w->kind == SPX_WM_QUANT) {
-        size_t ab = c->qk->act_bytes(T, w->cols, w->q.group);
-        if (!grow(&c->act, &c->act_cap, ab))
-            return spx_fail(e, SPX_ERR_NOMEM, "out of memory for %zu bytes of activations", ab);
-        size_t sb = c->qk->scratch_bytes(T, w->cols, w->q.group);
-        if (sb > per_thread) per_thread = sb;
-    }
-    per_thread = (per_thread + 63) & ~(size_t)63;
-    if (per_thread > c->scratch_stride) {
-        size_t nth = (size_t)spx_pool_size(c->pool);
-        uint8_t *n = aligned_alloc(64, nth * per_thread);
-        if (!n) return spx_fail(e, SPX_ERR_NOMEM, "out of memory for matmul scratch");
-        free(c->scratch);
-        c->scratch = n;
-        c->scratch_stride = per_thread;
-    }
-    if (w->kind == SPX_WM_QUANT) c->qk->prepare(x, T, w->cols, w->q.group, c->act);
-    matmul_job j = {c, w, x, T, y, bias};
-    spx_pool_run(c->pool, matmul_task, &j);
-    return SPX_OK;
+    return spx_cpu_matmul_n(c, 1, &w, x, T, &y, &bias, e);
 }
 
 void spx_cpu_rmsnorm(float *out, const float *x, const float *gain, int64_t n, float eps) {

@@ -62,9 +62,12 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     for (int64_t l = 0; l < c->n_layers; l++) {
         const spx_layer *L = &m->layers[l];
         for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->attn_norm, H, c->rms_eps);
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wq, s->x, n, s->q, L->bq, e));
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wk, s->x, n, s->k, L->bk, e));
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wv, s->x, n, s->v, L->bv, e));
+        {
+            const spx_wmat *w[3] = {&L->wq, &L->wk, &L->wv};
+            float *y[3] = {s->q, s->k, s->v};
+            const float *b[3] = {L->bq, L->bk, L->bv};
+            SPX_TRY(spx_cpu_matmul_n(&s->cpu, 3, w, s->x, n, y, b, e));
+        }
         for (int64_t t = 0; t < n; t++) {
             float *q = s->q + t * qd, *k = s->k + t * kvd;
             if (c->qk_norm) {
@@ -81,8 +84,12 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
         for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
 
         for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->mlp_norm, H, c->rms_eps);
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w_gate, s->x, n, s->gate, L->b_gate, e));
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w_up, s->x, n, s->up, L->b_up, e));
+        {
+            const spx_wmat *w[2] = {&L->w_gate, &L->w_up};
+            float *y[2] = {s->gate, s->up};
+            const float *b[2] = {L->b_gate, L->b_up};
+            SPX_TRY(spx_cpu_matmul_n(&s->cpu, 2, w, s->x, n, y, b, e));
+        }
         spx_cpu_silu_mul(s->gate, s->up, n * I);
         SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w_down, s->gate, n, s->x, L->b_down, e));
         for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
