@@ -8,11 +8,12 @@
  * nibbles and 1% fp16 outlier columns, as many copies of each matrix as
  * make > 400 MB (so L2 holds none of them between launches), launched
  * back to back inside a CUDA graph and timed with events (median of 7
- * replays), for each kernel variant (impl 0: the default). Weight bytes
- * per launch (codes + scales + zeros + outliers) over the time give GB/s.
- * Also an FFMA throughput probe with denormal vs normal operands (the
- * GEMV's nibble unpack relies on full-rate denormals). Prints a table (or
- * one JSON line per row); --ncu: one plain launch per case, for ncu. */
+ * replays), for each kernel variant (impl 0: the default, int8 tensor
+ * cores; impl 1: the previous float32 kernel). Weight bytes per launch
+ * (codes + scales + zeros + outliers) over the time give GB/s. Also an
+ * FFMA throughput probe with denormal vs normal operands (impl 1's nibble
+ * unpack relies on full-rate denormals). Prints a table (or one JSON line
+ * per row); --ncu: one plain launch per case, for ncu. */
 #include "cuda/gemv_q4.cuh"
 
 #include <algorithm>

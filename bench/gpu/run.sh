@@ -3,7 +3,7 @@
 # machine (which has no compiler packages: everything is built here and
 # carried in the git-ignored folder .dev/gpu).
 #
-#   sh bench/gpu/run.sh pack     here: build (BUILD=build-cuda), fill .dev/gpu
+#   sh bench/gpu/run.sh pack     here: build (BUILD, default build-cuda), fill $D
 #                                with the binaries, libcjson/libutf8proc and
 #                                the test models (.trdc of the fixtures)
 #   sh bench/gpu/run.sh [quick]  there, from the repository root: checks
@@ -11,18 +11,23 @@
 #                                bandwidth, then `spectra bench --backend cuda
 #                                -p 512 -n 128` on synthetic Llama-3 1B and 8B
 #                                .trdc files made there; a table at the end.
-#                                quick: checks and GEMV only.
+#                                quick: checks and GEMV only. e2e: the end-to-
+#                                end part only, after a quick run in the same
+#                                $OUT (its log is appended to, its GEMV rows
+#                                are reused for the table).
 # Logs and the table go to $OUT (the device tool's folder) or /tmp/spx-gpu.
+# SPX_GPU_DIR (default .dev/gpu) names the staging folder, here and there.
 set -u
-D=.dev/gpu
+D=${SPX_GPU_DIR:-.dev/gpu}
+BUILD=${BUILD:-build-cuda}
 SHARED=${SHARED:-../shared}
 if [ "${1:-}" = pack ]; then
-    make BUILD=build-cuda all -j"$(nproc)" >/dev/null || exit 1
+    make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
     mkdir -p $D/bin $D/lib $D/models
-    cp build-cuda/spectra build-cuda/tests/cuda/test_cuda build-cuda/bench/gpu/bench_gemv $D/bin/ || exit 1
+    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/bench/gpu/bench_gemv $D/bin/ || exit 1
     cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
     for m in tiny-llama3 tiny-qwen2 tiny-qwen3 tiny-mistral docllama-58m; do
-        [ -f $D/models/$m.trdc ] || build-cuda/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc || exit 1
+        [ -f $D/models/$m.trdc ] || "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc || exit 1
     done
     du -sh $D
     exit 0
@@ -33,7 +38,10 @@ T=/tmp/spx-gpu-work   # intermediates (the device tool brings back at most 8 fil
 mkdir -p "$OUT" $T
 export LD_LIBRARY_PATH="$PWD/$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 B=$D/bin
-exec 3>&1 > "$OUT/log.txt" 2>&1   # everything below into log.txt; summaries also to the terminal (fd 3)
+MODE=${1:-full}
+if [ "$MODE" = e2e ]; then exec 3>&1 >> "$OUT/log.txt" 2>&1; else exec 3>&1 > "$OUT/log.txt" 2>&1; fi
+# everything below into log.txt; summaries also to the terminal (fd 3)
+if [ "$MODE" != e2e ]; then
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv 2>&1 | tee /dev/fd/3
 
 echo "== checks"
@@ -51,8 +59,9 @@ if cmp -s $T/run_cpu.txt $T/run_cuda.txt; then echo "same text" | tee /dev/fd/3;
 
 echo "== GEMV" | tee /dev/fd/3
 timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
+fi
 
-if [ "${1:-}" != quick ]; then
+if [ "$MODE" != quick ]; then
     echo "== end to end" | tee /dev/fd/3
     W=/tmp/spx-models
     mkdir -p $W

@@ -1,5 +1,57 @@
 /* gemv_q4.cu: the fused W4A16 GEMV (see gemv_q4.cuh).
  *
+ * impl 0 (default): int8 tensor cores (mma.sync m16n8k32, s8 x s8 -> s32).
+ *
+ * Input image. Each block first writes the input vector into shared memory
+ * as, per group of 32 columns, a power-of-two step S = 2^(E-14) (2^E > max
+ * |x| of the group) and the integers X = rint(x / S), |X| <= 2^14, each
+ * split into two signed 8-bit digits X = d0 + 256 d1 (rounding and digit
+ * split with one FFMA against the magic 1.5*2^23 + 128 and byte permutes),
+ * plus -sum_k X_k for the zero point. Precision: 2^-15 of the group's
+ * largest |x|, finer than fp16 activations. rmsnorm(x) * gain: the image is
+ * of x * gain, the 1/rms factor is applied to each row's sum.
+ *
+ * Tiles of 16 rows (SWIGLU: 8 gate rows over the same 8 up rows), one tile
+ * per block at a time (grid-stride over tiles); the block's 8 warps split
+ * the columns (K) of a tile, and their sums meet in shared memory (a fixed
+ * order: deterministic). A warp works in "items" of 4 groups x 16 rows.
+ * Lane l (t = l % 4, r = l / 4) loads, for rows r and r + 8 of the tile,
+ * the whole group g = 4 * item + t (16 bytes), its fp16 scale and zero
+ * nibble (and the outlier value of column index g, see below), into a
+ * ring of P = 4 items in registers (128 registers: two blocks of 8 warps
+ * per multiprocessor); the first items are loaded before the input exists,
+ * under programmatic dependent launch. Items are consumed two at a time
+ * (their MMA chains side by side, each item's 4 MMAs as two chains of 2),
+ * then the two freed slots are refilled 4 items ahead.
+ *
+ * Why this is cheap: in the A fragment of m16n8k32 lane (t, r) holds, for
+ * rows r and r + 8, the 8 k-slots 4t..4t+3 and 4t+16..4t+19, and byte j of
+ * 32-bit word m of a group holds codes 4m + j (low nibble) and 4m + j + 16
+ * (high nibble): so word m of lane t's group, masked (w & 0x0f0f0f0f) and
+ * shifted ((w >> 4) & 0x0f0f0f0f), IS the A fragment of the item's m-th
+ * MMA, with the k-slots of lane t standing for lane t's own group. The
+ * B columns 2t and 2t + 1 carry the digits d0, d1 of group t's inputs (zero
+ * in the other groups' k-slots), so after 4 MMAs D[row][2t + p] = sum over
+ * the 32 columns of group t of q * d_p, exactly, in the very lane that
+ * loaded that group, with its scale and zero point at hand:
+ *     sum_k (q_k - z) x_k = S * (D0 + 256 D1 - z * sum_k X_k)   (exact integer)
+ * then one I2F and one FFMA with the fp16 scale (float32 from there on).
+ * The arithmetic is about 0.8 instructions per weight; with addressing,
+ * loads, walkers and the tile epilogue ncu put the whole (unpaired) kernel
+ * at roughly 3.8 (the previous kernel: 4.8). What limits it (ncu, H200):
+ * each warp's dependency chain (~13 cycles between its instructions), not
+ * bytes in flight: 8 warps per multiprocessor with 9 items in flight each
+ * ran 20-40% slower than 16 warps with 3 (bench/gpu/NOTES.md).
+ *
+ * Outliers ride in the same stream: lane (t, r) also loads outlier value
+ * j = g of its rows (j < 32 * items per warp; the rest, only when a matrix
+ * has more outliers than n_groups, after the tile), times x[idx[j]] * gain
+ * from a table in shared memory.
+ *
+ * impl 1: the previous float32 kernel (per-warp cp.async pipeline), kept
+ * for comparison and for launches the first one does not take (shared
+ * memory over the limit: huge outlier counts). Its notes follow.
+ *
  * Layout of the work: a block first builds an image of the input vector in
  * shared memory (optionally RMS-normalised), then each warp computes R
  * rows at a time ("tile"), grid-striding over tiles. In a tile, lane l
@@ -7,16 +59,15 @@
  * codes (a whole group of 32 weights) per row, its fp16 scale and zero
  * nibble.
  *
- * Default kernel (gemv_q4_pipe): each warp streams its chunks through a
+ * gemv_q4_pipe: each warp streams its chunks through a
  * private S-stage cp.async pipeline in shared memory (codes 16 B, and the
  * aligned 4-byte words holding the scale and the zero nibble), S - 1
  * chunks ahead of the one it computes, continuing across tiles; every lane
  * only reads back what it copied itself, so no barrier is needed. The
  * first chunks are issued before the input image is built, so the weight
  * stream starts at once. A decode GEMV is bound by the bytes in flight:
- * 8 warps x (S - 1) x R x 512 B per block. gemv_q4_regs is the first
- * version (loads into registers, U groups ahead), kept as impl 1 for
- * comparison in bench_gemv.
+ * 8 warps x (S - 1) x R x 512 B per block. (Its first version, loads into
+ * registers, was removed with the tensor-core kernel: see bench/gpu/NOTES.md.)
  *
  * Nibble unpack without conversions: a 4-bit code q at bit offset 4p of a
  * 32-bit word w, masked in place (w & (15 << 4p)) and read as a float, is
@@ -38,10 +89,13 @@
  * Each x load serves R rows. */
 #include "cuda/gemv_q4.cuh"
 
+#include <stdlib.h>
+#include <string.h>
+
 #define GEMV_XE 100 /* x is pre-scaled by up to 2^XE: |x| < 2^27 stays finite */
 #define GP_WARPS 8  /* warps per block, pipelined kernel */
 #define GP_STAGE_ROW 768 /* bytes per (stage, row): 512 codes + 128 scale words + 128 zero words */
-#define GR_WARPS 16 /* warps per block, register kernel */
+#define GM_WARPS 8  /* warps per block, tensor-core kernel */
 
 struct gemv_kargs {
     spx_gemv_args a;
@@ -49,6 +103,12 @@ struct gemv_kargs {
     int64_t total;
     int64_t n_tiles;
     int cols;
+    /* impl 0 only */
+    int n_items;                     /* 4-group items per row: ceil(n_groups / 4) */
+    int niw;                         /* items per warp per tile: ceil(n_items / GM_WARPS), rounded up to even */
+    int out_off[SPX_GEMV_MAX_MATS];  /* each matrix's first slot in the outlier input table */
+    int n_out_tot;                   /* slots in that table */
+    int n_out_max;                   /* most outliers of one matrix */
 };
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((127 + e) << 23); }
@@ -372,68 +432,332 @@ __global__ void __launch_bounds__(GP_WARPS * 32, 2) gemv_q4_pipe(const __grid_co
     argmax_block(a, best, bbest, GP_WARPS);
 }
 
-/* ---- impl 1: the first version, loads into registers ---------------------- */
 
-template <int R, int U>
-__global__ void __launch_bounds__(GR_WARPS * 32, 1) gemv_q4_regs(const __grid_constant__ gemv_kargs k) {
-    extern __shared__ float4 gemv_sm[];
-    __shared__ double red[32];
-    __shared__ unsigned long long bbest[GR_WARPS];
+/* ---- impl 0: int8 tensor cores (see the top of this file) --------------- */
+
+#define GM_IMG_GROUP 64   /* image bytes per group: 2 digit planes x 4 words x (4 low + 4 high k-slots) */
+#define GM_MAGIC 12583040.0f /* 1.5 * 2^23 + 128: fma(x, c, GM_MAGIC) has the bits 0x4B400000 + X + 128 */
+
+/* One item of a lane: rows r and r + 8 of the tile, group g = 4 * item + t. */
+struct gm_item {
+    uint4 c0, c1;       /* codes */
+    unsigned s0, s1;    /* fp16 scales */
+    unsigned z0, z1;    /* zero-point bytes */
+    unsigned o0, o1;    /* fp16 outlier values, column index g */
+};
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Slot i (0..15) of tile -> (matrix m, row rr); false past the end. */
+__device__ __forceinline__ bool gm_row(const gemv_kargs &k, bool swiglu, int64_t tile, int i, int &m, int64_t &rr) {
+    if (swiglu) {
+        rr = tile * 8 + (i & 7);
+        m = i >> 3;
+        const bool ok = rr < k.a.w[0].rows;
+        if (!ok) rr = 0;
+        return ok;
+    }
+    const int64_t gr = tile * 16 + i;
+    const bool ok = gr < k.total;
+    m = ok ? (int)(gr >= k.start[1]) + (int)(gr >= k.start[2]) : 0;
+    rr = ok ? gr - k.start[m] : 0;
+    return ok;
+}
+
+__device__ __forceinline__ uint32_t gm_digits_lo(uint32_t u0, uint32_t u1, uint32_t u2, uint32_t u3) {
+    const uint32_t t01 = __byte_perm(u0, u1, 0x5140), t23 = __byte_perm(u2, u3, 0x5140);
+    return __byte_perm(t01, t23, 0x5410) ^ 0x80808080u; /* d0 = (X + 128) mod 256 - 128 */
+}
+__device__ __forceinline__ uint32_t gm_digits_hi(uint32_t u0, uint32_t u1, uint32_t u2, uint32_t u3) {
+    const uint32_t t01 = __byte_perm(u0, u1, 0x5140), t23 = __byte_perm(u2, u3, 0x5140);
+    return __byte_perm(t01, t23, 0x7632); /* d1 = (X + 128) >> 8 */
+}
+__device__ __forceinline__ unsigned gm_absbits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+/* The input image (see the top), the outlier input table, and the rmsnorm
+ * factor (1 without gain). Threads take (group g, word w) slots: columns
+ * 32g + 4w..+3 (low k-slots) and 32g + 16 + 4w..+3 (high). Ends with a
+ * barrier. */
+__device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int2 *meta, float *xo, double *redd) {
     const spx_gemv_args &a = k.a;
-    const int cols = k.cols, ng = cols >> 5;
-    float4 *xs4 = gemv_sm;
-    float *xsum = reinterpret_cast<float *>(gemv_sm + ng * 8);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    spx_pdl_trigger();
-    spx_pdl_wait();
-    build_image(a, cols, xs4, xsum, red);
-    const int64_t cstride = cols >> 1;
+    const int ng = k.cols >> 5, nslots = k.n_items * 16, tid = threadIdx.x;
+    const float4 *x4 = reinterpret_cast<const float4 *>(a.x);
+    const float4 *g4 = reinterpret_cast<const float4 *>(a.gain);
+    double ss = 0;
+    for (int base = 0; base < nslots; base += blockDim.x) { /* the same trip count in every thread */
+        const int i = base + tid, g = i >> 2, w = i & 3;
+        float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+        if (i < nslots && g < ng) {
+            lo = __ldg(x4 + g * 8 + w);
+            hi = __ldg(x4 + g * 8 + 4 + w);
+            if (a.gain) {
+                ss += (double)lo.x * lo.x + (double)lo.y * lo.y + (double)lo.z * lo.z + (double)lo.w * lo.w;
+                ss += (double)hi.x * hi.x + (double)hi.y * hi.y + (double)hi.z * hi.z + (double)hi.w * hi.w;
+                const float4 gl = __ldg(g4 + g * 8 + w), gh = __ldg(g4 + g * 8 + 4 + w);
+                lo = make_float4(lo.x * gl.x, lo.y * gl.y, lo.z * gl.z, lo.w * gl.w);
+                hi = make_float4(hi.x * gh.x, hi.y * gh.y, hi.z * gh.z, hi.w * gh.w);
+            }
+        }
+        /* max |x| of the group as bits (NaN and inf order above every finite value) */
+        unsigned mb = max(max(max(gm_absbits(lo.x), gm_absbits(lo.y)), max(gm_absbits(lo.z), gm_absbits(lo.w))),
+                          max(max(gm_absbits(hi.x), gm_absbits(hi.y)), max(gm_absbits(hi.z), gm_absbits(hi.w))));
+        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+        const int E = max((int)(mb >> 23) - 126, -100); /* max |x| < 2^E; tiny groups: step 2^-114 */
+        const float c = __int_as_float((141 - E) << 23); /* 2^(14 - E): |x c| < 2^14 */
+        float S = __int_as_float((113 + E) << 23);       /* 2^(E - 14) */
+        if (mb >= 0x7f800000u) S = __int_as_float(0x7fc00000); /* inf / NaN in: NaN out */
+        const uint32_t u0 = __float_as_uint(fmaf(lo.x, c, GM_MAGIC)), u1 = __float_as_uint(fmaf(lo.y, c, GM_MAGIC)),
+                       u2 = __float_as_uint(fmaf(lo.z, c, GM_MAGIC)), u3 = __float_as_uint(fmaf(lo.w, c, GM_MAGIC)),
+                       u4 = __float_as_uint(fmaf(hi.x, c, GM_MAGIC)), u5 = __float_as_uint(fmaf(hi.y, c, GM_MAGIC)),
+                       u6 = __float_as_uint(fmaf(hi.z, c, GM_MAGIC)), u7 = __float_as_uint(fmaf(hi.w, c, GM_MAGIC));
+        int sx = (int)(((u0 + u1) + (u2 + u3)) + ((u4 + u5) + (u6 + u7)) - 8u * 0x4B400080u); /* sum of X */
+        sx += __shfl_xor_sync(0xffffffffu, sx, 1);
+        sx += __shfl_xor_sync(0xffffffffu, sx, 2);
+        if (i < nslots) {
+            uint8_t *gi = img + g * GM_IMG_GROUP + w * 8;
+            *reinterpret_cast<uint2 *>(gi) = make_uint2(gm_digits_lo(u0, u1, u2, u3), gm_digits_lo(u4, u5, u6, u7));
+            *reinterpret_cast<uint2 *>(gi + 32) = make_uint2(gm_digits_hi(u0, u1, u2, u3), gm_digits_hi(u4, u5, u6, u7));
+            if (w == 0) meta[g] = make_int2(__float_as_int(S), -sx);
+        }
+    }
+    for (int m = 0; m < a.n_mats; m++) {
+        const spx_dqmat &wm = a.w[m];
+        for (int j = tid; j < wm.n_out; j += blockDim.x) {
+            const int c = __ldg(wm.oidx + j);
+            float v = __ldg(a.x + c);
+            if (a.gain) v *= __ldg(a.gain + c);
+            xo[k.out_off[m] + j] = v;
+        }
+    }
+    float inv = 1.0f;
+    if (a.gain) {
+        ss = spx_block_sum_d(ss, redd);
+        inv = (float)(1.0 / sqrt(ss / (double)k.cols + (double)a.eps));
+    }
+    __syncthreads();
+    return inv;
+}
+
+/* P: items per warp in registers; MINB: blocks per multiprocessor (register
+ * budget); PAIR: consume items two at a time (P - 2 in flight meanwhile),
+ * else one at a time (P - 1 in flight). */
+template <int P, int MINB, bool PAIR>
+__global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_constant__ gemv_kargs k) {
+    extern __shared__ float4 gemv_sm[];
+    __shared__ float red[2][GM_WARPS][16];
+    __shared__ double redd[32];
+    const spx_gemv_args &a = k.a;
+    const int ng = k.cols >> 5, n_items = k.n_items, niw = k.niw;
+    uint8_t *img = reinterpret_cast<uint8_t *>(gemv_sm);
+    int2 *meta = reinterpret_cast<int2 *>(img + (size_t)n_items * 4 * GM_IMG_GROUP);
+    uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4); /* 32 bytes of zeros */
+    float *xo = reinterpret_cast<float *>(zero + 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
     const bool swiglu = a.mode == SPX_GEMV_SWIGLU;
+    const int64_t G = gridDim.x;
+    const int ntl = (int)((k.n_tiles - 1 - blockIdx.x) / G) + 1; /* tiles of this block (grid <= n_tiles) */
+    const int total = ntl * niw;                                 /* items of each warp */
+    const int iw0 = warp * niw;                                  /* this warp's first item of a row */
+    const int64_t cstride = k.cols >> 1;
+    const int sl = 32 * niw; /* outlier indices carried in the item stream */
+
+    /* Issue side: (tile, item) walked incrementally, row addresses once per tile. */
+    int is_n = 0, is_j = 0;
+    int64_t is_tile = blockIdx.x;
+    const uint8_t *ic0 = nullptr, *ic1 = nullptr, *iz0 = nullptr, *iz1 = nullptr;
+    const unsigned short *is0 = nullptr, *is1 = nullptr, *io0 = nullptr, *io1 = nullptr;
+    int ino0 = 0, ino1 = 0;
+    bool iok0 = false, iok1 = false;
+    auto set_rows = [&](int i, bool &ok, const uint8_t *&cp, const unsigned short *&sp, const uint8_t *&zp,
+                        const unsigned short *&op, int &no) {
+        int m;
+        int64_t rr;
+        ok = gm_row(k, swiglu, is_tile, i, m, rr);
+        const spx_dqmat &w = a.w[m];
+        cp = w.codes + rr * cstride;
+        sp = reinterpret_cast<const unsigned short *>(w.scales) + rr * ng;
+        zp = w.zeros + rr * w.zrow;
+        op = reinterpret_cast<const unsigned short *>(w.oval) + rr * w.n_out;
+        no = ok ? w.n_out : 0;
+    };
+    auto issue = [&](gm_item &it) {
+        if (is_n < total) {
+            if (is_j == 0) {
+                set_rows(r, iok0, ic0, is0, iz0, io0, ino0);
+                set_rows(r + 8, iok1, ic1, is1, iz1, io1, ino1);
+            }
+            const int g = (iw0 + is_j) * 4 + t;
+            const bool in = g < ng;
+            it.c0 = make_uint4(0, 0, 0, 0);
+            it.c1 = it.c0;
+            it.s0 = it.s1 = it.z0 = it.z1 = it.o0 = it.o1 = 0;
+            if (in && iok0) {
+                it.c0 = ld_stream16(ic0 + (int64_t)g * 16);
+                it.s0 = __ldg(is0 + g);
+                it.z0 = __ldg(iz0 + (g >> 1));
+            }
+            if (in && iok1) {
+                it.c1 = ld_stream16(ic1 + (int64_t)g * 16);
+                it.s1 = __ldg(is1 + g);
+                it.z1 = __ldg(iz1 + (g >> 1));
+            }
+            if (g < ino0) it.o0 = __ldg(io0 + g);
+            if (g < ino1) it.o1 = __ldg(io1 + g);
+            if (++is_j == niw) {
+                is_j = 0;
+                is_tile += G;
+            }
+            is_n++;
+        }
+    };
+
+    gm_item buf[P];
+    spx_pdl_trigger();
+#pragma unroll
+    for (int s = 0; s < P; s++) issue(buf[s]); /* weights only: before the input exists */
+    spx_pdl_wait();
+    if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+    const float inv = gm_build(k, img, meta, xo, redd);
+
+    /* B fragment of this lane: column r = (group t' = r / 2, digit plane r % 2),
+     * nonzero only in the k-slots of lane t = t'. */
+    const bool bval = t == (r >> 1);
+    const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
+    const int bstride = bval ? 4 * GM_IMG_GROUP : 0;
+    const int zsh = (t & 1) * 4;
+
+    /* Consume side: the same walk, P items behind. */
+    int ck = 0, cj = 0;
+    int64_t ctile = blockIdx.x;
+    float tot0 = 0.0f, tot1 = 0.0f;
+    int cno0 = 0, cno1 = 0;
+    const float *cxo0 = xo, *cxo1 = xo;
+    const unsigned short *cop0 = nullptr, *cop1 = nullptr;
     unsigned long long best = 0;
-    for (int64_t tile = (int64_t)warp * gridDim.x + blockIdx.x; tile < k.n_tiles; tile += (int64_t)gridDim.x * GR_WARPS) {
-        int mi[R];
-        int64_t row[R];
-        bool ok[R];
+    auto crow = [&](int i, int &no, const float *&xp, const unsigned short *&op) {
+        int m;
+        int64_t rr;
+        const bool ok = gm_row(k, swiglu, ctile, i, m, rr);
+        const spx_dqmat &w = a.w[m];
+        no = ok ? w.n_out : 0;
+        xp = xo + k.out_off[m];
+        op = reinterpret_cast<const unsigned short *>(w.oval) + rr * w.n_out;
+    };
+    /* Item cj + h of the tile. Two independent MMA chains (words 0-1, 2-3):
+     * the kernel is bound by each warp's dependency latency. */
+    auto consume = [&](const gm_item &it, int h) {
+        const int item = iw0 + cj + h, bi = item < n_items ? item : n_items - 1, g = item * 4 + t;
+        const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + bi * bstride);
+        const uint4 bA = bp[0], bB = bp[1];
+        int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
+        mma_s8(d, it.c0.x & 0x0f0f0f0fu, it.c1.x & 0x0f0f0f0fu, (it.c0.x >> 4) & 0x0f0f0f0fu, (it.c1.x >> 4) & 0x0f0f0f0fu,
+               bA.x, bA.y);
+        mma_s8(e, it.c0.z & 0x0f0f0f0fu, it.c1.z & 0x0f0f0f0fu, (it.c0.z >> 4) & 0x0f0f0f0fu, (it.c1.z >> 4) & 0x0f0f0f0fu,
+               bB.x, bB.y);
+        mma_s8(d, it.c0.y & 0x0f0f0f0fu, it.c1.y & 0x0f0f0f0fu, (it.c0.y >> 4) & 0x0f0f0f0fu, (it.c1.y >> 4) & 0x0f0f0f0fu,
+               bA.z, bA.w);
+        mma_s8(e, it.c0.w & 0x0f0f0f0fu, it.c1.w & 0x0f0f0f0fu, (it.c0.w >> 4) & 0x0f0f0f0fu, (it.c1.w >> 4) & 0x0f0f0f0fu,
+               bB.z, bB.w);
+        const int2 mt = meta[bi * 4 + t]; /* (S, -sum X) of group g */
+        const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)((it.z0 >> zsh) & 15u) * mt.y;
+        const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)((it.z1 >> zsh) & 15u) * mt.y;
+        const float S = __int_as_float(mt.x);
+        tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.s0)) * S, (float)i0, tot0);
+        tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.s1)) * S, (float)i1, tot1);
+        if (g < cno0) tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), cxo0[g], tot0);
+        if (g < cno1) tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o1)), cxo1[g], tot1);
+    };
+    auto finish = [&]() {
+        if (k.n_out_max > sl) { /* outliers beyond the stream's share (more than n_groups of them) */
+            for (int j = sl + warp * 4 + t; j < cno0; j += GM_WARPS * 4)
+                tot0 = fmaf(__half2float(__ushort_as_half(__ldg(cop0 + j))), cxo0[j], tot0);
+            for (int j = sl + warp * 4 + t; j < cno1; j += GM_WARPS * 4)
+                tot1 = fmaf(__half2float(__ushort_as_half(__ldg(cop1 + j))), cxo1[j], tot1);
+        }
+        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
+        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
+        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
+        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
+        const int kb = ck & 1;
+        if (t == 0) {
+            red[kb][warp][r] = tot0;
+            red[kb][warp][r + 8] = tot1;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            const int i = lane & 15;
+            float v = 0.0f;
 #pragma unroll
-        for (int r = 0; r < R; r++) ok[r] = tile_row<R>(k, swiglu, tile, r, mi[r], row[r]);
-        float acc[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[r] = 0.0f;
-        for (int g0 = 0; g0 < ng; g0 += 32 * U) {
-            uint4 c[U][R];
-            float sc[U][R], zf[U][R];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int g = g0 + 32 * u + lane;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const spx_dqmat &w = a.w[mi[r]];
-                    if (g < ng && ok[r]) {
-                        c[u][r] = ld_stream16(w.codes + row[r] * cstride + (int64_t)g * 16);
-                        sc[u][r] = __half2float(__ldg(w.scales + row[r] * ng + g));
-                        zf[u][r] = (float)((__ldg(w.zeros + row[r] * w.zrow + (g >> 1)) >> ((g & 1) << 2)) & 15);
-                    } else {
-                        c[u][r] = make_uint4(0, 0, 0, 0);
-                        sc[u][r] = 0.0f;
-                        zf[u][r] = 0.0f;
+            for (int w = 0; w < GM_WARPS; w++) v += red[kb][w][i];
+            v *= inv;
+            int m;
+            int64_t rr;
+            const bool ok = gm_row(k, swiglu, ctile, i, m, rr) && lane < 16;
+            if (swiglu) {
+                float up = __shfl_down_sync(0xffffffffu, v, 8);
+                if (ok && i < 8) {
+                    float gt = v;
+                    if (a.o[0].bias) gt += a.o[0].bias[rr];
+                    if (a.o[1].bias) up += a.o[1].bias[rr];
+                    a.o[0].y[rr] = gt / (1.0f + expf(-gt)) * up;
+                }
+            } else if (ok) {
+                const spx_gemv_out &o = a.o[m];
+                if (o.bias) v += o.bias[rr];
+                if (a.mode == SPX_GEMV_ADD) {
+                    o.y[rr] += v;
+                } else {
+                    if (o.y) o.y[rr] = v;
+                    if (a.mode == SPX_GEMV_ARGMAX) {
+                        const unsigned long long key = spx_argmax_key(v, (int)(k.start[m] + rr));
+                        best = key > best ? key : best;
                     }
                 }
             }
+        }
+    };
+
+    /* PAIR: items two at a time (niw is even), two items' chains side by
+     * side with no control flow between them. */
+    static_assert(!PAIR || P % 2 == 0, "P must be even");
+    constexpr int STEP = PAIR ? 2 : 1;
+    for (int base = 0; base < total; base += P) {
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int g = g0 + 32 * u + lane;
-                if (g < ng) {
-                    float part[R];
-                    group_dots<R>(c[u], xs4 + g * 8, g & 7, part);
-                    const float xsg = xsum[g];
-#pragma unroll
-                    for (int r = 0; r < R; r++) acc[r] = fmaf(sc[u][r], fmaf(-zf[u][r], xsg, part[r]), acc[r]);
+        for (int s = 0; s < P; s += STEP) {
+            if (base + s < total) { /* uniform over the block */
+                if (cj == 0) {
+                    crow(r, cno0, cxo0, cop0);
+                    crow(r + 8, cno1, cxo1, cop1);
+                }
+                consume(buf[s], 0);
+                if (PAIR) consume(buf[s + STEP - 1], 1);
+                issue(buf[s]); /* P items ahead, in the slots just freed */
+                if (PAIR) issue(buf[s + STEP - 1]);
+                cj += STEP;
+                if (cj == niw) {
+                    finish();
+                    tot0 = tot1 = 0.0f;
+                    cj = 0;
+                    ck++;
+                    ctile += G;
                 }
             }
         }
-        finish_tile<R>(k, swiglu, xs4, acc, mi, row, ok, best);
     }
-    argmax_block(a, best, bbest, GR_WARPS);
+    if (a.mode == SPX_GEMV_ARGMAX && warp == 0) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
+            best = b > best ? b : best;
+        }
+        if (lane == 0 && best) atomicMax(a.best, best);
+    }
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
@@ -452,10 +776,20 @@ struct gemv_impl {
  * (one block); the widest get R = 2. */
 static const gemv_impl g_pipe[] = {PIPE(4, 3), PIPE(4, 4), PIPE(2, 4)};
 static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
-static const gemv_impl g_regs = {gemv_q4_regs<4, 2>, 4, GR_WARPS, 0, SPX_GEMV_MAX_COLS};
 #define N_PIPE ((int)(sizeof g_pipe / sizeof g_pipe[0]))
 
-int spx_gemv_q4_impls(void) { return 2; }
+/* Tensor-core variants: impl 2 + i runs g_mma[i]; impl 0 runs
+ * g_mma[g_default] (SPECTRA_GEMV_VARIANT=i at setup overrides it, for
+ * benchmarks). Both: 4 items of 1 KB of codes per warp in registers, two
+ * blocks of 8 warps per multiprocessor (128 registers); items consumed in
+ * pairs (0) or one at a time (1). */
+#define GM_SMEM_MAX (160 * 1024)
+static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true>, gemv_q4_mma<4, 2, false>};
+static const int g_mma_maxb[] = {2, 2};
+#define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
+static int g_default = 0;
+
+int spx_gemv_q4_impls(void) { return 2 + N_MMA; }
 
 static size_t smem_of(const gemv_impl &im, int64_t cols) { return image_bytes(cols) + im.stage_bytes; }
 
@@ -469,43 +803,23 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
                                                (int)smem_of(g_pipe[i], g_pipe_cols[i]));
         if (err != cudaSuccess) return err;
     }
-    return cudaFuncSetAttribute(g_regs.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem_of(g_regs, SPX_GEMV_MAX_COLS));
+    for (int i = 0; i < N_MMA; i++) {
+        cudaError_t err = cudaFuncSetAttribute(g_mma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
+        if (err != cudaSuccess) return err;
+    }
+    const char *v = getenv("SPECTRA_GEMV_VARIANT");
+    if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
+    return cudaSuccess;
 }
 
-cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
-    if (a.n_mats < 1 || a.n_mats > SPX_GEMV_MAX_MATS || (a.mode == SPX_GEMV_SWIGLU && a.n_mats != 2))
-        return cudaErrorInvalidValue;
-    gemv_kargs k;
-    k.a = a;
-    k.cols = (int)a.w[0].cols;
-    if (k.cols <= 0 || k.cols % 32 || k.cols > SPX_GEMV_MAX_COLS) return cudaErrorInvalidValue;
-    if ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.gain)) & 15) return cudaErrorInvalidValue;
-    const gemv_impl *im = &g_regs;
-    if (a.impl == 0) {
-        int i = 0;
-        while (k.cols > g_pipe_cols[i]) i++;
-        im = &g_pipe[i];
-    } else if (a.impl != 1) {
-        return cudaErrorInvalidValue;
-    }
+static cudaError_t launch_pipe(gemv_kargs &k, int n_sm, cudaStream_t st, bool pdl) {
+    const spx_gemv_args &a = k.a;
+    int i = 0;
+    while (k.cols > g_pipe_cols[i]) i++;
+    const gemv_impl *im = &g_pipe[i];
     const int R = im->R;
-    k.start[0] = 0;
-    for (int i = 0; i < SPX_GEMV_MAX_MATS; i++) {
-        if (i < a.n_mats) {
-            if (a.w[i].cols != k.cols) return cudaErrorInvalidValue;
-            k.start[i + 1] = k.start[i] + a.w[i].rows;
-        } else {
-            k.start[i + 1] = INT64_MAX;
-        }
-    }
-    k.total = k.start[a.n_mats];
-    if (a.mode == SPX_GEMV_SWIGLU) {
-        if (a.w[1].rows != a.w[0].rows) return cudaErrorInvalidValue;
-        k.n_tiles = (a.w[0].rows + R / 2 - 1) / (R / 2);
-    } else {
-        k.n_tiles = (k.total + R - 1) / R;
-    }
+    if (a.mode == SPX_GEMV_SWIGLU) k.n_tiles = (a.w[0].rows + R / 2 - 1) / (R / 2);
+    else k.n_tiles = (k.total + R - 1) / R;
     const size_t smem = smem_of(*im, k.cols);
     int occ = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, im->fn, im->warps * 32, smem) != cudaSuccess || occ < 1)
@@ -514,6 +828,52 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     const int64_t cap = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
     if (blocks > cap) blocks = cap;
     if (blocks < 1) blocks = 1;
-    cudaError_t err = spx_launch(im->fn, dim3((unsigned)blocks), dim3(im->warps * 32), smem, st, pdl, k);
+    return spx_launch(im->fn, dim3((unsigned)blocks), dim3(im->warps * 32), smem, st, pdl, k);
+}
+
+cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
+    if (a.n_mats < 1 || a.n_mats > SPX_GEMV_MAX_MATS || (a.mode == SPX_GEMV_SWIGLU && a.n_mats != 2))
+        return cudaErrorInvalidValue;
+    if (a.impl < 0 || a.impl >= 2 + N_MMA) return cudaErrorInvalidValue;
+    gemv_kargs k;
+    memset(&k, 0, sizeof k);
+    k.a = a;
+    k.cols = (int)a.w[0].cols;
+    if (k.cols <= 0 || k.cols % 32 || k.cols > SPX_GEMV_MAX_COLS) return cudaErrorInvalidValue;
+    if ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.gain)) & 15) return cudaErrorInvalidValue;
+    k.start[0] = 0;
+    for (int i = 0; i < SPX_GEMV_MAX_MATS; i++) {
+        if (i < a.n_mats) {
+            if (a.w[i].cols != k.cols) return cudaErrorInvalidValue;
+            k.start[i + 1] = k.start[i] + a.w[i].rows;
+            k.out_off[i] = k.n_out_tot;
+            k.n_out_tot += a.w[i].n_out;
+            if (a.w[i].n_out > k.n_out_max) k.n_out_max = a.w[i].n_out;
+        } else {
+            k.start[i + 1] = INT64_MAX;
+        }
+    }
+    k.total = k.start[a.n_mats];
+    if (a.mode == SPX_GEMV_SWIGLU && a.w[1].rows != a.w[0].rows) return cudaErrorInvalidValue;
+    const int ng = k.cols / 32;
+    k.n_items = (ng + 3) / 4;
+    k.niw = (k.n_items + GM_WARPS - 1) / GM_WARPS;
+    k.niw += k.niw & 1; /* the kernel takes items in pairs */
+    const size_t smem = (size_t)k.n_items * 4 * (GM_IMG_GROUP + 8) + 32 + (size_t)((k.n_out_tot + 3) & ~3) * 4;
+    cudaError_t err;
+    if (a.impl == 1 || smem > GM_SMEM_MAX) {
+        err = launch_pipe(k, n_sm, st, pdl);
+    } else {
+        const int v = a.impl == 0 ? g_default : a.impl - 2;
+        k.n_tiles = a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
+        int occ = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, g_mma[v], GM_WARPS * 32, smem) != cudaSuccess || occ < 1)
+            occ = 1;
+        if (occ > g_mma_maxb[v]) occ = g_mma_maxb[v];
+        int64_t blocks = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
+        if (blocks > k.n_tiles) blocks = k.n_tiles;
+        if (blocks < 1) blocks = 1;
+        err = spx_launch(g_mma[v], dim3((unsigned)blocks), dim3(GM_WARPS * 32), smem, st, pdl, k);
+    }
     return err != cudaSuccess ? err : cudaGetLastError();
 }

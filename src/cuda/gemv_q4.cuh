@@ -13,12 +13,17 @@
  *           silu(g + bg) * (u + bu), the CPU's spx_cpu_silu_mul
  *   ARGMAX  STORE, and the packed (value, index) maximum of y is
  *           max-reduced into *best (the caller zeroes it first)
- * Arithmetic: float32 throughout (activations are kept in float32 in
- * shared memory; "A16" would only lose accuracy here, the kernel is bound
- * by the 4-bit weight stream). Limits: all matrices of a launch have the
- * same cols, cols <= SPX_GEMV_MAX_COLS; rows < 2^31; x and gain 16-byte
- * aligned. Reads up to 3 bytes past the end of the scale and zero arrays
- * (whole aligned words): allocate them with a little slack. */
+ * Arithmetic (impl 0, the default): the input is written per group of 32
+ * columns as integers X (x ~= 2^(E-14) X, 2^E > the group's max |x|: steps
+ * of 2^-15 of the group's largest |x|, finer than fp16 activations for the
+ * group's sum), split into two signed 8-bit digits; int8 tensor cores
+ * form the exact integer sums of codes x digits per (row, group), and the
+ * zero point, group scale and everything after it are float32 (the sum
+ * over groups is accumulated in float32). impl 1 (the previous kernel)
+ * keeps float32 activations throughout. Limits: all matrices of a launch
+ * have the same cols, cols <= SPX_GEMV_MAX_COLS; rows < 2^31; x and gain
+ * 16-byte aligned. Reads up to 3 bytes past the end of the scale and zero
+ * arrays (whole aligned words): allocate them with a little slack. */
 #ifndef SPX_CUDA_GEMV_Q4_CUH
 #define SPX_CUDA_GEMV_Q4_CUH
 
@@ -43,14 +48,17 @@ struct spx_gemv_args {
     const float *gain;          /* [cols]: fuse rmsnorm(x) * gain; NULL: x as is */
     float eps;                  /* rmsnorm epsilon */
     unsigned long long *best;   /* ARGMAX only */
-    int impl;                   /* 0: the pipelined kernel (default); 1: the first, register-fed one */
+    int impl;                   /* 0: the int8 tensor-core kernel (default); 1: the previous float32 one;
+                                 * 2..: each tensor-core variant (benchmarks; see gemv_q4.cu) */
 };
 
 /* Number of kernel variants (benchmarks compare them; 0 is the default). */
 int spx_gemv_q4_impls(void);
 
 /* Once per process and device, before the first launch (raises the
- * kernel's shared-memory limit for cols up to max_cols). */
+ * kernel's shared-memory limit for cols up to max_cols). Benchmarks:
+ * SPECTRA_GEMV_VARIANT=i in the environment makes impl 0 run tensor-core
+ * variant i (impl 2 + i). */
 cudaError_t spx_gemv_q4_setup(int64_t max_cols);
 /* Enqueues the GEMV on st. n_sm: multiprocessors of the device; pdl: see
  * spx_launch (the first weight chunks are fetched before the wait). */
