@@ -48,14 +48,8 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     const spx_config *c = &m->cfg;
     int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
     int64_t nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd, kvd = nkv * hd;
-    if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
-    if (s->pos + n > s->n_ctx)
-        return spx_fail(e, SPX_ERR_RANGE, "context full: %lld tokens in a %lld-token context",
-                        (long long)(s->pos + n), (long long)s->n_ctx);
-    for (int64_t t = 0; t < n; t++)
-        if (ids[t] < 0 || ids[t] >= c->vocab_size)
-            return spx_fail(e, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", ids[t],
-                            (long long)c->vocab_size);
+    /* batch size, context room and token ids were checked by
+     * spx_session_forward (backend.c) for every backend */
     int64_t pos0 = s->pos;
     for (int64_t t = 0; t < n; t++) spx_wmat_row_f32(&m->embed, ids[t], s->h + t * H);
 
