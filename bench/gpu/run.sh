@@ -29,6 +29,15 @@ if [ "${1:-}" = pack ]; then
     for m in tiny-llama3 tiny-qwen2 tiny-qwen3 tiny-mistral docllama-58m; do
         [ -f $D/models/$m.trdc ] || "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc || exit 1
     done
+    cp "$SHARED/tools/make_random_gguf.py" $D/ || exit 1
+    # the peer, built by you outside this repository (never committed):
+    # LLAMA_BENCH=/path/to/llama-bench (a CUDA build for sm_90a) and
+    # GGUF_PY=/path/to/llama.cpp/gguf-py travel in $D/peer
+    if [ -n "${LLAMA_BENCH:-}" ]; then
+        mkdir -p $D/peer
+        cp "$LLAMA_BENCH" $D/peer/llama-bench && strip $D/peer/llama-bench || exit 1
+        rm -rf $D/peer/gguf-py && mkdir -p $D/peer/gguf-py && cp -r "${GGUF_PY:?set GGUF_PY}/gguf" $D/peer/gguf-py/ || exit 1
+    fi
     du -sh $D
     exit 0
 fi
@@ -74,6 +83,18 @@ if [ "$MODE" != quick ]; then
     # the same 8B decode without programmatic dependent launch, for comparison
     SPECTRA_CUDA_PDL=0 timeout 240 $B/spectra bench -m $W/llama3-8b.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/nopdl.err |
         sed 's/"model": "\([^"]*\)"/"model": "\1 (no PDL)"/' >> "$OUT/bench.jsonl"
+    # llama.cpp CUDA on the same shapes, same run (Q4_0, all layers on the GPU)
+    if [ -x $D/peer/llama-bench ]; then
+        echo "== llama.cpp" | tee /dev/fd/3
+        CUDA_LIBS=$(python3 -c 'import glob,os; print(":".join(sorted({os.path.dirname(p) for p in glob.glob("/usr/local/cuda*/lib64/libcublas.so*") + glob.glob("/opt/torch/.venv/lib/python3*/site-packages/nvidia/**/libcublas.so*", recursive=True)})))' 2>/dev/null)
+        : > "$OUT/peer.jsonl"
+        for s in llama3-1b llama3-8b; do
+            [ -f $W/$s-q4_0.gguf ] || GGUF_PY=$D/peer/gguf-py python3 $D/make_random_gguf.py --preset $s --type q4_0 -o $W/$s-q4_0.gguf > $T/gguf_$s.log 2>&1 ||
+                { echo "gguf $s failed:"; tail -n 5 $T/gguf_$s.log; } | tee /dev/fd/3
+            LD_LIBRARY_PATH="$CUDA_LIBS:$LD_LIBRARY_PATH" timeout 300 $D/peer/llama-bench -m $W/$s-q4_0.gguf -ngl 99 -p 512 -n 128 -fa 0,1 -r 5 -o jsonl \
+                >> "$OUT/peer.jsonl" 2> $T/peer_$s.err || { echo "llama-bench $s failed:"; tail -n 20 $T/peer_$s.err; } | tee /dev/fd/3
+        done
+    fi
 fi
 exec 1>&3
 
@@ -99,4 +120,13 @@ if os.path.exists(p):
         frac = r["tg_gbps"] / copy if copy else float("nan")
         print("%-26s %10.1f %10.1f %12.1f %9.1f %7.1f%%" % (os.path.basename(r["model"]), r.get("pp_tps_median", 0), r["tg_tps_median"],
               r["weight_bytes_per_token"] / 1e6, r["tg_gbps"], 100 * frac))
+p = os.path.join(out, "peer.jsonl")
+if os.path.exists(p):
+    print()
+    print("%-26s %4s %6s %10s %10s" % ("llama.cpp (cuda, Q4_0)", "fa", "test", "t/s", "stdev"))
+    for l in open(p):
+        if not l.strip().startswith("{"): continue
+        r = json.loads(l)
+        test = "pp%d" % r["n_prompt"] if r["n_prompt"] else "tg%d" % r["n_gen"]
+        print("%-26s %4d %6s %10.1f %10.1f" % (os.path.basename(r["model_filename"]), r.get("flash_attn", 0), test, r["avg_ts"], r["stddev_ts"]))
 EOF

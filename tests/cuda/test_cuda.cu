@@ -193,6 +193,7 @@ static int check_close(const char *what, const float *got, const double *ref, co
 static void test_gemv(int n_sm) {
     struct { int64_t rows, cols, n_out; } shapes[] = {
         {64, 128, 0}, {100, 352, 5}, {333, 4096, 41}, {4096, 4096, 41}, {1000, 14336, 143}, {5, 64, 3}, {2049, 2048, 20},
+        {77, 3072, 9}, {40, 1024, 100}, /* the bulk-copy kernel: a partial last stage (16 warps); outliers past the stream */
     };
     int n_cases = 0;
     for (auto &sh : shapes) {
