@@ -89,6 +89,7 @@
  * Each x load serves R rows. */
 #include "cuda/gemv_q4.cuh"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -820,7 +821,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
                  "r"(parity)
                  : "memory");
 }
+template <bool HINT>
 __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar, uint64_t policy) {
+    if (!HINT) {
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_u32(dst)),
+                     "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                     : "memory");
+        return;
+    }
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
                      smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
@@ -830,7 +839,7 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <int NW>
+template <int NW, bool HINT>
 __global__ void __launch_bounds__((NW + 1) * 32, NW <= 8 ? 2 : 1) gemv_q4_tma(const __grid_constant__ gemv_kargs k, int n_stages) {
     typedef gt_geom<NW> GG;
     extern __shared__ __align__(128) uint8_t gt_sm[];
@@ -871,7 +880,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, NW <= 8 ? 2 : 1) gemv_q4_tma(co
     const uint8_t *p_src = nullptr, *p_src2 = nullptr;
     bool p_ok = false;
     uint64_t policy = 0;
-    if (prod) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    if (prod && HINT) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     auto produce = [&]() {
         if (p_c == 0) {
             int m;
@@ -893,11 +902,11 @@ __global__ void __launch_bounds__((NW + 1) * 32, NW <= 8 ? 2 : 1) gemv_q4_tma(co
             uint8_t *st = ring + (size_t)p_slot * GG::STAGE;
             const int i = lane & 15;
             if (lane < 16) {
-                bulk_g2s(st + i * GG::CS, p_src + c0 / 2, (unsigned)(cc / 2), &full[p_slot], policy);
+                bulk_g2s<HINT>(st + i * GG::CS, p_src + c0 / 2, (unsigned)(cc / 2), &full[p_slot], policy);
             } else {
-                bulk_g2s(st + 16 * GG::CS + i * GG::SS, p_src + c0 / 16, (unsigned)(cc / 16), &full[p_slot], policy);
-                bulk_g2s(st + 16 * (GG::CS + GG::SS) + i * GG::ZS, p_src2 + c0 / 64, (unsigned)(cc / 64), &full[p_slot],
-                         policy);
+                bulk_g2s<HINT>(st + 16 * GG::CS + i * GG::SS, p_src + c0 / 16, (unsigned)(cc / 16), &full[p_slot], policy);
+                bulk_g2s<HINT>(st + 16 * (GG::CS + GG::SS) + i * GG::ZS, p_src2 + c0 / 64, (unsigned)(cc / 64),
+                               &full[p_slot], policy);
             }
         }
         if (++p_c == nch) {
@@ -1087,15 +1096,15 @@ static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
  * alignment needs are not met (cols not a multiple of 1024) those run
  * variant 0. */
 #define GM_SMEM_MAX (160 * 1024)
-#define GT_SMEM_MAX (227 * 1024)
 typedef void (*gemv_tma_fn)(const gemv_kargs, int);
 static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true>, gemv_q4_mma<4, 2, false>};
 static const int g_mma_maxb[] = {2, 2};
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
-static const gemv_tma_fn g_tma[] = {gemv_q4_tma<8>, gemv_q4_tma<16>};
-static const int g_tma_nw[] = {8, 16};
-static const int g_tma_stage[] = {gt_geom<8>::STAGE, gt_geom<16>::STAGE};
+static const gemv_tma_fn g_tma[] = {gemv_q4_tma<8, true>, gemv_q4_tma<16, true>, gemv_q4_tma<8, false>};
+static const int g_tma_nw[] = {8, 16, 8};
+static const int g_tma_stage[] = {gt_geom<8>::STAGE, gt_geom<16>::STAGE, gt_geom<8>::STAGE};
 #define N_TMA ((int)(sizeof g_tma / sizeof g_tma[0]))
+static int g_tma_smem[N_TMA]; /* dynamic shared memory limit, set up by spx_gemv_q4_setup */
 static int g_default = 2;
 
 int spx_gemv_q4_impls(void) { return 2 + N_MMA + N_TMA; }
@@ -1116,8 +1125,17 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
         cudaError_t err = cudaFuncSetAttribute(g_mma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
         if (err != cudaSuccess) return err;
     }
-    for (int i = 0; i < N_TMA; i++) {
-        cudaError_t err = cudaFuncSetAttribute(g_tma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GT_SMEM_MAX);
+    int dev = 0, optin = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (err != cudaSuccess) return err;
+    for (int i = 0; i < N_TMA; i++) { /* the most the device allows beside the static part */
+        cudaFuncAttributes fa;
+        if ((err = cudaFuncGetAttributes(&fa, g_tma[i])) != cudaSuccess) return err;
+        g_tma_smem[i] = optin > (int)fa.sharedSizeBytes ? optin - (int)fa.sharedSizeBytes : 0;
+        err = cudaFuncSetAttribute(g_tma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, g_tma_smem[i]);
+        if (err == cudaSuccess) /* all of the unified L1 as shared memory: two blocks of ~110 KB */
+            err = cudaFuncSetAttribute(g_tma[i], cudaFuncAttributePreferredSharedMemoryCarveout, 100);
         if (err != cudaSuccess) return err;
     }
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
@@ -1162,7 +1180,8 @@ static cudaError_t launch_tma(gemv_kargs &k, int v, size_t base_smem, int n_sm, 
     base_smem = (base_smem + 15) & ~(size_t)15;
     const size_t two = 110 * 1024; /* per block, two blocks per multiprocessor (static shared memory aside) */
     int ns = base_smem < two ? (int)((two - base_smem) / stage) : 0;
-    if (ns < 3) ns = base_smem < GT_SMEM_MAX ? (int)((GT_SMEM_MAX - base_smem) / stage) : 0;
+    const size_t lim = (size_t)g_tma_smem[v];
+    if (ns < 3) ns = base_smem < lim ? (int)((lim - base_smem) / stage) : 0;
     if (ns > GT_MAX_STAGES) ns = GT_MAX_STAGES;
     if (ns < 2) return cudaErrorNotSupported;
     const size_t smem = (size_t)ns * stage + base_smem;
@@ -1173,6 +1192,11 @@ static cudaError_t launch_tma(gemv_kargs &k, int v, size_t base_smem, int n_sm, 
     int64_t blocks = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
     if (blocks > k.n_tiles) blocks = k.n_tiles;
     if (blocks < 1) blocks = 1;
+    static int dbg = -1;
+    if (dbg < 0) dbg = getenv("SPECTRA_GEMV_DEBUG") != NULL;
+    if (dbg)
+        fprintf(stderr, "gemv tma%d: cols %d rows %lld tiles %lld stages %d smem %zu occupancy %d blocks %lld\n", v,
+                k.cols, (long long)k.total, (long long)k.n_tiles, ns, smem, occ, (long long)blocks);
     return spx_launch(g_tma[v], dim3((unsigned)blocks), dim3(threads), smem, st, pdl, k, ns);
 }
 
