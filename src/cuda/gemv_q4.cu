@@ -89,7 +89,6 @@
  * Each x load serves R rows. */
 #include "cuda/gemv_q4.cuh"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -761,314 +760,6 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
     }
 }
 
-
-/* ---- impl 0 on wide rows: the weight stream through the bulk-copy engine --------
- *
- * gemv_q4_tma: the same tensor-core arithmetic as gemv_q4_mma (same image,
- * same fragments, same sums in the same order per lane), but the codes,
- * scales and zero bytes reach the warps through shared memory, copied by
- * the Hopper bulk-copy engine (cp.async.bulk, completion counted in bytes
- * on an mbarrier) into a ring of GT_MAX_STAGES-or-fewer stages. Bytes in
- * flight no longer cost registers: one producer warp keeps the ring full
- * (lane i < 16: the codes of tile row i; lane 16 + i: its scales and zero
- * bytes, one copy each), NW consumer warps take one 4-group item of every
- * stage each. A stage is a tile of 16 rows (SWIGLU: 8 gate over 8 up rows)
- * times KC = 128 * NW columns; rows are padded in shared memory so that
- * the consumers' loads are free of bank conflicts. Tiles go to blocks
- * round-robin, each block walks its tiles' chunks in order; the consumer
- * warps' sums meet in shared memory at the end of a tile (a named barrier
- * of the consumers only), as in gemv_q4_mma. The producer issues the first
- * stages before the input image exists (weights only; programmatic
- * dependent launch lets that overlap the previous kernel).
- *
- * Needs: cols a multiple of 1024 (each row's scale and zero segments of a
- * stage start 16-byte aligned), codes/scales/zeros 16-byte aligned.
- * spx_gemv_q4 falls back to gemv_q4_mma otherwise. */
-
-#define GT_MAX_STAGES 8
-
-template <int NW> struct gt_geom {
-    static constexpr int KC = 128 * NW;                 /* columns per stage */
-    static constexpr int CB = KC / 2;                   /* code bytes per row */
-    static constexpr int SB = KC / 16;                  /* scale bytes per row */
-    static constexpr int ZB = KC / 64;                  /* zero bytes per row */
-    /* padded row strides: codes 64 mod 128 bytes (the LDS.128 of rows r and
-     * r + 1 land in different halves of the banks); scales and zeros an odd
-     * multiple of 16 bytes (8 rows, 8 different bank quads) */
-    static constexpr int CS = CB % 128 == 0 ? CB + 64 : CB;
-    static constexpr int SS = (SB / 16) % 2 == 0 ? SB + 16 : SB;
-    static constexpr int ZS = (ZB / 16) % 2 == 0 ? ZB + 16 : ZB;
-    static constexpr int STAGE = 16 * (CS + SS + ZS);
-};
-
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra W;\n"
-                 "}" ::"r"(smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
-}
-template <bool HINT>
-__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar, uint64_t policy) {
-    if (!HINT) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         smem_u32(dst)),
-                     "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                     : "memory");
-        return;
-    }
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-                 : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-template <int NW, bool HINT>
-__global__ void __launch_bounds__((NW + 1) * 32, NW <= 8 ? 2 : 1) gemv_q4_tma(const __grid_constant__ gemv_kargs k, int n_stages) {
-    typedef gt_geom<NW> GG;
-    extern __shared__ __align__(128) uint8_t gt_sm[];
-    __shared__ uint64_t full[GT_MAX_STAGES], empty[GT_MAX_STAGES];
-    __shared__ float red[2][NW][16];
-    __shared__ double redd[32];
-    const spx_gemv_args &a = k.a;
-    const int ng = k.cols >> 5, n_items = k.n_items;
-    const int nch = (k.cols + GG::KC - 1) / GG::KC; /* chunks per tile */
-    uint8_t *ring = gt_sm;
-    uint8_t *img = ring + (size_t)n_stages * GG::STAGE;
-    int2 *meta = reinterpret_cast<int2 *>(img + (size_t)n_items * 4 * GM_IMG_GROUP);
-    uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
-    float *xo = reinterpret_cast<float *>(zero + 2);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const bool swiglu = a.mode == SPX_GEMV_SWIGLU;
-    const int64_t G = gridDim.x;
-    const int ntl = (int)((k.n_tiles - 1 - blockIdx.x) / G) + 1;
-    const int total = ntl * nch; /* stages this block walks */
-    const int64_t cstride = k.cols >> 1;
-
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < n_stages; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], NW);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-
-    /* producer state (warp NW): lane i < 16 copies the codes of tile row i,
-     * lane 16 + i its scales and zero bytes */
-    const bool prod = warp == NW;
-    int p_n = 0, p_c = 0, p_slot = 0;
-    unsigned p_par = 0;
-    int64_t p_tile = blockIdx.x;
-    const uint8_t *p_src = nullptr, *p_src2 = nullptr;
-    bool p_ok = false;
-    uint64_t policy = 0;
-    if (prod && HINT) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    auto produce = [&]() {
-        if (p_c == 0) {
-            int m;
-            int64_t rr;
-            p_ok = gm_row(k, swiglu, p_tile, lane & 15, m, rr);
-            const spx_dqmat &w = a.w[m];
-            if (lane < 16) {
-                p_src = w.codes + rr * cstride;
-            } else {
-                p_src = reinterpret_cast<const uint8_t *>(w.scales) + rr * (int64_t)ng * 2;
-                p_src2 = w.zeros + rr * (int64_t)w.zrow;
-            }
-        }
-        const int c0 = p_c * GG::KC, cc = min(GG::KC, k.cols - c0); /* columns of this stage */
-        const unsigned valid = __popc(__ballot_sync(0xffffffffu, p_ok && lane < 16));
-        if (lane == 0) mbar_expect_tx(&full[p_slot], valid * (unsigned)(cc / 2 + cc / 16 + cc / 64));
-        __syncwarp();
-        if (p_ok) {
-            uint8_t *st = ring + (size_t)p_slot * GG::STAGE;
-            const int i = lane & 15;
-            if (lane < 16) {
-                bulk_g2s<HINT>(st + i * GG::CS, p_src + c0 / 2, (unsigned)(cc / 2), &full[p_slot], policy);
-            } else {
-                bulk_g2s<HINT>(st + 16 * GG::CS + i * GG::SS, p_src + c0 / 16, (unsigned)(cc / 16), &full[p_slot], policy);
-                bulk_g2s<HINT>(st + 16 * (GG::CS + GG::SS) + i * GG::ZS, p_src2 + c0 / 64, (unsigned)(cc / 64),
-                               &full[p_slot], policy);
-            }
-        }
-        if (++p_c == nch) {
-            p_c = 0;
-            p_tile += G;
-        }
-        if (++p_slot == n_stages) {
-            p_slot = 0;
-            p_par ^= 1;
-        }
-        p_n++;
-    };
-
-    spx_pdl_trigger();
-    if (prod) /* the first stages: every slot is free */
-        while (p_n < total && p_n < n_stages) produce();
-    spx_pdl_wait();
-    const float inv = gm_build(k, img, meta, xo, redd);
-
-    if (prod) {
-        while (p_n < total) {
-            mbar_wait(&empty[p_slot], p_par ^ 1);
-            produce();
-        }
-        return;
-    }
-
-    /* consumers */
-    const int t = lane & 3, r = lane >> 2;
-    const bool bval = t == (r >> 1);
-    const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
-    const int bstride = bval ? 4 * GM_IMG_GROUP : 0;
-    const int zsh = (t & 1) * 4;
-    const int sl = nch * NW * 4; /* outliers j < sl ride with group j of the stream */
-    int c_c = 0, c_slot = 0, ck = 0;
-    unsigned c_par = 0;
-    int64_t ctile = blockIdx.x;
-    float tot0 = 0.0f, tot1 = 0.0f;
-    int cno0 = 0, cno1 = 0;
-    const float *cxo0 = xo, *cxo1 = xo;
-    const unsigned short *cop0 = nullptr, *cop1 = nullptr;
-    unsigned long long best = 0;
-    auto crow = [&](int i, int &no, const float *&xp, const unsigned short *&op) {
-        int m;
-        int64_t rr;
-        const bool ok = gm_row(k, swiglu, ctile, i, m, rr);
-        const spx_dqmat &w = a.w[m];
-        no = ok ? w.n_out : 0;
-        xp = xo + k.out_off[m];
-        op = reinterpret_cast<const unsigned short *>(w.oval) + rr * w.n_out;
-    };
-    for (int n = 0; n < total; n++) {
-        if (c_c == 0) {
-            crow(r, cno0, cxo0, cop0);
-            crow(r + 8, cno1, cxo1, cop1);
-        }
-        const int item = c_c * NW + warp; /* of the row */
-        const int g = item * 4 + t;
-        unsigned o0 = 0, o1 = 0; /* outlier values of column index g (global loads, issued first) */
-        if (g < cno0) o0 = __ldg(cop0 + g);
-        if (g < cno1) o1 = __ldg(cop1 + g);
-        mbar_wait(&full[c_slot], c_par);
-        if (item < n_items) { /* uniform over the warp */
-            const uint8_t *st = ring + (size_t)c_slot * GG::STAGE;
-            const int lg = warp * 4 + t; /* group within the stage */
-            const uint4 c0 = *reinterpret_cast<const uint4 *>(st + r * GG::CS + lg * 16);
-            const uint4 c1 = *reinterpret_cast<const uint4 *>(st + (r + 8) * GG::CS + lg * 16);
-            const unsigned short s0 = *reinterpret_cast<const unsigned short *>(st + 16 * GG::CS + r * GG::SS + lg * 2);
-            const unsigned short s1 =
-                *reinterpret_cast<const unsigned short *>(st + 16 * GG::CS + (r + 8) * GG::SS + lg * 2);
-            const unsigned z0 = st[16 * (GG::CS + GG::SS) + r * GG::ZS + (lg >> 1)];
-            const unsigned z1 = st[16 * (GG::CS + GG::SS) + (r + 8) * GG::ZS + (lg >> 1)];
-            const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + item * bstride);
-            const uint4 bA = bp[0], bB = bp[1];
-            int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
-            mma_s8(d, c0.x & 0x0f0f0f0fu, c1.x & 0x0f0f0f0fu, (c0.x >> 4) & 0x0f0f0f0fu, (c1.x >> 4) & 0x0f0f0f0fu, bA.x,
-                   bA.y);
-            mma_s8(e, c0.z & 0x0f0f0f0fu, c1.z & 0x0f0f0f0fu, (c0.z >> 4) & 0x0f0f0f0fu, (c1.z >> 4) & 0x0f0f0f0fu, bB.x,
-                   bB.y);
-            mma_s8(d, c0.y & 0x0f0f0f0fu, c1.y & 0x0f0f0f0fu, (c0.y >> 4) & 0x0f0f0f0fu, (c1.y >> 4) & 0x0f0f0f0fu, bA.z,
-                   bA.w);
-            mma_s8(e, c0.w & 0x0f0f0f0fu, c1.w & 0x0f0f0f0fu, (c0.w >> 4) & 0x0f0f0f0fu, (c1.w >> 4) & 0x0f0f0f0fu, bB.z,
-                   bB.w);
-            const int2 mt = meta[item * 4 + t];
-            const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)((z0 >> zsh) & 15u) * mt.y;
-            const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)((z1 >> zsh) & 15u) * mt.y;
-            const float S = __int_as_float(mt.x);
-            tot0 = fmaf(__half2float(__ushort_as_half(s0)) * S, (float)i0, tot0);
-            tot1 = fmaf(__half2float(__ushort_as_half(s1)) * S, (float)i1, tot1);
-        }
-        __syncwarp(); /* every lane's reads of the slot are done (their values were used above) */
-        if (lane == 0) mbar_arrive(&empty[c_slot]);
-        if (g < cno0) tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)o0)), cxo0[g], tot0);
-        if (g < cno1) tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)o1)), cxo1[g], tot1);
-        if (++c_slot == n_stages) {
-            c_slot = 0;
-            c_par ^= 1;
-        }
-        if (++c_c < nch) continue;
-        /* end of a tile */
-        if (k.n_out_max > sl) { /* outliers beyond one per group */
-            for (int j = sl + warp * 4 + t; j < cno0; j += NW * 4)
-                tot0 = fmaf(__half2float(__ushort_as_half(__ldg(cop0 + j))), cxo0[j], tot0);
-            for (int j = sl + warp * 4 + t; j < cno1; j += NW * 4)
-                tot1 = fmaf(__half2float(__ushort_as_half(__ldg(cop1 + j))), cxo1[j], tot1);
-        }
-        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
-        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
-        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
-        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
-        const int kb = ck & 1;
-        if (t == 0) {
-            red[kb][warp][r] = tot0;
-            red[kb][warp][r + 8] = tot1;
-        }
-        named_sync(1, NW * 32);
-        if (warp == 0) {
-            const int i = lane & 15;
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < NW; w++) v += red[kb][w][i];
-            v *= inv;
-            int m;
-            int64_t rr;
-            const bool ok = gm_row(k, swiglu, ctile, i, m, rr) && lane < 16;
-            if (swiglu) {
-                float up = __shfl_down_sync(0xffffffffu, v, 8);
-                if (ok && i < 8) {
-                    float gt = v;
-                    if (a.o[0].bias) gt += a.o[0].bias[rr];
-                    if (a.o[1].bias) up += a.o[1].bias[rr];
-                    a.o[0].y[rr] = gt / (1.0f + expf(-gt)) * up;
-                }
-            } else if (ok) {
-                const spx_gemv_out &o = a.o[m];
-                if (o.bias) v += o.bias[rr];
-                if (a.mode == SPX_GEMV_ADD) {
-                    o.y[rr] += v;
-                } else {
-                    if (o.y) o.y[rr] = v;
-                    if (a.mode == SPX_GEMV_ARGMAX) {
-                        const unsigned long long key = spx_argmax_key(v, (int)(k.start[m] + rr));
-                        best = key > best ? key : best;
-                    }
-                }
-            }
-        }
-        tot0 = tot1 = 0.0f;
-        c_c = 0;
-        ck++;
-        ctile += G;
-    }
-    if (a.mode == SPX_GEMV_ARGMAX && warp == 0) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
-            best = b > best ? b : best;
-        }
-        if (lane == 0 && best) atomicMax(a.best, best);
-    }
-}
-
 /* ---- dispatch ------------------------------------------------------------------ */
 
 typedef void (*gemv_fn)(const gemv_kargs);
@@ -1087,27 +778,18 @@ static const gemv_impl g_pipe[] = {PIPE(4, 3), PIPE(4, 4), PIPE(2, 4)};
 static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
 #define N_PIPE ((int)(sizeof g_pipe / sizeof g_pipe[0]))
 
-/* Tensor-core variants: impl 2 + i runs variant i; impl 0 runs variant
- * g_default (SPECTRA_GEMV_VARIANT=i at setup overrides it, for
- * benchmarks). 0, 1: gemv_q4_mma, 4 items of 1 KB of codes per warp in
- * registers, two blocks of 8 warps per multiprocessor (128 registers),
- * items consumed in pairs (0) or one at a time (1). 2, 3: gemv_q4_tma with
- * 8 or 16 consumer warps (stages of 1024 or 2048 columns); where its
- * alignment needs are not met (cols not a multiple of 1024) those run
- * variant 0. */
+/* Tensor-core variants: impl 2 + i runs g_mma[i]; impl 0 runs
+ * g_mma[g_default] (SPECTRA_GEMV_VARIANT=i at setup overrides it, for
+ * benchmarks). Both: 4 items of 1 KB of codes per warp in registers, two
+ * blocks of 8 warps per multiprocessor (128 registers); items consumed in
+ * pairs (0) or one at a time (1). */
 #define GM_SMEM_MAX (160 * 1024)
-typedef void (*gemv_tma_fn)(const gemv_kargs, int);
 static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true>, gemv_q4_mma<4, 2, false>};
 static const int g_mma_maxb[] = {2, 2};
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
-static const gemv_tma_fn g_tma[] = {gemv_q4_tma<8, true>, gemv_q4_tma<16, true>, gemv_q4_tma<8, false>};
-static const int g_tma_nw[] = {8, 16, 8};
-static const int g_tma_stage[] = {gt_geom<8>::STAGE, gt_geom<16>::STAGE, gt_geom<8>::STAGE};
-#define N_TMA ((int)(sizeof g_tma / sizeof g_tma[0]))
-static int g_tma_smem[N_TMA]; /* dynamic shared memory limit, set up by spx_gemv_q4_setup */
-static int g_default = 2;
+static int g_default = 0;
 
-int spx_gemv_q4_impls(void) { return 2 + N_MMA + N_TMA; }
+int spx_gemv_q4_impls(void) { return 2 + N_MMA; }
 
 static size_t smem_of(const gemv_impl &im, int64_t cols) { return image_bytes(cols) + im.stage_bytes; }
 
@@ -1125,21 +807,8 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
         cudaError_t err = cudaFuncSetAttribute(g_mma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
         if (err != cudaSuccess) return err;
     }
-    int dev = 0, optin = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (err != cudaSuccess) return err;
-    for (int i = 0; i < N_TMA; i++) { /* the most the device allows beside the static part */
-        cudaFuncAttributes fa;
-        if ((err = cudaFuncGetAttributes(&fa, g_tma[i])) != cudaSuccess) return err;
-        g_tma_smem[i] = optin > (int)fa.sharedSizeBytes ? optin - (int)fa.sharedSizeBytes : 0;
-        err = cudaFuncSetAttribute(g_tma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, g_tma_smem[i]);
-        if (err == cudaSuccess) /* all of the unified L1 as shared memory: two blocks of ~110 KB */
-            err = cudaFuncSetAttribute(g_tma[i], cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-        if (err != cudaSuccess) return err;
-    }
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
-    if (v && *v >= '0' && *v < '0' + N_MMA + N_TMA && !v[1]) g_default = *v - '0';
+    if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
     return cudaSuccess;
 }
 
@@ -1162,48 +831,10 @@ static cudaError_t launch_pipe(gemv_kargs &k, int n_sm, cudaStream_t st, bool pd
     return spx_launch(im->fn, dim3((unsigned)blocks), dim3(im->warps * 32), smem, st, pdl, k);
 }
 
-/* Variant v if it is a bulk-copy one and the launch meets its needs
- * (else cudaErrorNotSupported: the caller runs gemv_q4_mma). base_smem:
- * the image, meta and outlier table. Stages: as many as leave room for two
- * blocks per multiprocessor (at most GT_MAX_STAGES), else for one. */
-static cudaError_t launch_tma(gemv_kargs &k, int v, size_t base_smem, int n_sm, cudaStream_t st, bool pdl) {
-    if (v < N_MMA || v >= N_MMA + N_TMA) return cudaErrorNotSupported;
-    v -= N_MMA;
-    const spx_gemv_args &a = k.a;
-    if (k.cols % 1024) return cudaErrorNotSupported;
-    for (int i = 0; i < a.n_mats; i++) {
-        const uintptr_t al = reinterpret_cast<uintptr_t>(a.w[i].codes) | reinterpret_cast<uintptr_t>(a.w[i].scales) |
-                             reinterpret_cast<uintptr_t>(a.w[i].zeros);
-        if (al & 15) return cudaErrorNotSupported;
-    }
-    const size_t stage = (size_t)g_tma_stage[v];
-    base_smem = (base_smem + 15) & ~(size_t)15;
-    const size_t two = 110 * 1024; /* per block, two blocks per multiprocessor (static shared memory aside) */
-    int ns = base_smem < two ? (int)((two - base_smem) / stage) : 0;
-    const size_t lim = (size_t)g_tma_smem[v];
-    if (ns < 3) ns = base_smem < lim ? (int)((lim - base_smem) / stage) : 0;
-    if (ns > GT_MAX_STAGES) ns = GT_MAX_STAGES;
-    if (ns < 2) return cudaErrorNotSupported;
-    const size_t smem = (size_t)ns * stage + base_smem;
-    k.n_tiles = a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
-    const int threads = (g_tma_nw[v] + 1) * 32;
-    int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, g_tma[v], threads, smem) != cudaSuccess || occ < 1) occ = 1;
-    int64_t blocks = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
-    if (blocks > k.n_tiles) blocks = k.n_tiles;
-    if (blocks < 1) blocks = 1;
-    static int dbg = -1;
-    if (dbg < 0) dbg = getenv("SPECTRA_GEMV_DEBUG") != NULL;
-    if (dbg)
-        fprintf(stderr, "gemv tma%d: cols %d rows %lld tiles %lld stages %d smem %zu occupancy %d blocks %lld\n", v,
-                k.cols, (long long)k.total, (long long)k.n_tiles, ns, smem, occ, (long long)blocks);
-    return spx_launch(g_tma[v], dim3((unsigned)blocks), dim3(threads), smem, st, pdl, k, ns);
-}
-
 cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
     if (a.n_mats < 1 || a.n_mats > SPX_GEMV_MAX_MATS || (a.mode == SPX_GEMV_SWIGLU && a.n_mats != 2))
         return cudaErrorInvalidValue;
-    if (a.impl < 0 || a.impl >= 2 + N_MMA + N_TMA) return cudaErrorInvalidValue;
+    if (a.impl < 0 || a.impl >= 2 + N_MMA) return cudaErrorInvalidValue;
     gemv_kargs k;
     memset(&k, 0, sizeof k);
     k.a = a;
@@ -1232,11 +863,8 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     cudaError_t err;
     if (a.impl == 1 || smem > GM_SMEM_MAX) {
         err = launch_pipe(k, n_sm, st, pdl);
-    } else if ((err = launch_tma(k, a.impl == 0 ? g_default : a.impl - 2, smem, n_sm, st, pdl)) != cudaErrorNotSupported) {
-        /* launched (or failed) */
     } else {
-        int v = a.impl == 0 ? g_default : a.impl - 2;
-        if (v >= N_MMA) v = 0;
+        const int v = a.impl == 0 ? g_default : a.impl - 2;
         k.n_tiles = a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
         int occ = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, g_mma[v], GM_WARPS * 32, smem) != cudaSuccess || occ < 1)
