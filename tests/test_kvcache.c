@@ -1,11 +1,16 @@
 /* test_kvcache.c: the fp16 and 4-bit KV caches.
  *  1. Attention over the stored q4 format equals attention over the
  *     dequantized rows (so computing directly on codes is right).
+ *  1b. The CUDA q4 cache's shared math (src/cuda/kvq4_math.h, compiled
+ *     here by the C compiler) gives spx_kv_store's bytes exactly: rotation,
+ *     scales, zeros, codes, the zero-nibble word updates, the plane layout
+ *     and the dequantized rows.
  *  2. End to end on docllama-58m (head_dim 64, 8 layers): logits with f16
  *     and q4 caches against the exact f32 cache, within the tolerances
  *     below, and the same greedy argmax on most positions. */
 #include "testlib.h"
 #include "core/half.h"
+#include "cuda/kvq4_math.h"
 #include "engine/kvcache.h"
 #include "quant/g32.h"
 #include "spectra.h"
@@ -80,6 +85,127 @@ static void test_direct(void) {
     CHECK(spx_kv_init(&c, SPX_KV_Q4, 1, 4, 16, 8, &e) == SPX_ERR_UNSUPPORTED && strstr(e.msg, "head_dim"), "%s", e.msg);
 }
 
+/* One row quantized the way the device does it (kvq4.cuh / rope.cu): per
+ * head the FWHT of kvq4_math.h, then per group min/max, scale, zero, codes;
+ * packed into the CPU's row format (codes, scales, zeros) with the zero
+ * nibbles set through the device's 32-bit word updates on a poisoned row.
+ * Groups are visited in a scrambled order, as blocks and warps may run. */
+static void device_style_row(const float *x, int64_t kvd, int64_t hd, int rot, uint8_t *row, size_t row_bytes,
+                             uint64_t *rng) {
+    int64_t ng = kvd / 32, cb = kvd / 2, sb = cb + ng * 2;
+    static float xr[16384];
+    memcpy(xr, x, (size_t)kvd * sizeof *xr);
+    for (int64_t h = 0; h < kvd / hd; h++) spx_kvq4_fwht(xr + h * hd, (int)hd, rot);
+    uint32_t zw[64]; /* the zero bytes at byte o0 of these words (the device's rows start anywhere) */
+    int o0 = (int)(tl_rand_u64(rng) % 4);
+    memset(zw, 0xff, sizeof zw);
+    memset(row, 0xff, row_bytes);
+    int64_t first = (int64_t)(tl_rand_u64(rng) % (uint64_t)ng);
+    for (int64_t i = 0; i < ng; i++) {
+        int64_t G = (first + i * 7) % ng; /* 7 is coprime with ng unless ng % 7 == 0 */
+        if (ng % 7 == 0) G = (first + i) % ng;
+        const float *w = xr + G * 32;
+        float mn = w[0], mx = w[0];
+        for (int k = 1; k < 32; k++) {
+            mn = w[k] < mn ? w[k] : mn;
+            mx = w[k] > mx ? w[k] : mx;
+        }
+        uint16_t sbits = spx_kvq4_scale_bits(mn, mx);
+        float s = spx_kvq4_f16_val(sbits);
+        int z = spx_kvq4_zero(mn, s), q[32];
+        for (int k = 0; k < 32; k++) q[k] = spx_kvq4_code(w[k], s, z);
+        for (int k = 0; k < 16; k++) row[G * 16 + k] = (uint8_t)(q[k] | (q[k + 16] << 4));
+        memcpy(row + cb + G * 2, &sbits, 2);
+        int byte = o0 + (int)(G >> 1), sh;
+        uint32_t clear = spx_kvq4_zero_clear((int)G, (int)ng, byte & 3, &sh);
+        zw[byte >> 2] = (zw[byte >> 2] & ~clear) | ((uint32_t)z << sh);
+    }
+    for (int64_t b = 0; b < (ng + 1) / 2; b++) /* little endian */
+        row[sb + b] = (uint8_t)(zw[(o0 + b) >> 2] >> (((o0 + b) & 3) * 8));
+}
+
+static void test_device_math(void) {
+    uint64_t rng = 7;
+    struct { int64_t hd, nkv; } sh[] = {{64, 4}, {128, 8}, {32, 1}, {32, 5}, {96, 3}, {256, 2}, {48 * 2, 1}, {160, 3},
+                                        {256, 40}};
+    int n_rows = 0, bad_bytes = 0, bad_deq = 0, bad_fwht = 0;
+    for (size_t c_ = 0; c_ < sizeof sh / sizeof sh[0]; c_++) {
+        int64_t hd = sh[c_].hd, kvd = hd * sh[c_].nkv, n = 9;
+        spx_kvcache c;
+        spx_err e;
+        spx_err_clear(&e);
+        CHECK(spx_kv_init(&c, SPX_KV_Q4, 1, n, kvd, hd, &e) == SPX_OK, "%s", e.msg);
+        int rot = spx_kvq4_rot(hd, kvd);
+        CHECK(rot == (kvd <= 8192 ? c.rot : 1), "hd %lld kvd %lld: rot %d, kvcache.c %lld", (long long)hd,
+              (long long)kvd, rot, (long long)c.rot);
+        spx_kvq4_layout lo = spx_kvq4_layout_of(n, kvd);
+        size_t rb = (size_t)(lo.code_row + 2 * lo.scale_row + lo.zero_row);
+        CHECK(rb == c.row_bytes && rb * 2 == spx_kv_bytes_per_token(SPX_KV_Q4, 1, kvd) &&
+                  (size_t)lo.code_row == c.codes_b && (size_t)(lo.code_row + 2 * lo.scale_row) == c.scales_b,
+              "kvd %lld: device row parts %zu bytes, CPU row %zu", (long long)kvd, rb, c.row_bytes);
+        CHECK(lo.layer_bytes >= (size_t)n * rb && lo.layer_bytes <= (size_t)n * rb + 1024 && lo.scales_off % 256 == 0 &&
+                  lo.zeros_off % 256 == 0 && lo.zeros_off + (size_t)n * (size_t)lo.zero_row + 4 <= lo.layer_bytes,
+              "kvd %lld: layout %zu bytes for %zu", (long long)kvd, lo.layer_bytes, (size_t)n * rb);
+        float *x = malloc((size_t)kvd * sizeof *x), *d0 = malloc((size_t)kvd * sizeof *d0),
+              *d1 = malloc((size_t)kvd * sizeof *d1);
+        uint8_t *row = malloc(c.row_bytes);
+        for (int64_t p = 0; p < n; p++) {
+            for (int64_t i = 0; i < kvd; i++) {
+                float v = tl_rand_normal(&rng) * (i % 17 == 3 ? 20.0f : 1.0f) + (i % 64 == 5 ? 8.0f : 0.0f);
+                if (p == 1) v = 0.0f;                        /* all-zero groups: floor scale */
+                if (p == 2) v = 1.5f;                        /* constant groups */
+                if (p == 3) v = fabsf(v) + 3.0f;             /* one-sided groups (z = 0) */
+                if (p == 4) v = 1e5f * tl_rand_normal(&rng); /* scales beyond fp16: clamp to 65504 */
+                if (p == 5) v = 1e-9f * tl_rand_normal(&rng);
+                if (p == 6) v = 0.125f * (float)(i % 31); /* s = 0.25 exactly: w / s = k / 2, ties */
+                x[i] = v;
+            }
+            spx_kv_store(&c, 0, p, x, x);
+            const uint8_t *ref = c.k + (size_t)p * c.row_bytes;
+            device_style_row(x, kvd, hd, rot, row, c.row_bytes, &rng);
+            for (size_t b = 0; b < c.row_bytes; b++) bad_bytes += row[b] != ref[b];
+            /* the rule alone (rot 1) against g32.c on the unrotated row:
+             * catches what the rotation hides, e.g. exact .5 ties (row 6) */
+            {
+                uint8_t *rq = malloc(c.row_bytes);
+                spx_q_quantize_row(x, kvd, NULL, 4, 32, SPX_Q_MINMAX, rq, (uint16_t *)(rq + c.codes_b), rq + c.scales_b);
+                device_style_row(x, kvd, hd, 1, row, c.row_bytes, &rng);
+                for (size_t b = 0; b < c.row_bytes; b++) bad_bytes += row[b] != rq[b];
+                free(rq);
+                device_style_row(x, kvd, hd, rot, row, c.row_bytes, &rng);
+            }
+            /* dequantization: (q - z) s, rotated back by the same FWHT */
+            spx_kv_dequant_row(&c, 0, p, 0, d0);
+            for (int64_t i = 0; i < kvd; i++) {
+                int64_t g = i / 32, k = i % 32;
+                uint16_t sb;
+                memcpy(&sb, row + c.codes_b + g * 2, 2);
+                int q = (row[g * 16 + k % 16] >> ((k / 16) * 4)) & 15, z = (row[c.scales_b + g / 2] >> ((g & 1) * 4)) & 15;
+                d1[i] = (float)(q - z) * spx_kvq4_f16_val(sb);
+            }
+            for (int64_t h = 0; h < kvd / hd; h++) spx_kvq4_fwht(d1 + h * hd, (int)hd, rot);
+            bad_deq += memcmp(d0, d1, (size_t)kvd * sizeof *d0) != 0;
+            n_rows++;
+        }
+        /* the FWHT alone, against kvcache.c's (through a q4 row of a query:
+         * spx_kv_scores rotates q; here compare H(H x) = x within rounding
+         * and H e_0 = 1/sqrt(rot) on the block) */
+        for (int64_t i = 0; i < hd; i++) x[i] = i == 0 ? 1.0f : 0.0f;
+        spx_kvq4_fwht(x, (int)hd, rot);
+        for (int64_t i = 0; i < hd; i++)
+            bad_fwht += x[i] != (i < rot ? 1.0f / sqrtf((float)rot) : 0.0f);
+        free(x);
+        free(d0);
+        free(d1);
+        free(row);
+        spx_kv_free(&c);
+    }
+    CHECK(bad_bytes == 0 && bad_deq == 0 && bad_fwht == 0,
+          "device q4 math vs kvcache.c over %d rows: %d bytes differ, %d dequantized rows differ, %d FWHT values off",
+          n_rows, bad_bytes, bad_deq, bad_fwht);
+    printf("device q4 math (cuda/kvq4_math.h): %d rows byte-identical to spx_kv_store\n", n_rows);
+}
+
 static void test_end_to_end(void) {
     spx_model *m = NULL;
     spx_model_params mp = {.n_threads = 2};
@@ -134,6 +260,7 @@ static void test_end_to_end(void) {
 
 int main(void) {
     test_direct();
+    test_device_math();
     test_end_to_end();
     return tl_finish("test_kvcache");
 }

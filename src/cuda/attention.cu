@@ -1,4 +1,4 @@
-/* attention.cu: split-K GQA attention over the fp16 cache (see
+/* attention.cu: split-K GQA attention over the fp16 or 4-bit cache (see
  * attention.cuh).
  *
  * Block = 4 warps, one (KV head, group of <= 4 q heads, split, token).
@@ -183,6 +183,241 @@ __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
     }
 }
 
+/* ---- --kv q4 (kvq4.cuh) ------------------------------------------------
+ * The same blocks, warps, tiles and merges as attn_split_kernel. Scores:
+ * lane i owns key k0 + i and reads its K row's code groups (16-byte loads,
+ * 32 codes), its fp16 scale and zero nibble, and per group adds
+ * s * (sum_k c_k q~_k - z qsum), q~ the rotated q and qsum its per-group
+ * sums (both in shared memory, computed once per block). Values: lane i
+ * also loads its key's V scales and zeros; for each key j of the tile they
+ * are broadcast by shuffle, and lane l dequantizes dimension l + 32 dd
+ * (byte l % 16, nibble l / 16 of group dd). The merged output is rotated
+ * back in shared memory (no split) or by the combine kernel. */
+template <int ND>
+__global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __grid_constant__ spx_attn_args a) {
+    extern __shared__ float at_sm[];
+    spx_pdl_trigger();
+    spx_pdl_wait();
+    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
+    const int kvh = blockIdx.x / HBn, hb = blockIdx.x % HBn;
+    const int h0 = kvh * G + hb * AT_HB;
+    const int nhb = min(AT_HB, G - hb * AT_HB);
+    const int split = blockIdx.y, t = blockIdx.z;
+    const int hd = a.hd, qd = a.nh * hd, ng = hd / SPX_KVQ4_GROUP;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kvd = a.nkv * hd;
+    const int64_t crow = kvd / 2, srow = kvd / SPX_KVQ4_GROUP, zrow = (srow + 1) / 2;
+    const int G0 = kvh * ng; /* this head's first group in a row */
+    const int64_t p = (int64_t)a.pos[0] + t;
+    int64_t start = 0;
+    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
+    const int64_t end = p + 1, len = end - start;
+    const int64_t ntiles = (len + 31) / 32;
+    const int64_t per = (ntiles + a.n_splits - 1) / a.n_splits; /* tiles per split */
+    const int64_t k_begin = start + (int64_t)split * per * 32;
+    const int64_t k_end = min(end, k_begin + per * 32);
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    float *qs = at_sm;               /* [AT_HB][hd], rotated */
+    float *qsum = qs + AT_HB * hd;   /* [AT_HB][ng] */
+    for (int i = threadIdx.x; i < AT_HB * hd; i += blockDim.x) {
+        int hh = i / hd, d = i - hh * hd;
+        qs[i] = hh < nhb ? a.q[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] : 0.0f;
+    }
+    __syncthreads();
+    spx_kvq4_fwht_smem(qs, AT_HB * hd, a.rot);
+    for (int i = threadIdx.x; i < AT_HB * ng; i += blockDim.x) {
+        const float *qq = qs + (i / ng) * hd + (i % ng) * SPX_KVQ4_GROUP;
+        float s = 0.0f;
+        for (int k = 0; k < SPX_KVQ4_GROUP; k++) s = SPX_KQ_ADD(s, qq[k]); /* the CPU's order */
+        qsum[i] = s;
+    }
+    __syncthreads();
+
+    float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
+    }
+    const uint8_t *kcodes = a.kq.codes + (int64_t)kvh * (hd / 2), *vcodes = a.vq.codes + (int64_t)kvh * (hd / 2);
+    const __half *kscales = a.kq.scales + G0, *vscales = a.vq.scales + G0;
+    const uint8_t *kzeros = a.kq.zeros, *vzeros = a.vq.zeros;
+
+    for (int64_t k0 = k_begin + warp * 32; k0 < k_end; k0 += AT_WARPS * 32) {
+        const int64_t key = k0 + lane;
+        const bool valid = key < k_end;
+        float s[AT_HB], vsc[ND], vz[ND];
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) s[hh] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) vsc[dd] = vz[dd] = 0.0f;
+        if (valid) {
+            const uint8_t *kr = kcodes + key * crow;
+#pragma unroll
+            for (int g = 0; g < ND; g++) {
+                if (g < ng) {
+                    const uint4 u = *reinterpret_cast<const uint4 *>(kr + g * 16);
+                    const float sc = __half2float(kscales[key * srow + g]);
+                    const int Gz = G0 + g;
+                    const float z = (float)((kzeros[key * zrow + (Gz >> 1)] >> ((Gz & 1) * 4)) & 15);
+                    const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+                    float c[32];
+#pragma unroll
+                    for (int b = 0; b < 16; b++) {
+                        const unsigned byte = (wd[b >> 2] >> ((b & 3) * 8)) & 0xffu;
+                        c[b] = spx_kvq4_nib(byte & 15u);
+                        c[b + 16] = spx_kvq4_nib(byte >> 4);
+                    }
+#pragma unroll
+                    for (int hh = 0; hh < AT_HB; hh++) {
+                        const float *qq = qs + hh * hd + g * SPX_KVQ4_GROUP;
+                        float dot = 0.0f;
+#pragma unroll
+                        for (int k = 0; k < 32; k++) dot = fmaf(c[k], qq[k], dot);
+                        s[hh] = fmaf(sc, dot - z * qsum[hh * ng + g], s[hh]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int dd = 0; dd < ND; dd++) {
+                if (dd < ng) {
+                    const int Gz = G0 + dd;
+                    vsc[dd] = __half2float(vscales[key * srow + dd]);
+                    vz[dd] = (float)((vzeros[key * zrow + (Gz >> 1)] >> ((Gz & 1) * 4)) & 15);
+                }
+            }
+        }
+        float ps[AT_HB];
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) {
+            float sc = valid ? s[hh] * scale : -INFINITY;
+            float mn = fmaxf(m[hh], spx_warp_max(sc)); /* finite: lane 0's key is valid */
+            float corr = expf(m[hh] - mn);
+            float pr = valid ? expf(sc - mn) : 0.0f;
+            l[hh] = l[hh] * corr + spx_warp_sum(pr);
+            m[hh] = mn;
+#pragma unroll
+            for (int dd = 0; dd < ND; dd++) acc[hh][dd] *= corr;
+            ps[hh] = pr;
+        }
+        const int nvalid = (int)min((int64_t)32, k_end - k0);
+        const int nsh = (lane >> 4) * 4;
+        for (int j = 0; j < nvalid; j++) {
+            const uint8_t *vr = vcodes + (k0 + j) * crow + (lane & 15);
+            float vv[ND];
+#pragma unroll
+            for (int dd = 0; dd < ND; dd++) {
+                const float sj = __shfl_sync(0xffffffffu, vsc[dd], j), zj = __shfl_sync(0xffffffffu, vz[dd], j);
+                vv[dd] = dd < ng ? sj * (spx_kvq4_nib(((unsigned)vr[dd * 16] >> nsh) & 15u) - zj) : 0.0f;
+            }
+#pragma unroll
+            for (int hh = 0; hh < AT_HB; hh++) {
+                float pj = __shfl_sync(0xffffffffu, ps[hh], j);
+#pragma unroll
+                for (int dd = 0; dd < ND; dd++) acc[hh][dd] = fmaf(pj, vv[dd], acc[hh][dd]);
+            }
+        }
+    }
+
+    __syncthreads(); /* q no longer needed: reuse shared memory */
+    float *wm = at_sm, *wl = wm + AT_WARPS * AT_HB, *wacc = wl + AT_WARPS * AT_HB;
+    float *ob = wacc + AT_WARPS * AT_HB * hd; /* [nhb][hd]: the merged output, rotated */
+    if (lane == 0)
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) {
+            wm[warp * AT_HB + hh] = m[hh];
+            wl[warp * AT_HB + hh] = l[hh];
+        }
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++)
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) {
+            int d = lane + 32 * dd;
+            if (d < hd) wacc[(warp * AT_HB + hh) * hd + d] = acc[hh][dd];
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nhb * hd; i += blockDim.x) {
+        int hh = i / hd, d = i - hh * hd;
+        float M = -INFINITY;
+        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w * AT_HB + hh]);
+        float L = 0.0f, O = 0.0f;
+        for (int w = 0; w < AT_WARPS; w++) {
+            float mw = wm[w * AT_HB + hh];
+            if (mw != -INFINITY) {
+                float f = expf(mw - M);
+                L += wl[w * AT_HB + hh] * f;
+                O += wacc[(w * AT_HB + hh) * hd + d] * f;
+            }
+        }
+        const int h = h0 + hh;
+        if (gridDim.y == 1) {
+            ob[i] = O / L;
+        } else {
+            float *pp = a.part + (((int64_t)t * a.nh + h) * a.n_splits + split) * (hd + 2);
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+            pp[2 + d] = O;
+        }
+    }
+    if (gridDim.y == 1) { /* block-uniform */
+        __syncthreads();
+        spx_kvq4_fwht_smem(ob, nhb * hd, a.rot);
+        for (int i = threadIdx.x; i < nhb * hd; i += blockDim.x) {
+            int hh = i / hd, d = i - hh * hd;
+            a.out[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] = ob[i];
+        }
+    }
+}
+
+/* The combine of attn_combine_kernel, then the rotation back. */
+__global__ void attn_combine_q4_kernel(const __grid_constant__ spx_attn_args a) {
+    __shared__ float ob[SPX_ATTN_MAX_HD];
+    spx_pdl_trigger();
+    spx_pdl_wait();
+    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, S = a.n_splits;
+    const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float L = 0.0f, O = 0.0f;
+        for (int s = 0; s < S; s++) {
+            float ms = pp[s * (hd + 2)];
+            if (ms != -INFINITY) {
+                float f = expf(ms - M);
+                L += pp[s * (hd + 2) + 1] * f;
+                O += pp[s * (hd + 2) + 2 + d] * f;
+            }
+        }
+        ob[d] = O / L;
+    }
+    __syncthreads();
+    spx_kvq4_fwht_smem(ob, hd, a.rot);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) a.out[(int64_t)t * a.nh * hd + (int64_t)h * hd + d] = ob[d];
+}
+
+static cudaError_t attention_q4(const spx_attn_args &a, cudaStream_t st, bool pdl) {
+    if (!a.vq.codes || a.hd % SPX_KVQ4_GROUP || a.rot < 1 || (a.rot & (a.rot - 1)) || a.hd % a.rot)
+        return cudaErrorInvalidValue;
+    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB, ng = a.hd / SPX_KVQ4_GROUP;
+    int q_f = AT_HB * a.hd + AT_HB * ng, m_f = 2 * AT_WARPS * AT_HB + AT_WARPS * AT_HB * a.hd + AT_HB * a.hd;
+    size_t smem = (size_t)(q_f > m_f ? q_f : m_f) * sizeof(float);
+    dim3 grid((unsigned)(a.nkv * HBn), (unsigned)a.n_splits, (unsigned)a.n_tok);
+    void (*kern)(const spx_attn_args) = ng <= 1 ? attn_split_q4_kernel<1>
+                                       : ng <= 2 ? attn_split_q4_kernel<2>
+                                       : ng <= 4 ? attn_split_q4_kernel<4>
+                                                 : attn_split_q4_kernel<8>;
+    cudaError_t err = spx_launch(kern, grid, dim3(AT_WARPS * 32), smem, st, pdl, a);
+    if (err == cudaSuccess) err = cudaGetLastError();
+    if (err != cudaSuccess || a.n_splits == 1) return err;
+    err = spx_launch(attn_combine_q4_kernel, dim3((unsigned)a.nh, (unsigned)a.n_tok), dim3(128), 0, st, pdl, a);
+    return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 int spx_attention_blocks_per_split(int n_tok, int nh, int nkv) {
     int G = nkv > 0 ? nh / nkv : 1;
     return n_tok * nkv * ((G + AT_HB - 1) / AT_HB);
@@ -192,6 +427,7 @@ cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     if (a.n_tok <= 0) return cudaSuccess;
     if (a.hd <= 0 || a.hd > SPX_ATTN_MAX_HD || a.nkv <= 0 || a.nh % a.nkv || a.n_splits < 1)
         return cudaErrorInvalidValue;
+    if (a.kq.codes) return attention_q4(a, st, pdl);
     const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
     int q_f = AT_HB * a.hd, m_f = 2 * AT_WARPS * AT_HB + AT_WARPS * AT_HB * a.hd;
     size_t smem = (size_t)(q_f > m_f ? q_f : m_f) * sizeof(float);

@@ -11,11 +11,20 @@
  * Matches the CPU's spx_kv_scores / softmax / spx_kv_weighted_v (f16):
  * scores q.k * (1/sqrt(hd)) in float32. Limits: hd <= 256; nh a multiple
  * of nkv; part holds n_tok * nh * n_splits * (hd + 2) floats when
- * n_splits > 1. */
+ * n_splits > 1.
+ *
+ * With kq.codes set (--kv q4, kvq4.cuh) the same split-K structure reads
+ * the 4-bit cache and matches spx_kv_scores / spx_kv_weighted_v's q4
+ * branch: q is rotated (FWHT over blocks of rot, in shared memory) and the
+ * scores are taken on the codes, per group s * (sum_k q_k c_k - z sum_k
+ * q_k); the values are dequantized in registers, s * (c - z), and the
+ * merged output is rotated back (H is its own inverse) before it is
+ * written. q4 needs hd a multiple of 32 and rot = spx_kvq4_rot(hd, nkv * hd). */
 #ifndef SPX_CUDA_ATTENTION_CUH
 #define SPX_CUDA_ATTENTION_CUH
 
 #include "cuda/common.cuh"
+#include "cuda/kvq4.cuh"
 
 #define SPX_ATTN_MAX_HD 256
 
@@ -28,6 +37,8 @@ struct spx_attn_args {
     int window;                 /* sliding window (0: none) */
     int n_splits;               /* >= 1 */
     const int32_t *pos;         /* device: position of query 0 */
+    spx_kvq4 kq, vq;            /* --kv q4: this layer's caches instead (kq.codes NULL: fp16) */
+    int rot;                    /* q4: Hadamard block, spx_kvq4_rot(hd, nkv * hd) */
 };
 
 cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl = false);

@@ -1,6 +1,6 @@
 /* rope.cu: q/k norm + RoPE + KV store (see rope.cuh). One block of 128
  * threads per (head, token); heads 0..nh-1 are q heads, nh.. k heads (the
- * latter also store their k and v rows). */
+ * latter also store their k and v rows, fp16 or q4). */
 #include "cuda/rope.cuh"
 
 __global__ void rope_store_kernel(const __grid_constant__ spx_rope_args a) {
@@ -28,7 +28,24 @@ __global__ void rope_store_kernel(const __grid_constant__ spx_rope_args a) {
         vec[i] = x0 * c - x1 * s;
         vec[i + half] = x1 * c + x0 * s;
     }
-    if (!isq) {
+    if (!isq && a.kq.codes) { /* block-uniform: the syncs inside are safe */
+        __shared__ float xs[2 * SPX_KVQ4_MAX_HD]; /* this head's k then v row */
+        __syncthreads();
+        const int kvd = a.nkv * hd, ng = hd / SPX_KVQ4_GROUP;
+        const float *vs = a.v + (int64_t)t * kvd + (int64_t)kh * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            xs[i] = vec[i];
+            xs[hd + i] = vs[i];
+        }
+        __syncthreads();
+        spx_kvq4_fwht_smem(xs, 2 * hd, a.rot);
+        const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+        for (int gi = threadIdx.x >> 5; gi < 2 * ng; gi += nw) {
+            const int val = gi >= ng, g = gi - val * ng;
+            spx_kvq4_store_group(val ? a.vq : a.kq, p, kvd, kh * ng + g, xs[val * hd + g * SPX_KVQ4_GROUP + lane],
+                                 lane);
+        }
+    } else if (!isq) {
         __syncthreads();
         const int64_t kvd = (int64_t)a.nkv * hd;
         __half *kd = a.kc + p * kvd + (int64_t)kh * hd;
@@ -44,6 +61,9 @@ __global__ void rope_store_kernel(const __grid_constant__ spx_rope_args a) {
 cudaError_t spx_rope_store(const spx_rope_args &a, cudaStream_t st, bool pdl) {
     if (a.n_tok <= 0) return cudaSuccess;
     if (a.hd <= 0 || a.hd % 2) return cudaErrorInvalidValue;
+    if (a.kq.codes && (!a.vq.codes || a.hd % SPX_KVQ4_GROUP || a.hd > SPX_KVQ4_MAX_HD || a.rot < 1 ||
+                       (a.rot & (a.rot - 1)) || a.hd % a.rot))
+        return cudaErrorInvalidValue;
     cudaError_t err =
         spx_launch(rope_store_kernel, dim3((unsigned)(a.nh + a.nkv), (unsigned)a.n_tok), dim3(128), 0, st, pdl, a);
     return err != cudaSuccess ? err : cudaGetLastError();

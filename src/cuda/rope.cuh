@@ -4,11 +4,18 @@
  * tokens at positions *pos .. *pos + n_tok - 1 (pos read from device
  * memory, so a captured decode graph can replay it). q and k are rotated
  * in place (float32). Matches spx_cpu_rmsnorm / spx_cpu_rope / the f16
- * branch of spx_kv_store. */
+ * branch of spx_kv_store.
+ *
+ * With kq.codes set (--kv q4) the k and v rows go to the 4-bit cache
+ * instead (kvq4.cuh): per head, the FWHT over blocks of rot, then one warp
+ * per group of 32 quantizes it with the CPU's rule (bit-identical to
+ * spx_kv_store's q4 branch for the same float inputs). q4 needs hd a
+ * multiple of 32, hd <= 256 and rot = spx_kvq4_rot(hd, nkv * hd). */
 #ifndef SPX_CUDA_ROPE_CUH
 #define SPX_CUDA_ROPE_CUH
 
 #include "cuda/common.cuh"
+#include "cuda/kvq4.cuh"
 
 struct spx_rope_args {
     float *q;              /* [n_tok, nh * hd] */
@@ -20,6 +27,8 @@ struct spx_rope_args {
     float eps;
     const int32_t *pos;    /* device: position of token 0 */
     __half *kc, *vc;       /* this layer's cache rows [n_ctx, nkv * hd] */
+    spx_kvq4 kq, vq;       /* --kv q4: this layer's caches instead (kq.codes NULL: fp16) */
+    int rot;               /* q4: Hadamard block, spx_kvq4_rot(hd, nkv * hd) */
 };
 
 cudaError_t spx_rope_store(const spx_rope_args &a, cudaStream_t st, bool pdl = false);
