@@ -44,10 +44,30 @@ void spx_set_log(spx_log_fn fn, void *user);
 typedef struct spx_model spx_model;
 typedef struct spx_session spx_session;
 
+/* KV cache storage. Values frozen. */
+typedef enum spx_kv_type {
+    SPX_KV_DEFAULT = 0, /* fp16 */
+    SPX_KV_F32 = 1,     /* exact: the reference */
+    SPX_KV_F16 = 2,
+    SPX_KV_Q4 = 3       /* Group-32 asymmetric 4-bit (4.625 bits per value) */
+} spx_kv_type;
+
 typedef struct spx_model_params {
     int32_t n_threads;     /* 0: use all online CPUs */
     const char *backend;   /* "cpu", "cuda" or "auto"; NULL: "cpu" */
-    int64_t vram_budget_mb;/* cuda: device memory the model may use; 0: detect */
+    int64_t vram_budget_mb;/* cuda: device memory the model may use; 0: free memory - 512 MiB */
+    /* cuda memory plan (engine/plan.h): what the sessions will hold beside
+     * the weights, so that the layers that do not fit stream instead */
+    int64_t n_ctx;         /* context of the sessions to come; 0: min(model maximum, 4096) */
+    spx_kv_type kv;        /* their KV cache type; 0: fp16 */
+    /* cuda residency. 0: every layer on the device if weights + KV cache +
+     * scratch fit the budget, else ping-pong offload with as many layers
+     * resident as fit. 1: ping-pong with the first n_layers_resident layers
+     * on the device and the others streamed from pinned host memory through
+     * two device slots (n_layers_resident >= n_layers: all resident).
+     * The environment variable SPECTRA_CUDA_RESIDENT_LAYERS=k forces 1, k. */
+    int32_t pingpong;
+    int64_t n_layers_resident;
 } spx_model_params;
 
 /* Opens an HF folder (config.json + safetensors + tokenizer files) or a
@@ -71,14 +91,6 @@ int spx_model_has_tokenizer(const spx_model *m);
  * transformers' encode()). */
 spx_status spx_tokenize(spx_model *m, const char *text, size_t len,
                         int add_special, int32_t *ids, size_t *n_ids);
-
-/* KV cache storage. Values frozen. */
-typedef enum spx_kv_type {
-    SPX_KV_DEFAULT = 0, /* fp16 */
-    SPX_KV_F32 = 1,     /* exact: the reference */
-    SPX_KV_F16 = 2,
-    SPX_KV_Q4 = 3       /* Group-32 asymmetric 4-bit (4.625 bits per value) */
-} spx_kv_type;
 
 typedef struct spx_session_params {
     int64_t n_ctx;      /* KV cache length; 0: model maximum (capped at 4096) */

@@ -2,8 +2,10 @@
  * errors naming the file, and the outputs scripts rely on (ARCHITECTURE.md
  * "Contracts"). Runs the binary named by $SPECTRA_BIN (tests/run.sh). */
 #define _POSIX_C_SOURCE 200809L
+#include "engine/probe.h"
 #include "testlib.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -96,6 +98,54 @@ int main(void) {
     expect(a, 0, "there was");
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 16 -n 8 -r 2 --json", tmp);
     expect(a, 0, "tg_tps_median");
+
+    /* run and bench follow the execution plan and print it (not with -q / --json) */
+    snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --temp 0", tmp);
+    expect(a, 0, "plan: ");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 -r 1", tmp);
+    expect(a, 0, "plan: ");
+    snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --ctx 64 --kv f32 --temp 0", tmp);
+    expect(a, 0, "kv f32, context 64");
+    /* budgets: absurd values are usage errors naming the flag; on the cpu the VRAM budget is moot */
+    snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --vram-budget 0", tmp);
+    expect(a, 2, "--vram-budget");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 --vram-budget 99999999999999", tmp);
+    expect(a, 2, "--vram-budget");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 --vram-budget lots", tmp);
+    expect(a, 2, "--vram-budget");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 8 -n 8 --ctx 10", tmp);
+    expect(a, 2, "--ctx");
+    snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --temp 0 --vram-budget 1 --backend cpu -q", tmp);
+    expect(a, 0, NULL);
+    /* --backend cuda where there is no GPU (or no CUDA in the build): one clear line */
+    spx_hw hw;
+    spx_err he;
+    spx_err_clear(&he);
+    CHECK(spx_hw_probe(&hw, &he) == SPX_OK, "probe: %s", he.msg);
+    if (!hw.cuda_built || hw.n_gpus == 0) {
+        snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --backend cuda", tmp);
+        expect(a, 1, "--backend cuda: ");
+        snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 --backend cuda --vram-budget 2048", tmp);
+        expect(a, 1, "--backend cuda: ");
+    }
+    /* bench --json --telemetry: one valid JSON object with the plan and a non-empty sample array */
+    {
+        char *out;
+        snprintf(c2, sizeof c2, "{ %s bench -m %s/s.trdc -p 8 -n 8 -r 2 --json --telemetry 2>/dev/null; }", bin(), tmp);
+        int rc = sh(c2, &out);
+        CHECK(rc == 0, "%s exited %d:\n%s", c2, rc, out);
+        cJSON *j = cJSON_Parse(out);
+        CHECK(j != NULL, "bench --json --telemetry: not JSON:\n%s", out);
+        const cJSON *tel = cJSON_GetObjectItemCaseSensitive(j, "telemetry");
+        CHECK(cJSON_IsArray(tel) && cJSON_GetArraySize(tel) > 0, "bench --json --telemetry: no samples:\n%s", out);
+        const cJSON *s0 = cJSON_GetArrayItem(tel, 0);
+        CHECK(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(s0, "rss_bytes")), "telemetry sample without rss_bytes");
+        CHECK(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "tg_tps_median")), "bench JSON without tg_tps_median");
+        CHECK(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "residency")), "bench JSON without residency");
+        CHECK(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "plan")), "bench JSON without the plan");
+        cJSON_Delete(j);
+        free(out);
+    }
     /* a flipped byte: verify fails naming the tensor */
     snprintf(c2, sizeof c2, "printf '\\377' | dd of=%s/s.trdc bs=1 seek=4100 conv=notrunc status=none", tmp);
     CHECK(system(c2) == 0, "%s", c2);

@@ -16,6 +16,24 @@
  * and the position advance on the device) in a CUDA graph once per
  * session and replays it; only the next token id comes back to the host.
  *
+ * Ping-pong layer offload: when weights + KV cache + scratch do not fit the
+ * device budget (spx_model_params.vram_budget_mb, else free memory minus
+ * SPX_PLAN_VRAM_MARGIN; engine/plan.h's memory model), the embedding, LM
+ * head, final norm, RoPE table and the first n_resident layers stay in the
+ * arena; every other layer's components are copied into pinned host memory
+ * with the same layout as in the arena (256-byte aligned offsets from the
+ * layer's start, so a layer is one contiguous image and one copy). Each
+ * session owns two device slots of the largest image and a copy stream:
+ * the copy of streamed layer j + 2 into slot j % 2 waits for the event
+ * recorded after the last kernel of layer j; the first kernel of layer j
+ * waits for the event recorded after its copy, so copies of the next layer
+ * overlap compute of this one. The copy stream forks from the compute
+ * stream at the start of a pass and joins it before the LM head, so a pass
+ * (and its graph capture) is self-contained. The layers' device pointers are
+ * kept as pointers into the pinned image and rebased onto the slot when
+ * enqueued. SPECTRA_CUDA_RESIDENT_LAYERS=k forces ping-pong with k layers
+ * resident (tests, measurements).
+ *
  * The single-token kernels are chained with programmatic dependent launch
  * (each fetches its first weights before waiting for the previous one);
  * SPECTRA_CUDA_PDL=0 turns that off (for measurements).
@@ -41,6 +59,7 @@
 extern "C" {
 #include "core/dtype.h"
 #include "engine/backend.h"
+#include "engine/plan.h"
 #include "engine/session.h"
 }
 
@@ -60,6 +79,14 @@ struct cu_model {
     cu_layer *layers;
     spx_dqmat embed, lm_head;
     float *final_norm, *inv_freq;
+    /* ping-pong offload: layers [n_resident, n_layers) stream; their cu_layer
+     * pointers point into host (the image of layer l starts at img_off[l]) */
+    int64_t n_resident;
+    uint8_t *host;            /* pinned */
+    size_t host_bytes;
+    size_t *img_off, *img_bytes; /* [n_layers]; set for streamed layers */
+    size_t slot_bytes;        /* largest streamed image, rounded up to 256 */
+    uint64_t stream_bytes;    /* sum of the streamed images: copied per forward pass */
 };
 
 /* Two passes over the weights: the first (dry) sizes the arena, the second
@@ -68,6 +95,7 @@ struct uploader {
     uint8_t *base;
     size_t off;
     int dry;
+    int host;                 /* base is (pinned) host memory: plain copies */
     cudaError_t err;
 };
 
@@ -75,7 +103,12 @@ static void *up_take(uploader *u, const void *src, size_t n) {
     size_t o = (u->off + 255) & ~(size_t)255;
     u->off = o + n + 16; /* slack: the GEMV reads scale/zero words aligned down */
     if (u->dry) return NULL;
-    if (n && u->err == cudaSuccess) u->err = cudaMemcpy(u->base + o, src, n, cudaMemcpyHostToDevice);
+    if (u->host) {
+        if (n) memcpy(u->base + o, src, n);
+        memset(u->base + o + n, 0, 16);
+    } else if (n && u->err == cudaSuccess) {
+        u->err = cudaMemcpy(u->base + o, src, n, cudaMemcpyHostToDevice);
+    }
     return u->base + o;
 }
 
@@ -121,19 +154,13 @@ static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *n
     return SPX_OK;
 }
 
-/* Uploads (or, dry, sizes) everything. */
-static void upload_all(uploader *u, const spx_model *m, cu_model *cm) {
+/* Uploads (or, dry, sizes) layer l's components into *D. */
+static void upload_layer(uploader *u, const spx_model *m, int64_t l, cu_layer *D) {
     const spx_config *c = &m->cfg;
     int64_t H = c->hidden_size, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     int64_t I = c->intermediate_size;
-    cm->embed = up_mat(u, &m->embed);
-    if (m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes) cm->lm_head = cm->embed;
-    else cm->lm_head = up_mat(u, &m->lm_head);
-    cm->final_norm = up_vec(u, m->final_norm, H);
-    cm->inv_freq = up_vec(u, m->rope_inv_freq, hd / 2);
-    for (int64_t l = 0; l < c->n_layers; l++) {
+    {
         const spx_layer *L = &m->layers[l];
-        cu_layer *D = &cm->layers[l];
         D->wq = up_mat(u, &L->wq);
         D->wk = up_mat(u, &L->wk);
         D->wv = up_mat(u, &L->wv);
@@ -155,11 +182,91 @@ static void upload_all(uploader *u, const spx_model *m, cu_model *cm) {
     }
 }
 
+/* Uploads (or, dry, sizes) the global tensors and layers [0, n_layers). */
+static void upload_all(uploader *u, const spx_model *m, cu_model *cm, int64_t n_layers) {
+    const spx_config *c = &m->cfg;
+    cm->embed = up_mat(u, &m->embed);
+    if (m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes) cm->lm_head = cm->embed;
+    else cm->lm_head = up_mat(u, &m->lm_head);
+    cm->final_norm = up_vec(u, m->final_norm, c->hidden_size);
+    cm->inv_freq = up_vec(u, m->rope_inv_freq, c->head_dim / 2);
+    for (int64_t l = 0; l < n_layers; l++) upload_layer(u, m, l, &cm->layers[l]);
+}
+
+static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+/* Sets cm->n_resident from SPECTRA_CUDA_RESIDENT_LAYERS, the model params,
+ * or engine/plan.h's memory model with the real image sizes: every layer if
+ * weights + KV(T) + scratch(T) fit the budget, else the first layers that
+ * fit beside the globals, two slots of the largest image, KV and scratch.
+ * glob: bytes of the global tensors; cm->img_bytes filled. */
+static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob, size_t free_b, spx_err *e) {
+    const spx_config *c = &m->cfg;
+    const int64_t L = c->n_layers;
+    uint64_t all = glob, slot = 0;
+    for (int64_t l = 0; l < L; l++) {
+        all += round256(cm->img_bytes[l]);
+        if (round256(cm->img_bytes[l]) > slot) slot = round256(cm->img_bytes[l]);
+    }
+    const char *env = getenv("SPECTRA_CUDA_RESIDENT_LAYERS");
+    if (env && *env) {
+        char *end = NULL;
+        long long k = strtoll(env, &end, 10);
+        if (*end || k < 0)
+            return spx_fail(e, SPX_ERR_ARG, "SPECTRA_CUDA_RESIDENT_LAYERS='%s': expected a layer count >= 0", env);
+        cm->n_resident = k < L ? (int64_t)k : L;
+        return SPX_OK;
+    }
+    if (m->pingpong) {
+        int64_t k = m->n_layers_resident;
+        cm->n_resident = k < 0 ? 0 : k < L ? k : L;
+        return SPX_OK;
+    }
+    uint64_t budget;
+    char src[96];
+    if (m->vram_budget_mb > 0) {
+        budget = (uint64_t)m->vram_budget_mb << 20;
+        snprintf(src, sizeof src, "the budget");
+        if (budget > free_b) {
+            budget = free_b;
+            snprintf(src, sizeof src, "the budget, capped at the free memory");
+        }
+    } else {
+        budget = free_b > SPX_PLAN_VRAM_MARGIN ? free_b - SPX_PLAN_VRAM_MARGIN : 0;
+        snprintf(src, sizeof src, "%.0f MiB free - %.0f MiB margin", mib(free_b), mib(SPX_PLAN_VRAM_MARGIN));
+    }
+    int64_t T = m->plan_n_ctx;
+    if (T <= 0) T = c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
+    spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
+    uint64_t ctx = (uint64_t)spx_kv_bytes_per_token(kv, L, c->n_kv_heads * c->head_dim) * (uint64_t)T +
+                   spx_plan_scratch_bytes(m, T);
+    if (all + ctx <= budget) {
+        cm->n_resident = L;
+        return SPX_OK;
+    }
+    uint64_t used = glob + 2 * slot + ctx;
+    if (used > budget)
+        return spx_fail(e, SPX_ERR_NOMEM,
+                        "%s: %.1f MiB of device memory (%s) cannot hold the weights (%.1f MiB) nor ping-pong "
+                        "offload: embedding + LM head %.1f MiB, two layer slots 2 x %.1f MiB, KV cache and scratch "
+                        "for %lld tokens %.1f MiB need %.1f MiB",
+                        m->path, mib(budget), src, mib(all), mib(glob), mib(slot), (long long)T, mib(ctx), mib(used));
+    int64_t k = 0;
+    while (k < L && used + round256(cm->img_bytes[k]) <= budget) used += round256(cm->img_bytes[k++]);
+    cm->n_resident = k;
+    return SPX_OK;
+}
+
 static void cu_model_free(spx_model *m) {
     cu_model *cm = (cu_model *)m->be_state;
     if (!cm) return;
     cudaSetDevice(cm->dev);
     if (cm->arena) cudaFree(cm->arena);
+    if (cm->host) cudaFreeHost(cm->host);
+    free(cm->img_off);
+    free(cm->img_bytes);
     free(cm->layers);
     free(cm);
     m->be_state = NULL;
@@ -199,27 +306,80 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
             SPX_TRY(check_mat(m, w[i], nm, e));
         }
     }
-    cm->layers = (cu_layer *)calloc((size_t)c->n_layers, sizeof *cm->layers);
-    if (!cm->layers) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    const int64_t n_layers = c->n_layers;
+    cm->layers = (cu_layer *)calloc((size_t)n_layers, sizeof *cm->layers);
+    cm->img_off = (size_t *)calloc((size_t)n_layers, sizeof *cm->img_off);
+    cm->img_bytes = (size_t *)calloc((size_t)n_layers, sizeof *cm->img_bytes);
+    if (!cm->layers || !cm->img_off || !cm->img_bytes) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
 
+    /* sizes: the global tensors, then each layer's image from an aligned start */
     uploader u;
     memset(&u, 0, sizeof u);
     u.dry = 1;
-    upload_all(&u, m, cm);
-    cm->arena_bytes = u.off;
+    upload_all(&u, m, cm, 0);
+    const size_t glob = round256(u.off);
+    for (int64_t l = 0; l < n_layers; l++) {
+        cu_layer tmp;
+        memset(&u, 0, sizeof u);
+        u.dry = 1;
+        upload_layer(&u, m, l, &tmp);
+        cm->img_bytes[l] = u.off;
+    }
     size_t free_b = 0, total_b = 0;
     SPX_CUDA_TRY(e, cudaMemGetInfo(&free_b, &total_b));
-    if (m->vram_budget_mb > 0 && cm->arena_bytes > (size_t)m->vram_budget_mb << 20)
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: the weights need %.1f MiB of device memory; the budget is %lld MiB",
-                        m->path, (double)cm->arena_bytes / (1 << 20), (long long)m->vram_budget_mb);
+    SPX_TRY(choose_residency(m, cm, glob, free_b, e));
+    const int64_t k = cm->n_resident;
+
+    cm->arena_bytes = glob;
+    for (int64_t l = 0; l < k; l++) cm->arena_bytes += round256(cm->img_bytes[l]);
     if (cm->arena_bytes > free_b)
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: the weights need %.1f MiB of device memory; %.1f MiB are free", m->path,
-                        (double)cm->arena_bytes / (1 << 20), (double)free_b / (1 << 20));
-    SPX_CUDA_TRY(e, cudaMalloc((void **)&cm->arena, cm->arena_bytes));
+        return spx_fail(e, SPX_ERR_NOMEM,
+                        "%s: the embedding, LM head and %lld resident layers need %.1f MiB of device memory; %.1f MiB "
+                        "are free (a smaller --vram-budget streams more layers)",
+                        m->path, (long long)k, mib(cm->arena_bytes), mib(free_b));
+    cudaError_t ce2 = cudaMalloc((void **)&cm->arena, cm->arena_bytes);
+    if (ce2 != cudaSuccess) {
+        cudaGetLastError();
+        cm->arena = NULL;
+        return spx_fail(e, SPX_ERR_NOMEM, "%s: cudaMalloc of the %.1f MiB weight arena failed: %s", m->path,
+                        mib(cm->arena_bytes), cudaGetErrorString(ce2));
+    }
     memset(&u, 0, sizeof u);
     u.base = cm->arena;
-    upload_all(&u, m, cm);
+    upload_all(&u, m, cm, k);
     SPX_CUDA_TRY(e, u.err);
+
+    if (k < n_layers) { /* the streamed layers: one pinned block, an image per layer */
+        size_t off = 0;
+        cm->slot_bytes = 0;
+        cm->stream_bytes = 0;
+        for (int64_t l = k; l < n_layers; l++) {
+            cm->img_off[l] = off;
+            off += round256(cm->img_bytes[l]);
+            cm->stream_bytes += cm->img_bytes[l];
+            if (round256(cm->img_bytes[l]) > cm->slot_bytes) cm->slot_bytes = round256(cm->img_bytes[l]);
+        }
+        cm->host_bytes = off;
+        ce2 = cudaMallocHost((void **)&cm->host, cm->host_bytes);
+        if (ce2 != cudaSuccess) {
+            cudaGetLastError();
+            cm->host = NULL;
+            return spx_fail(e, SPX_ERR_NOMEM,
+                            "%s: ping-pong offload: cudaMallocHost of %.1f MiB of pinned host memory for %lld "
+                            "streamed layers failed: %s (free RAM, or keep more layers on the device)",
+                            m->path, mib(cm->host_bytes), (long long)(n_layers - k), cudaGetErrorString(ce2));
+        }
+        for (int64_t l = k; l < n_layers; l++) {
+            memset(&u, 0, sizeof u);
+            u.host = 1;
+            u.base = cm->host + cm->img_off[l];
+            upload_layer(&u, m, l, &cm->layers[l]);
+        }
+        spx_log(2, "cuda: ping-pong offload: %lld of %lld layers resident (%.1f MiB), %lld stream from %.1f MiB of "
+                   "pinned memory through 2 slots of %.1f MiB",
+                (long long)k, (long long)n_layers, mib(cm->arena_bytes), (long long)(n_layers - k),
+                mib(cm->host_bytes), mib(cm->slot_bytes));
+    }
     SPX_CUDA_TRY(e, spx_gemv_q4_setup(m->max_cols));
     return SPX_OK;
 }
@@ -239,6 +399,19 @@ enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3 };
 
 #define CU_PART_TOK_SPLITS 128 /* n_tok * n_splits bound when splitting */
 
+/* Ping-pong offload state of a session (when its model streams layers):
+ * the slots, the copy stream and the events ordering it against the
+ * compute stream, all made at session start (events used inside a graph
+ * capture must exist before it). */
+struct cu_pp {
+    cudaStream_t cp;              /* copy stream */
+    uint8_t *slots;               /* [n_slots * slot_bytes] */
+    cudaEvent_t fork, join;       /* cp starts after, and st continues after, a pass's copies */
+    cudaEvent_t copied[2];        /* slot i holds the layer its last copy brought */
+    cudaEvent_t used[2];          /* the last kernel reading slot i finished */
+    int no_copy;                  /* measurement: compute from stale slots, no copies */
+};
+
 struct cu_sess {
     cudaStream_t st;
     __half *kc, *vc;                 /* [n_layers, n_ctx, kvd] */
@@ -257,6 +430,7 @@ struct cu_sess {
     int dec_splits;
     void *allocs[32];                /* every cudaMalloc above, freed in session_free */
     int n_allocs;
+    cu_pp pp;                        /* ping-pong offload (see the top of this file) */
 };
 
 static cudaError_t sess_alloc(cu_sess *cs, void **p, size_t bytes) {
@@ -267,6 +441,38 @@ static cudaError_t sess_alloc(cu_sess *cs, void **p, size_t bytes) {
     return err;
 }
 
+static int64_t pp_n_stream(const spx_model *m, const cu_model *cm) { return m->cfg.n_layers - cm->n_resident; }
+
+static void pp_session_free(cu_sess *cs) {
+    cu_pp *p = &cs->pp;
+    if (p->cp) cudaStreamSynchronize(p->cp);
+    cudaEvent_t *ev[] = {&p->fork, &p->join, &p->copied[0], &p->copied[1], &p->used[0], &p->used[1]};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        if (*ev[i]) cudaEventDestroy(*ev[i]), *ev[i] = NULL;
+    if (p->cp) cudaStreamDestroy(p->cp);
+    p->cp = NULL; /* the slots are in cs->allocs */
+}
+
+/* After the rest of session_init (the device is set). */
+static spx_status pp_session_init(spx_session *s, cu_sess *cs, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    int64_t ns = pp_n_stream(s->m, cm);
+    if (ns <= 0) return SPX_OK;
+    cu_pp *p = &cs->pp;
+    size_t bytes = cm->slot_bytes * (ns > 1 ? 2 : 1);
+    cudaError_t ce = sess_alloc(cs, (void **)&p->slots, bytes);
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        return spx_fail(e, SPX_ERR_NOMEM, "ping-pong offload: the two layer slots (%.1f MiB) do not fit on the device: %s",
+                        mib(bytes), cudaGetErrorString(ce));
+    }
+    SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&p->cp, cudaStreamNonBlocking));
+    cudaEvent_t *ev[] = {&p->fork, &p->join, &p->copied[0], &p->copied[1], &p->used[0], &p->used[1]};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        SPX_CUDA_TRY(e, cudaEventCreateWithFlags(ev[i], cudaEventDisableTiming));
+    return SPX_OK;
+}
+
 static void cu_session_free(spx_session *s) {
     cu_sess *cs = (cu_sess *)s->be_state;
     if (!cs) return;
@@ -274,6 +480,7 @@ static void cu_session_free(spx_session *s) {
     cudaSetDevice(cm->dev);
     if (cs->st) cudaStreamSynchronize(cs->st);
     if (cs->have_graph) cudaGraphExecDestroy(cs->graph);
+    pp_session_free(cs);
     for (int i = 0; i < cs->n_allocs; i++) cudaFree(cs->allocs[i]);
     if (cs->pin) cudaFreeHost(cs->pin);
     if (cs->st) cudaStreamDestroy(cs->st);
@@ -340,6 +547,7 @@ static spx_status cu_session_init(spx_session *s, spx_err *e) {
     if (!cs) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
     s->be_state = cs;
     spx_status st = cu_session_init_inner(s, cs, e);
+    if (st == SPX_OK) st = pp_session_init(s, cs, e);
     if (st != SPX_OK) cu_session_free(s);
     return st;
 }
@@ -375,6 +583,85 @@ static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __hal
     return g;
 }
 
+/* ---- ping-pong: copies and events around each streamed layer ------------ */
+
+template <typename T> static T *rebase_ptr(T *p, const uint8_t *img, uint8_t *slot) {
+    return p ? (T *)(slot + ((const uint8_t *)p - img)) : p;
+}
+
+/* Layer descriptor with its pointers moved from the pinned image img to
+ * the slot (offsets are the same in both). */
+static cu_layer rebase_layer(const cu_layer &L, const uint8_t *img, uint8_t *slot) {
+    cu_layer D = L;
+    spx_dqmat *w[] = {&D.wq, &D.wk, &D.wv, &D.wo, &D.wg, &D.wu, &D.wd};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        w[i]->codes = rebase_ptr(w[i]->codes, img, slot);
+        w[i]->scales = rebase_ptr(w[i]->scales, img, slot);
+        w[i]->zeros = rebase_ptr(w[i]->zeros, img, slot);
+        w[i]->oidx = rebase_ptr(w[i]->oidx, img, slot);
+        w[i]->oval = rebase_ptr(w[i]->oval, img, slot);
+    }
+    float **v[] = {&D.attn_norm, &D.mlp_norm, &D.q_norm, &D.k_norm, &D.bq, &D.bk,
+                   &D.bv,        &D.bo,       &D.bg,     &D.bu,     &D.bd};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) *v[i] = rebase_ptr(*v[i], img, slot);
+    return D;
+}
+
+/* Streamed layer j (layer n_resident + j) lives in slot j % 2. */
+static uint8_t *pp_slot(const cu_model *cm, const cu_sess *cs, int64_t j) {
+    return cs->pp.slots + (size_t)(j & 1) * cm->slot_bytes;
+}
+
+static spx_status pp_copy(const cu_model *cm, cu_sess *cs, int64_t j, spx_err *e) {
+    int64_t l = cm->n_resident + j;
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(pp_slot(cm, cs, j), cm->host + cm->img_off[l], cm->img_bytes[l],
+                                    cudaMemcpyHostToDevice, cs->pp.cp));
+    SPX_CUDA_TRY(e, cudaEventRecord(cs->pp.copied[j & 1], cs->pp.cp));
+    return SPX_OK;
+}
+
+/* Start of a pass: the copy stream forks from the compute stream (so it
+ * never overwrites a slot an earlier pass still reads) and fetches the
+ * first two streamed layers, overlapping the embedding and the resident
+ * layers. */
+static spx_status pp_begin(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e) {
+    int64_t ns = pp_n_stream(m, cm);
+    if (ns <= 0 || cs->pp.no_copy) return SPX_OK;
+    SPX_CUDA_TRY(e, cudaEventRecord(cs->pp.fork, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamWaitEvent(cs->pp.cp, cs->pp.fork, 0));
+    for (int64_t j = 0; j < ns && j < 2; j++) SPX_TRY(pp_copy(cm, cs, j, e));
+    return SPX_OK;
+}
+
+/* Before the first kernel of streamed layer l: wait for its copy (a full
+ * dependency: the first kernel is launched without PDL, and every later
+ * kernel of the layer starts after it has). */
+static spx_status pp_layer_begin(const cu_model *cm, cu_sess *cs, int64_t l, cu_layer *out, spx_err *e) {
+    int64_t j = l - cm->n_resident;
+    if (!cs->pp.no_copy) SPX_CUDA_TRY(e, cudaStreamWaitEvent(cs->st, cs->pp.copied[j & 1], 0));
+    *out = rebase_layer(cm->layers[l], cm->host + cm->img_off[l], pp_slot(cm, cs, j));
+    return SPX_OK;
+}
+
+/* After the last kernel of streamed layer l (the down projection: no later
+ * kernel reads the slot): its slot takes layer l + 2. */
+static spx_status pp_layer_end(const spx_model *m, const cu_model *cm, cu_sess *cs, int64_t l, spx_err *e) {
+    int64_t j = l - cm->n_resident;
+    if (cs->pp.no_copy || j + 2 >= pp_n_stream(m, cm)) return SPX_OK;
+    SPX_CUDA_TRY(e, cudaEventRecord(cs->pp.used[j & 1], cs->st));
+    SPX_CUDA_TRY(e, cudaStreamWaitEvent(cs->pp.cp, cs->pp.used[j & 1], 0));
+    return pp_copy(cm, cs, j + 2, e);
+}
+
+/* After the layers: the copy stream joins the compute stream (required to
+ * end a capture; in eager mode it orders nothing new). */
+static spx_status pp_end(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e) {
+    if (pp_n_stream(m, cm) <= 0 || cs->pp.no_copy) return SPX_OK;
+    SPX_CUDA_TRY(e, cudaEventRecord(cs->pp.join, cs->pp.cp));
+    SPX_CUDA_TRY(e, cudaStreamWaitEvent(cs->st, cs->pp.join, 0));
+    return SPX_OK;
+}
+
 /* Enqueues the forward pass of n tokens (ids in cs->d_ids, position of the
  * first in cs->d_pos) on cs->st. Nothing here reads host state that
  * changes between steps, so it can be captured. */
@@ -391,9 +678,17 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     const int nsm = cm->n_sm;
     const bool pdl = cm->pdl && n == 1; /* the decode chain only */
 
+    SPX_TRY(pp_begin(m, cm, cs, e));
     SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));
     for (int64_t l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &cm->layers[l];
+        cu_layer Ls;
+        const bool streamed = l >= cm->n_resident;
+        if (streamed) {
+            SPX_TRY(pp_layer_begin(cm, cs, l, &Ls, e));
+            L = &Ls;
+        }
+        const bool pdl0 = pdl && !streamed; /* the layer's first kernel */
         __half *kc = cs->kc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
         __half *vc = cs->vc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
         /* attention block */
@@ -408,7 +703,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             g.n_mats = 3;
             g.gain = L->attn_norm;
             g.eps = eps;
-            SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl0));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->attn_norm, eps, n, H, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
@@ -470,7 +765,9 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)n * I, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wd, cs->x16, I, cs->h, H, L->bd, n, 1), nsm, st));
         }
+        if (streamed) SPX_TRY(pp_layer_end(m, cm, cs, l, e));
     }
+    SPX_TRY(pp_end(m, cm, cs, e));
     if (lmode == LM_NONE) return SPX_OK;
     if (lmode == LM_ALL && n > 1) {
         SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, cm->final_norm, eps, n, H, NULL, cs->x16, st));
@@ -514,7 +811,8 @@ static spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int 
     return SPX_OK;
 }
 
-static spx_status capture_decode(spx_session *s, cu_sess *cs, spx_err *e) {
+/* One decode step (ending with the argmax) captured into *out. */
+static spx_status capture_graph(spx_session *s, cu_sess *cs, cudaGraphExec_t *out, spx_err *e) {
     SPX_CUDA_TRY(e, cudaStreamBeginCapture(cs->st, cudaStreamCaptureModeRelaxed));
     spx_status st = enqueue_forward(s, 1, LM_ARGMAX, cs->dec_splits, e);
     cudaGraph_t g = NULL;
@@ -524,9 +822,14 @@ static spx_status capture_decode(spx_session *s, cu_sess *cs, spx_err *e) {
         return st;
     }
     SPX_CUDA_TRY(e, ce);
-    ce = cudaGraphInstantiate(&cs->graph, g, 0);
+    ce = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
     SPX_CUDA_TRY(e, ce);
+    return SPX_OK;
+}
+
+static spx_status capture_decode(spx_session *s, cu_sess *cs, spx_err *e) {
+    SPX_TRY(capture_graph(s, cs, &cs->graph, e));
     cs->have_graph = 1;
     return SPX_OK;
 }
@@ -554,8 +857,94 @@ static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_
     return SPX_OK;
 }
 
+/* ---- offload measurements ------------------------------------------------ */
+
+/* Mean seconds per replay of g over k decode steps at positions 1..k (one
+ * warm-up replay at position 0 first), timed with events on cs->st. */
+static spx_status time_graph(cu_sess *cs, cudaGraphExec_t g, int k, cudaEvent_t t0, cudaEvent_t t1, double *sec,
+                             spx_err *e) {
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    cs->pin[0] = 0;
+    cs->pin[SPX_BATCH_MAX] = 0;
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, 4, cudaMemcpyHostToDevice, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX, 4, cudaMemcpyHostToDevice, cs->st));
+    SPX_CUDA_TRY(e, cudaGraphLaunch(g, cs->st));
+    SPX_CUDA_TRY(e, cudaEventRecord(t0, cs->st));
+    for (int i = 0; i < k; i++) SPX_CUDA_TRY(e, cudaGraphLaunch(g, cs->st));
+    SPX_CUDA_TRY(e, cudaEventRecord(t1, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    float ms = 0;
+    SPX_CUDA_TRY(e, cudaEventElapsedTime(&ms, t0, t1));
+    *sec = (double)ms / 1e3 / k;
+    return SPX_OK;
+}
+
+static spx_status measure_offload(spx_session *s, cu_sess *cs, int k, cudaEvent_t t0, cudaEvent_t t1,
+                                  cudaGraphExec_t *nocopy, spx_offload_stats *o, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    /* 1. the ping-pong step, as step_greedy runs it */
+    if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
+    SPX_TRY(time_graph(cs, cs->graph, k, t0, t1, &o->t_step_s, e));
+    /* 2. the same step without the copies */
+    cs->pp.no_copy = 1;
+    spx_status st = capture_graph(s, cs, nocopy, e);
+    cs->pp.no_copy = 0;
+    SPX_TRY(st);
+    SPX_TRY(time_graph(cs, *nocopy, k, t0, t1, &o->t_compute_s, e));
+    /* 3. the copies alone */
+    int64_t ns = pp_n_stream(s->m, cm);
+    SPX_CUDA_TRY(e, cudaEventRecord(t0, cs->pp.cp));
+    for (int i = 0; i < k; i++)
+        for (int64_t j = 0; j < ns; j++)
+            SPX_CUDA_TRY(e, cudaMemcpyAsync(pp_slot(cm, cs, j), cm->host + cm->img_off[cm->n_resident + j],
+                                            cm->img_bytes[cm->n_resident + j], cudaMemcpyHostToDevice, cs->pp.cp));
+    SPX_CUDA_TRY(e, cudaEventRecord(t1, cs->pp.cp));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->pp.cp));
+    float ms = 0;
+    SPX_CUDA_TRY(e, cudaEventElapsedTime(&ms, t0, t1));
+    o->t_copy_s = (double)ms / 1e3 / k;
+    o->h2d_gbps = o->t_copy_s > 0 ? (double)cm->stream_bytes / o->t_copy_s / 1e9 : 0;
+    double h = o->t_copy_s > 0 ? 1.0 - (o->t_step_s - o->t_compute_s) / o->t_copy_s : 0;
+    o->hidden_share = h < 0 ? 0 : h > 1 ? 1 : h;
+    o->n_steps = k;
+    o->measured = 1;
+    return SPX_OK;
+}
+
+static spx_status cu_offload_stats(spx_session *s, int32_t n_steps, spx_offload_stats *o, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    int64_t ns = pp_n_stream(s->m, cm);
+    o->pingpong = ns > 0;
+    o->n_layers = s->m->cfg.n_layers;
+    o->n_layers_resident = cm->n_resident;
+    o->stream_bytes_per_token = ns > 0 ? cm->stream_bytes : 0;
+    o->pinned_bytes = cm->host_bytes;
+    o->slot_bytes = ns > 0 ? cm->slot_bytes : 0;
+    int64_t k = n_steps;
+    if (k > s->n_ctx - 2) k = s->n_ctx - 2;
+    if (ns <= 0 || k < 1) return SPX_OK;
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    cudaGraphExec_t nocopy = NULL;
+    spx_status st = SPX_OK;
+    cudaError_t ce = cudaEventCreate(&t0);
+    if (ce == cudaSuccess) ce = cudaEventCreate(&t1);
+    if (ce != cudaSuccess) st = spx_cuda_fail(e, ce, "cudaEventCreate", __FILE__, __LINE__);
+    else st = measure_offload(s, cs, (int)k, t0, t1, &nocopy, o, e);
+    cudaStreamSynchronize(cs->st);
+    if (cs->pp.cp) cudaStreamSynchronize(cs->pp.cp);
+    if (nocopy) cudaGraphExecDestroy(nocopy);
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    cs->dev_known = 0; /* the device position and token moved; the cache holds the measurement's tokens */
+    s->pos = 0;
+    return st;
+}
+
 static const spx_backend g_cuda = {
-    "cuda", cu_model_init, cu_model_free, cu_session_init, cu_session_free, cu_forward, cu_step_greedy,
+    "cuda",           cu_model_init, cu_model_free, cu_session_init, cu_session_free, cu_forward, cu_step_greedy,
+    cu_offload_stats,
 };
 
 extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }

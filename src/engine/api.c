@@ -64,6 +64,10 @@ spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model
         const char *bn = p && p->backend ? p->backend : "cpu";
         m->be = spx_backend_find(bn);
         m->vram_budget_mb = p ? p->vram_budget_mb : 0;
+        m->plan_n_ctx = p ? p->n_ctx : 0;
+        m->plan_kv = p ? p->kv : SPX_KV_DEFAULT;
+        m->pingpong = p ? p->pingpong : 0;
+        m->n_layers_resident = p ? p->n_layers_resident : 0;
         if (!m->be)
             st = spx_fail(&e, SPX_ERR_UNSUPPORTED, "backend '%s' is not available in this build (built: cpu%s)", bn,
 #ifdef SPX_HAVE_CUDA

@@ -10,7 +10,7 @@ static spx_status cpu_session_init(spx_session *s, spx_err *e) { return SPX_OK; 
 static void cpu_session_free(spx_session *s) {}
 
 static const spx_backend g_cpu = {
-    "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL,
+    "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL, NULL,
 };
 
 const spx_backend *spx_backend_cpu(void) { return &g_cpu; }
@@ -41,4 +41,12 @@ spx_status spx_session_forward(spx_session *s, const int32_t *ids, int64_t n, in
             return spx_fail(e, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", ids[t],
                             (long long)c->vocab_size);
     return s->m->be->forward(s, ids, n, want_logits, e);
+}
+
+spx_status spx_session_offload_stats(spx_session *s, int32_t n_steps, spx_offload_stats *out, spx_err *e) {
+    memset(out, 0, sizeof *out);
+    out->n_layers = out->n_layers_resident = s->m->cfg.n_layers;
+    if (n_steps < 0) return spx_fail(e, SPX_ERR_ARG, "offload stats: %d steps", (int)n_steps);
+    if (!s->m->be->offload_stats) return SPX_OK;
+    return s->m->be->offload_stats(s, n_steps, out, e);
 }

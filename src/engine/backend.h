@@ -14,6 +14,25 @@
 struct spx_model;
 struct spx_session;
 
+/* Layer offload of a session's model (ping-pong: layers stream from pinned
+ * host memory through two device slots on a copy stream while the compute
+ * stream runs the other slot), with timings when asked for. */
+typedef struct spx_offload_stats {
+    int32_t pingpong;                /* 1: some layers stream every forward pass */
+    int64_t n_layers, n_layers_resident;
+    uint64_t stream_bytes_per_token; /* host-to-device bytes per forward pass (per decoded token) */
+    uint64_t pinned_bytes;           /* pinned host memory holding the streamed layers */
+    uint64_t slot_bytes;             /* one device slot (the largest streamed layer) */
+    /* timings (measured != 0), each per decode step, averaged over n_steps
+     * replays of the captured decode graph at positions 1..n_steps: */
+    int32_t measured, n_steps;
+    double t_step_s;     /* the ping-pong step: copies overlapping compute */
+    double t_compute_s;  /* the same step with the copies left out (slots keep stale weights) */
+    double t_copy_s;     /* the step's copies alone, back to back on the copy stream */
+    double h2d_gbps;     /* stream_bytes_per_token / t_copy_s / 1e9 */
+    double hidden_share; /* 1 - (t_step_s - t_compute_s) / t_copy_s, clamped to [0, 1] */
+} spx_offload_stats;
+
 typedef struct spx_backend {
     const char *name; /* "cpu", "cuda" */
     /* Once per model: upload or prepare weights (m->be_state). Required. */
@@ -29,6 +48,10 @@ typedef struct spx_backend {
      * copying logits to the host (device-side argmax; the decode loop's
      * fast path). NULL: forward + host argmax. */
     spx_status (*step_greedy)(struct spx_session *s, int32_t id, int32_t *next, spx_err *e);
+    /* Optional: the offload state of the session's model; with n_steps > 0
+     * and streamed layers also the timings (this overwrites the session's
+     * KV cache and resets it to position 0). NULL: every weight resident. */
+    spx_status (*offload_stats)(struct spx_session *s, int32_t n_steps, spx_offload_stats *out, spx_err *e);
 } spx_backend;
 
 const spx_backend *spx_backend_cpu(void);
@@ -38,5 +61,7 @@ const spx_backend *spx_backend_cuda(void);
 /* By name ("cpu", "cuda", "auto"); NULL if not compiled in. "auto" picks
  * cuda when compiled in and a device is present, else cpu. */
 const spx_backend *spx_backend_find(const char *name);
+/* The offload state through the backend (see offload_stats above). */
+spx_status spx_session_offload_stats(struct spx_session *s, int32_t n_steps, spx_offload_stats *out, spx_err *e);
 
 #endif

@@ -36,6 +36,10 @@ struct spx_model {
     const struct spx_backend *be;  /* executes forward passes */
     void *be_state;                /* backend's per-model state (device weights) */
     int64_t vram_budget_mb;        /* from spx_model_params */
+    int64_t plan_n_ctx;            /* from spx_model_params: n_ctx, kv, pingpong, n_layers_resident */
+    spx_kv_type plan_kv;
+    int32_t pingpong;
+    int64_t n_layers_resident;
     const struct spx_qkernels *qk; /* CPU kernels for quantized matrices */
     int64_t max_cols;             /* widest matrix input (scratch sizing) */
     char *path;

@@ -1,12 +1,21 @@
 /* cmd_bench.c: `spectra bench -m MODEL [-p 512] [-n 128] [-r 5]`: prompt
  * (prefill) and generation tokens/s, median with min..max over r runs,
  * weight bytes read per generated token and the achieved GB/s. Random
- * token ids (seeded), so any model works, with or without a tokenizer. */
+ * token ids (seeded), so any model works, with or without a tokenizer.
+ * The model runs as the execution plan says (engine/plan.h); with ping-pong
+ * offload the backend's transfer measurements follow the runs (copies
+ * alone, compute alone, the share of the copy time hidden under compute:
+ * docs/design.md). --telemetry samples memory, clocks, power and
+ * temperature every 100 ms into the JSON. */
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
+#include "engine/backend.h"
+#include "engine/plan.h"
+#include "engine/probe.h"
 #include "engine/session.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +26,17 @@ static void usage(FILE *f) {
                "  -p N            prompt tokens per run (int >= 0; default 512; 0 skips the prompt test)\n"
                "  -n N            generated tokens per run (int >= 0; default 128)\n"
                "  -r N            runs (int 1..100; default 5)\n"
-               "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16)\n"
+               "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16, q4 if f16 does not fit)\n"
+               "  --ctx N         context length (int; default: p + n + 1)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
-               "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
-               "  --json          print one JSON object\n");
+               "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
+               "                  it: cuda for a .trdc when built in and a GPU is present, else cpu)\n"
+               "  --vram-budget MiB  device memory the model may use (int >= 1; default: free - 512 MiB);\n"
+               "                  layers that do not fit stream from pinned host memory (ping-pong), and the\n"
+               "                  copy and compute times are measured after the runs\n"
+               "  --telemetry     sample RSS, CPU time, GPU memory, clocks, power and temperature every\n"
+               "                  100 ms during the benchmark (a \"telemetry\" array in the JSON)\n"
+               "  --json          print one JSON object (on one line)\n");
 }
 
 static int cmp(const void *a, const void *b) {
@@ -28,38 +44,89 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* JSON number, or null when not measured */
+static void jnum(const char *key, double v, int ok) {
+    if (ok) printf(", \"%s\": %.6g", key, v);
+    else printf(", \"%s\": null", key);
+}
+
+static void print_telemetry_summary(const spx_tele_sample *t, size_t n) {
+    if (!n) return;
+    uint64_t rss = 0;
+    for (size_t i = 0; i < n; i++) rss = t[i].rss > rss ? t[i].rss : rss;
+    printf("  telemetry: %zu samples over %.1f s, peak RSS %.1f MiB\n", n, t[n - 1].t, (double)rss / (1 << 20));
+    for (int32_t g = 0; g < t[0].n_gpus && g < SPX_TELE_MAX_GPUS; g++) {
+        uint64_t mem = 0;
+        double pw = -1;
+        int32_t temp = -1;
+        uint32_t smin = UINT32_MAX, smax = 0;
+        for (size_t i = 0; i < n; i++) {
+            const spx_tele_gpu *q = &t[i].gpu[g];
+            if (g >= t[i].n_gpus) continue;
+            mem = q->mem_used > mem ? q->mem_used : mem;
+            pw = q->power_w > pw ? q->power_w : pw;
+            temp = q->temp_c > temp ? q->temp_c : temp;
+            smin = q->sm_clock_mhz < smin ? q->sm_clock_mhz : smin;
+            smax = q->sm_clock_mhz > smax ? q->sm_clock_mhz : smax;
+        }
+        printf("  gpu %d: peak memory %.1f MiB, SM clock %u..%u MHz", (int)g, (double)mem / (1 << 20), smin, smax);
+        if (pw >= 0) printf(", peak power %.0f W", pw);
+        if (temp >= 0) printf(", peak %d C", (int)temp);
+        printf("\n");
+    }
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int64_t np = 512, ng = 128, reps = 5, threads = 0;
+    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0;
     const char *backend = NULL;
-    spx_kv_type kv = SPX_KV_F16;
-    int json = 0;
+    spx_kv_type kv = SPX_KV_DEFAULT;
+    int json = 0, telemetry = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--telemetry")) telemetry = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "-p")) { if (!cli_int(a, v, 0, 1 << 20, &np)) return 2; }
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 20, &ng)) return 2; }
         else if (!strcmp(a, "-r")) { if (!cli_int(a, v, 1, 100, &reps)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
+        else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
+        else if (!strcmp(a, "--vram-budget")) { if (!cli_int(a, v, 1, (int64_t)1 << 40, &vram)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("bench: unknown option '%s'", a); usage(stderr); return 2; }
     }
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
-    spx_model *m = cli_open_model_on(model, threads, backend);
+    if (n_ctx > 0 && n_ctx < np + ng + 1) {
+        cli_error("bench: --ctx %lld is shorter than -p %lld + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng);
+        return 2;
+    }
+    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1,
+                        .vram_budget_mb = vram, .kv = kv, .quiet = json};
+    spx_plan plan;
+    spx_model *m = cli_open_planned(model, &po, &plan);
     if (!m) return 1;
     int rc = 1;
     int64_t V = spx_model_vocab_size(m);
     spx_session *s = NULL;
-    spx_session_params sp = {.n_ctx = np + ng + 1, .kv = kv};
+    spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
     float *logits = malloc((size_t)V * sizeof(float));
     int32_t *ids = malloc((size_t)(np + 1) * sizeof *ids);
     double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);
+    spx_telemetry *tele = NULL;
+    spx_tele_sample *samples = NULL;
+    size_t n_samples = 0;
+    char *tele_json = NULL, *plan_json = NULL;
+    spx_offload_stats off;
+    memset(&off, 0, sizeof off);
+    spx_err e;
+    spx_err_clear(&e);
     if (!logits || !ids || !pp || !tg) { cli_error("out of memory"); goto done; }
     if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
+    if (telemetry && spx_telemetry_start(100, &tele, &e) != SPX_OK) { cli_fail(&e); goto done; }
     uint64_t rng = 1234;
     /* warm-up: fault in every weight page once, outside the timings */
     int32_t w0 = 1 % (int32_t)V;
@@ -87,20 +154,56 @@ int cmd_bench(int argc, char **argv) {
         if (!json) fprintf(stderr, "\rrun %lld/%lld", (long long)(r + 1), (long long)reps);
     }
     if (!json) fputc('\n', stderr);
+    /* the offload state; with streamed layers, its transfer measurements
+     * (decode steps: they overwrite the cache, which the runs are done with) */
+    if (spx_session_offload_stats(s, 0, &off, &e) != SPX_OK) { cli_fail(&e); goto done; }
+    if (off.pingpong && ng > 0 && spx_session_offload_stats(s, ng < 32 ? (int32_t)ng : 32, &off, &e) != SPX_OK) {
+        cli_fail(&e);
+        goto done;
+    }
+    if (tele) {
+        spx_telemetry_stop(tele, &samples, &n_samples);
+        tele = NULL;
+        if (json && !(tele_json = spx_telemetry_json(samples, n_samples))) { cli_error("out of memory"); goto done; }
+    }
     qsort(pp, (size_t)reps, sizeof *pp, cmp);
     qsort(tg, (size_t)reps, sizeof *tg, cmp);
     double ppm = pp[reps / 2], tgm = tg[reps / 2];
     uint64_t bpt = spx_model_bytes_per_token(m);
     double gbs = (double)bpt * tgm / 1e9;
-    const char *kvn = kv == SPX_KV_F32 ? "f32" : kv == SPX_KV_Q4 ? "q4" : "f16";
+    const char *kvn = spx_kv_type_name(s->kv.type);
+    /* residency as run: the backend's offload state on cuda, the plan's on the cpu (mmap-stream) */
+    spx_residency res = off.pingpong ? SPX_RES_PINGPONG : plan.residency == SPX_RES_MMAP_STREAM ? plan.residency
+                                                                                                : SPX_RES_RESIDENT;
+    uint64_t sbpt = off.pingpong ? off.stream_bytes_per_token : res == SPX_RES_MMAP_STREAM ? plan.stream_bytes_per_token : 0;
+    double bound = off.measured && sbpt ? off.h2d_gbps * 1e9 / (double)sbpt : 0; /* tokens/s the copies allow */
     if (json) {
+        cJSON *pj = spx_plan_json(&plan);
+        plan_json = pj ? cJSON_PrintUnformatted(pj) : NULL;
+        cJSON_Delete(pj);
+        if (!plan_json) { cli_error("out of memory"); goto done; }
         printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
-               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %zu}\n",
+               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %zu",
                model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
                pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
                spx_kv_bytes_per_token(s->kv.type, m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim));
+        printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
+               "\"stream_bytes_per_token\": %llu, \"pinned_bytes\": %llu, \"slot_bytes\": %llu",
+               (long long)s->n_ctx, spx_residency_name(res), (long long)off.n_layers, (long long)off.n_layers_resident,
+               (unsigned long long)sbpt, (unsigned long long)off.pinned_bytes, (unsigned long long)off.slot_bytes);
+        printf(", \"offload_steps\": %d", off.measured ? (int)off.n_steps : 0);
+        jnum("t_step_ms", off.t_step_s * 1e3, off.measured);
+        jnum("t_compute_ms", off.t_compute_s * 1e3, off.measured);
+        jnum("t_copy_ms", off.t_copy_s * 1e3, off.measured);
+        jnum("h2d_gbps", off.h2d_gbps, off.measured);
+        jnum("transfer_hidden_share", off.hidden_share, off.measured);
+        jnum("pcie_bound_tps", bound, bound > 0);
+        jnum("tg_of_pcie_bound", bound > 0 ? tgm / bound : 0, bound > 0 && ng > 0);
+        printf(", \"plan\": %s", plan_json);
+        if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");
+        printf("}\n");
     } else {
         printf("model %s, backend %s, %d threads, kv %s, %lld runs\n", model, spx_model_backend(m), spx_pool_size(m->pool),
                kvn, (long long)reps);
@@ -108,9 +211,23 @@ int cmd_bench(int argc, char **argv) {
         if (ng)
             printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n  weights read per token: %.1f MB -> %.2f GB/s\n",
                    (long long)ng, tgm, tg[0], tg[reps - 1], (double)bpt / 1e6, gbs);
+        if (off.pingpong) {
+            printf("  ping-pong: %lld of %lld layers resident, %.1f MB streamed per token (pinned %.1f MiB, slots 2 x "
+                   "%.1f MiB)\n",
+                   (long long)off.n_layers_resident, (long long)off.n_layers, (double)sbpt / 1e6,
+                   (double)off.pinned_bytes / (1 << 20), (double)off.slot_bytes / (1 << 20));
+            if (off.measured)
+                printf("  per step (%d steps): copies alone %.2f ms (%.1f GB/s host to device), compute alone %.2f ms, "
+                       "ping-pong %.2f ms: %.0f%% of the transfer hidden; PCIe bound %.2f tokens/s (tg %.0f%% of it)\n",
+                       (int)off.n_steps, off.t_copy_s * 1e3, off.h2d_gbps, off.t_compute_s * 1e3, off.t_step_s * 1e3,
+                       100 * off.hidden_share, bound, bound > 0 ? 100 * tgm / bound : 0);
+        }
+        if (telemetry) print_telemetry_summary(samples, n_samples);
     }
     rc = 0;
 done:
+    if (tele) spx_telemetry_stop(tele, &samples, &n_samples);
+    free(samples); free(tele_json); free(plan_json);
     free(logits); free(ids); free(pp); free(tg);
     spx_session_free(s);
     spx_model_free(m);

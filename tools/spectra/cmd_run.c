@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
+#include "engine/plan.h"
 #include "engine/session.h"
 
 #include <stdio.h>
@@ -23,18 +24,22 @@ static void usage(FILE *f) {
             "  --top-p P       nucleus threshold (float in (0, 1], 1 = off; default 0.95)\n"
             "  --seed S        random seed (uint64; default: from the clock, printed)\n"
             "  --ignore-eos    keep generating past the end-of-sequence token\n"
-            "  --ctx N         context length (int; default: min(model max, 4096))\n"
-            "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
+            "  --ctx N         context length (int; default: min(model max, 4096), shrunk if it does not fit)\n"
+            "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16, q4 if f16\n"
+            "                  does not fit)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
-            "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
-            "  -q, --quiet     no prompt echo and no statistics\n");
+            "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
+            "                  it: cuda for a .trdc when built in and a GPU is present, else cpu)\n"
+            "  --vram-budget MiB  device memory the model may use (int >= 1; default: free - 512 MiB);\n"
+            "                  layers that do not fit stream from pinned host memory (ping-pong)\n"
+            "  -q, --quiet     no prompt echo, no plan and no statistics\n");
 }
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL, *ids_s = NULL;
-    int64_t n_gen = 128, top_k = 40, threads = 0, n_ctx = 0, seed = -1;
+    int64_t n_gen = 128, top_k = 40, threads = 0, n_ctx = 0, seed = -1, vram = 0;
     const char *backend = NULL;
-    spx_kv_type kv = SPX_KV_F16;
+    spx_kv_type kv = SPX_KV_DEFAULT;
     double temp = 0.8, top_p = 0.95;
     int ignore_eos = 0, quiet = 0;
     for (int i = 1; i < argc; i++) {
@@ -55,6 +60,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
+        else if (!strcmp(a, "--vram-budget")) { if (!cli_int(a, v, 1, (int64_t)1 << 40, &vram)) return 2; }
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("run: unknown option '%s'", a); usage(stderr); return 2; }
     }
@@ -63,7 +69,10 @@ int cmd_run(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    spx_model *m = cli_open_model_on(model, threads, backend);
+    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .vram_budget_mb = vram, .kv = kv,
+                         .quiet = quiet};
+    spx_plan plan;
+    spx_model *m = cli_open_planned(model, &po, &plan);
     if (!m) return 1;
     int rc = 1;
     int32_t *ids = NULL;
@@ -85,9 +94,9 @@ int cmd_run(int argc, char **argv) {
         if (!text || spx_tok_encode(m->tok, text, text_len, 1, &ids, &n_prompt, &e) != SPX_OK) { cli_fail(&e); goto done; }
         if (n_prompt == 0) { cli_error("run: the prompt encodes to no tokens"); goto done; }
     }
-    spx_session_params sp = {.n_ctx = n_ctx, .kv = kv};
+    spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
     if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
-    if ((int64_t)n_prompt >= n_ctx && n_ctx > 0) { cli_error("run: prompt of %zu tokens does not fit --ctx %lld", n_prompt, (long long)n_ctx); goto done; }
+    if ((int64_t)n_prompt >= s->n_ctx) { cli_error("run: prompt of %zu tokens does not fit the %lld-token context (--ctx)", n_prompt, (long long)s->n_ctx); goto done; }
     int64_t V = spx_model_vocab_size(m);
     if (!(logits = malloc((size_t)V * sizeof(float)))) { cli_error("out of memory"); goto done; }
     uint64_t rng = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);

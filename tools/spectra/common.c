@@ -2,9 +2,12 @@
 #include "common.h"
 #include "cli.h"
 #include "core/util.h"
+#include "engine/plan.h"
+#include "engine/probe.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,4 +86,65 @@ int cli_kv(const char *s, spx_kv_type *out) {
         return 0;
     }
     return 1;
+}
+
+static void print_plan(const spx_plan *p) {
+    char res[96];
+    if (p->residency == SPX_RES_PINGPONG)
+        snprintf(res, sizeof res, "ping-pong (%lld of %lld layers resident)", (long long)p->n_layers_resident,
+                 (long long)p->n_layers);
+    else
+        snprintf(res, sizeof res, "%s", spx_residency_name(p->residency));
+    fprintf(stderr, "plan: %s, kv %s, context %lld; %s\n      %s\n", res, spx_kv_type_name(p->kv), (long long)p->n_ctx,
+            p->why_backend, p->why_residency);
+}
+
+spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, spx_plan *plan) {
+    if (!path) {
+        cli_error("no model given (-m MODEL: a Hugging Face folder or a .trdc file)");
+        return NULL;
+    }
+    spx_err e;
+    spx_err_clear(&e);
+    spx_hw hw;
+    if (spx_hw_probe(&hw, &e) != SPX_OK) {
+        cli_fail(&e);
+        return NULL;
+    }
+    /* sizes first: the model on the CPU backend maps the file and uploads nothing */
+    spx_model *m = cli_open_model_on(path, o->threads, "cpu");
+    if (!m) return NULL;
+    const char *backend = o->backend ? o->backend : "auto";
+    spx_plan_request req = {.backend = backend, .n_ctx = o->n_ctx, .vram_budget_mb = o->vram_budget_mb,
+                            .kv = o->kv, .n_threads = (int32_t)o->threads};
+    if (spx_plan_make(&hw, m, &req, plan, &e) != SPX_OK) {
+        cli_fail(&e);
+        spx_model_free(m);
+        return NULL;
+    }
+    if (!strcmp(plan->backend, "cuda")) {
+        spx_model_free(m);
+        m = NULL;
+        spx_model_params mp = {.n_threads = (int32_t)o->threads, .backend = "cuda",
+                               .vram_budget_mb = o->vram_budget_mb, .n_ctx = plan->n_ctx, .kv = plan->kv,
+                               .pingpong = plan->residency == SPX_RES_PINGPONG,
+                               .n_layers_resident = plan->n_layers_resident};
+        spx_status st = spx_model_open(path, &mp, &m);
+        if (st == SPX_ERR_UNSUPPORTED && !strcmp(backend, "auto")) {
+            if (!o->quiet) fprintf(stderr, "spectra: note: %s; running on the CPU\n", spx_last_error());
+            m = cli_open_model_on(path, o->threads, "cpu");
+            req.backend = "cpu";
+            if (m && spx_plan_make(&hw, m, &req, plan, &e) != SPX_OK) {
+                cli_fail(&e);
+                spx_model_free(m);
+                return NULL;
+            }
+        } else if (st != SPX_OK) {
+            cli_error("%s", spx_last_error());
+            return NULL;
+        }
+        if (!m) return NULL;
+    }
+    if (!o->quiet) print_plan(plan);
+    return m;
 }

@@ -13,6 +13,21 @@ int32_t *cli_parse_ids(const char *s, size_t *n);
 spx_model *cli_open_model(const char *path, int64_t threads);
 /* The same on a named backend ("cpu", "cuda", "auto"; NULL: cpu). */
 spx_model *cli_open_model_on(const char *path, int64_t threads, const char *backend);
+/* run and bench: the execution plan (engine/plan.h) for the model, then
+ * the model opened on the plan's backend with its residency (ping-pong
+ * offload), its context and KV type to use for the session. */
+typedef struct cli_plan_opts {
+    const char *backend;    /* "cpu", "cuda", "auto"; NULL: auto */
+    int64_t threads;        /* 0: the pool's default */
+    int64_t n_ctx;          /* 0: the plan's default */
+    int64_t vram_budget_mb; /* 0: free device memory - margin */
+    spx_kv_type kv;         /* SPX_KV_DEFAULT: the plan's choice */
+    int quiet;              /* no plan summary on stderr */
+} cli_plan_opts;
+struct spx_plan;
+/* Prints the error and returns NULL on failure. When auto chose cuda and
+ * the CUDA backend refuses the model, falls back to the CPU with a note. */
+spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, struct spx_plan *plan);
 /* Checks --backend cpu|cuda|auto; prints an error and returns 0 otherwise. */
 int cli_backend(const char *s);
 /* Parses --kv f32|f16|q4; prints an error and returns 0 otherwise. */
