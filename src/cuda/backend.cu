@@ -6,7 +6,9 @@
  * plus norm gains, biases and RoPE frequencies as float32. Dense matrices
  * are refused ("compress first"): this backend runs 4-bit G32 .trdc models.
  *
- * session_init allocates the device KV cache (fp16, the CPU's layout) and
+ * session_init allocates the device KV cache (fp16, the CPU's layout, or
+ * with --kv q4 the CPU's 4-bit rows split into code/scale/zero planes,
+ * kvq4_math.h) and
  * scratch for SPX_BATCH_MAX tokens. forward(n) runs the same math as the
  * CPU reference (engine/forward.c): n == 1 through the fused GEMV path
  * (RMSNorm in the GEMV prologue, merged Q/K/V launch, residual adds and
@@ -38,8 +40,8 @@
  * (each fetches its first weights before waiting for the previous one);
  * SPECTRA_CUDA_PDL=0 turns that off (for measurements).
  *
- * Limits: one device (the first); fp16 KV cache only (--kv q4 / f32 are
- * refused with a message); head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
+ * Limits: one device (the first); KV cache fp16 or q4 (--kv f32 is refused
+ * with a message); head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
  * The host-side KV cache and scratch that api.c allocates for every
  * session stay unused here. */
 #include "cuda/act.cuh"
@@ -414,7 +416,7 @@ struct cu_pp {
 
 struct cu_sess {
     cudaStream_t st;
-    __half *kc, *vc;                 /* [n_layers, n_ctx, kvd] */
+    __half *kc, *vc;                 /* [n_layers, n_ctx, kvd]; --kv q4: the bytes of kvq4_math.h's layout */
     float *h, *x, *q, *k, *v, *att, *gate, *up, *logits, *part;
     float *ws;                       /* split-K workspace of the GEMM */
     size_t ws_floats;
@@ -501,11 +503,10 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     const spx_model *m = s->m;
     const cu_model *cm = (const cu_model *)m->be_state;
     const spx_config *c = &m->cfg;
-    if (s->kv.type != SPX_KV_F16)
+    if (s->kv.type != SPX_KV_F16 && s->kv.type != SPX_KV_Q4)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "the cuda backend keeps the KV cache in fp16 (--kv f16); --kv %s is not supported on the "
-                        "device yet",
-                        s->kv.type == SPX_KV_Q4 ? "q4" : "f32");
+                        "the cuda backend keeps the KV cache in fp16 (--kv f16) or 4-bit (--kv q4); --kv f32 is not "
+                        "supported on the device (use --backend cpu)");
     if (s->n_ctx >= ((int64_t)1 << 31)) return spx_fail(e, SPX_ERR_ARG, "context too large for the cuda backend");
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
@@ -514,7 +515,9 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     size_t V = (size_t)c->vocab_size, L = (size_t)c->n_layers, T = (size_t)s->n_ctx;
     size_t wide = H > qd ? H : qd;
     if (I > wide) wide = I;
-    size_t kv_bytes = L * T * kvd * 2;
+    /* q4: kvq4_math.h's planes, spx_kv_bytes_per_token's bytes (+ alignment) */
+    size_t kv_bytes = s->kv.type == SPX_KV_Q4 ? L * spx_kvq4_layout_of((int64_t)T, (int64_t)kvd).layer_bytes
+                                              : L * T * kvd * 2;
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->kc, kv_bytes));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->vc, kv_bytes));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->h, B * H * 4));
@@ -553,6 +556,20 @@ static spx_status cu_session_init(spx_session *s, spx_err *e) {
 }
 
 /* ---- the forward pass ---------------------------------------------------- */
+
+/* --kv q4: layer l's K and V caches (kvq4.cuh) and the Hadamard block; with
+ * the fp16 cache *k and *v are zeroed, which selects the fp16 kernels. */
+static void kv_q4_layer(const spx_session *s, const cu_sess *cs, int64_t l, spx_kvq4 *k, spx_kvq4 *v, int *rot) {
+    memset(k, 0, sizeof *k);
+    memset(v, 0, sizeof *v);
+    *rot = 1;
+    if (s->kv.type != SPX_KV_Q4) return;
+    const spx_config *c = &s->m->cfg;
+    const int64_t kvd = c->n_kv_heads * c->head_dim;
+    *k = spx_kvq4_at(cs->kc, l, s->n_ctx, kvd);
+    *v = spx_kvq4_at(cs->vc, l, s->n_ctx, kvd);
+    *rot = spx_kvq4_rot(c->head_dim, kvd);
+}
 
 static spx_gemv_args gemv_one(const spx_dqmat &w, const float *x, float *y, const float *bias, int mode) {
     spx_gemv_args g;
@@ -726,6 +743,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         ra.pos = cs->d_pos;
         ra.kc = kc;
         ra.vc = vc;
+        kv_q4_layer(s, cs, l, &ra.kq, &ra.vq, &ra.rot);
         SPX_CUDA_TRY(e, spx_rope_store(ra, st, pdl));
         spx_attn_args aa;
         memset(&aa, 0, sizeof aa);
@@ -741,6 +759,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         aa.window = (int)c->sliding_window;
         aa.n_splits = n_splits;
         aa.pos = cs->d_pos;
+        kv_q4_layer(s, cs, l, &aa.kq, &aa.vq, &aa.rot);
         SPX_CUDA_TRY(e, spx_attention(aa, st, pdl));
         if (n == 1) {
             SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD), nsm, st, pdl));
