@@ -8,7 +8,8 @@
  *
  * Pipeline: the next K tile's codes and activations are loaded into
  * registers while the tensor cores work on the current one from shared
- * memory (one shared buffer, two barriers per tile). After the quantized
+ * memory, then dequantized into the other of two shared buffers (one
+ * barrier per tile; 72 KB of dynamic shared memory at BM = 128). After the quantized
  * tiles come ceil(n_out / 64) outlier tiles: A[r][j] = oval[r, j0 + j],
  * B[t][j] = x[t, idx[j0 + j]] (zero past n_out).
  *
@@ -46,8 +47,9 @@ __global__ void __launch_bounds__(256) gemm_q4_kernel(const __grid_constant__ sp
     constexpr int TPT = 256 / BM;          /* loader threads per token row */
     constexpr int XH = GM_BK / TPT;        /* halves of x per loader thread */
     constexpr int XV = XH / 8;             /* uint4 per loader thread */
-    __shared__ __align__(16) __half Ws[GM_BN * GM_LD];
-    __shared__ __align__(16) __half Xs[BM * GM_LD];
+    extern __shared__ __align__(16) __half gemm_sm[]; /* two buffers of [W tile | x tile] */
+    __half *const Ws = gemm_sm, *const Xs = gemm_sm + GM_BN * GM_LD;
+    constexpr int BUF = (GM_BN + BM) * GM_LD;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp & 3, wn = warp >> 2;
@@ -93,34 +95,48 @@ __global__ void __launch_bounds__(256) gemm_q4_kernel(const __grid_constant__ sp
         }
     };
 
-    auto store_q = [&]() {
+    /* Dequantization without conversions: a nibble q OR'ed into the fp16
+     * pattern 0x6400 is the fp16 number 1024 + q exactly, so (1024 + q) -
+     * (1024 + z) = q - z exactly (HSUB2) and one HMUL2 by the scale rounds
+     * (q - z) * s to fp16 once, as (float)(q - z) * s rounded would. Bytes
+     * are permuted (b0, b2, b1, b3) first so that each 32-bit mask takes
+     * two adjacent codes: nibbles of bytes 0 and 1 are codes k, k + 1
+     * (low) and k + 16, k + 17 (high). */
+    auto store_q = [&](int b) {
         const uint32_t wd[4] = {rc.x, rc.y, rc.z, rc.w};
-        __half *dst = Ws + lr * GM_LD + lgs * 32;
+        const __half2 zz = __float2half2_rn(1024.0f + rz), ss = __float2half2_rn(rs);
+        __half *dst = Ws + b * BUF + lr * GM_LD + lgs * 32;
+        auto deq = [&](uint32_t v) {
+            const uint32_t m = (v & 0x000f000fu) | 0x64006400u;
+            const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2 *>(&m), zz), ss);
+            return *reinterpret_cast<const uint32_t *>(&h);
+        };
 #pragma unroll
-        for (int part = 0; part < 2; part++) {   /* bytes 8*part .. 8*part+7 */
+        for (int part = 0; part < 2; part++) { /* bytes 8*part .. 8*part+7 */
             uint32_t lo[4], hi[4];
 #pragma unroll
-            for (int i = 0; i < 8; i += 2) {
-                uint32_t w0 = wd[2 * part + (i >> 2)] >> (8 * (i & 3));
-                uint32_t w1 = wd[2 * part + ((i + 1) >> 2)] >> (8 * ((i + 1) & 3));
-                lo[i >> 1] = pack_h2(((float)(w0 & 15) - rz) * rs, ((float)(w1 & 15) - rz) * rs);
-                hi[i >> 1] = pack_h2(((float)((w0 >> 4) & 15) - rz) * rs, ((float)((w1 >> 4) & 15) - rz) * rs);
+            for (int h = 0; h < 2; h++) {
+                const uint32_t t = __byte_perm(wd[2 * part + h], 0, 0x3120);
+                lo[2 * h] = deq(t);
+                hi[2 * h] = deq(t >> 4);
+                lo[2 * h + 1] = deq(t >> 8);
+                hi[2 * h + 1] = deq(t >> 12);
             }
             *reinterpret_cast<uint4 *>(dst + 8 * part) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
             *reinterpret_cast<uint4 *>(dst + 16 + 8 * part) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         }
 #pragma unroll
-        for (int v = 0; v < XV; v++) *reinterpret_cast<uint4 *>(Xs + xt * GM_LD + xc + 8 * v) = rx[v];
+        for (int v = 0; v < XV; v++) *reinterpret_cast<uint4 *>(Xs + b * BUF + xt * GM_LD + xc + 8 * v) = rx[v];
     };
 
-    auto store_outliers = [&](int ot) {
+    auto store_outliers = [&](int ot, int b) {
         int j0 = ot * GM_BK;
-        __half *dw = Ws + lr * GM_LD + lgs * 32;
+        __half *dw = Ws + b * BUF + lr * GM_LD + lgs * 32;
         for (int i = 0; i < 32; i++) {
             int j = j0 + lgs * 32 + i;
             dw[i] = (wrow_ok && j < w.n_out) ? w.oval[wrow * w.n_out + j] : __float2half_rn(0.0f);
         }
-        __half *dx = Xs + xt * GM_LD + xc;
+        __half *dx = Xs + b * BUF + xt * GM_LD + xc;
         for (int i = 0; i < XH; i++) {
             int j = j0 + xc + i;
             dx[i] = (xtok_ok && j < w.n_out) ? a.x[xtok * a.ldx + w.oidx[j]] : __float2half_rn(0.0f);
@@ -135,23 +151,31 @@ __global__ void __launch_bounds__(256) gemm_q4_kernel(const __grid_constant__ sp
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
+    /* Two shared buffers, one barrier per K tile: tile t + 1 is loaded into
+     * registers before the tensor cores work on tile t, and stored into the
+     * other buffer after (its last readers finished before the barrier
+     * that ended tile t - 1). */
+    auto stage = [&](int t, int b) {
+        if (t < n_kt) store_q(b);
+        else store_outliers(t - n_kt, b);
+    };
     if (t_begin < n_kt) load_q(t_begin);
+    if (t_begin < t_end) stage(t_begin, 0);
+    __syncthreads();
     for (int t = t_begin; t < t_end; t++) {
-        __syncthreads();
-        if (t < n_kt) store_q();
-        else store_outliers(t - n_kt);
-        __syncthreads();
+        const int b = (t - t_begin) & 1;
+        const __half *Wb = Ws + b * BUF, *Xb = Xs + b * BUF;
         if (t + 1 < n_kt && t + 1 < t_end) load_q(t + 1);
 #pragma unroll
         for (int ks = 0; ks < GM_BK / 16; ks++) {
             uint32_t af[2][4], bfr[NT][2];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
-                ldsm_x4(af[mt], Ws + (wm * 32 + mt * 16 + (lane & 15)) * GM_LD + ks * 16 + (lane >> 4) * 8);
+                ldsm_x4(af[mt], Wb + (wm * 32 + mt * 16 + (lane & 15)) * GM_LD + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t r[4];
-                ldsm_x4(r, Xs + (wn * WN + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * GM_LD + ks * 16 +
+                ldsm_x4(r, Xb + (wn * WN + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * GM_LD + ks * 16 +
                                ((lane >> 3) & 1) * 8);
                 bfr[2 * np][0] = r[0];
                 bfr[2 * np][1] = r[1];
@@ -163,6 +187,8 @@ __global__ void __launch_bounds__(256) gemm_q4_kernel(const __grid_constant__ sp
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) mma16816(acc[mt][nt], af[mt], bfr[nt]);
         }
+        if (t + 1 < t_end) stage(t + 1, b ^ 1);
+        __syncthreads();
     }
 
 #pragma unroll
@@ -212,8 +238,19 @@ cudaError_t spx_gemm_q4(const spx_gemm_args &a, int n_sm, cudaStream_t st) {
     if (S > fit) S = fit;
     if (S < 1) S = 1;
     dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)S);
-    if (bm == 128) gemm_q4_kernel<128><<<grid, 256, 0, st>>>(a);
-    else gemm_q4_kernel<64><<<grid, 256, 0, st>>>(a);
+    const size_t smem = (size_t)2 * (GM_BN + bm) * GM_LD * sizeof(__half);
+    static int attr_set; /* both variants take more than the default 48 KB; per process and device (one device) */
+    if (!attr_set) {
+        cudaError_t e1 = cudaFuncSetAttribute(gemm_q4_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              2 * (GM_BN + 128) * GM_LD * (int)sizeof(__half));
+        cudaError_t e2 = cudaFuncSetAttribute(gemm_q4_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              2 * (GM_BN + 64) * GM_LD * (int)sizeof(__half));
+        if (e1 != cudaSuccess) return e1;
+        if (e2 != cudaSuccess) return e2;
+        attr_set = 1;
+    }
+    if (bm == 128) gemm_q4_kernel<128><<<grid, 256, smem, st>>>(a);
+    else gemm_q4_kernel<64><<<grid, 256, smem, st>>>(a);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || S == 1) return err;
     int64_t n = a.w.rows * a.M, blocks = (n + 255) / 256;
