@@ -24,9 +24,9 @@ for shape in llama3.2-1b qwen2.5-1.5b; do
     $B compress -m $m -o $T/$shape.trdc --threads 16 -q >> "$log" 2>&1
     $B logits -m $T/$shape.trdc --ids "$ids" -o $T/q_cpu.f32 --kv f32 --threads 16 >> "$log" 2>&1
     $B logits -m $T/$shape.trdc --ids "$ids" -o $T/q_cuda.f32 --backend cuda >> "$log" 2>&1
-    python3 - $m/logits.f32 $T/ref_cpu.f32 $T/q_cpu.f32 $T/q_cuda.f32 $shape >> "$log" 2>&1 <<'PY'
+    python3 - $m/logits.f32 $T/ref_cpu.f32 $T/q_cpu.f32 $T/q_cuda.f32 $shape $m/logits_rope_bf16.f32 >> "$log" 2>&1 <<'PY'
 import sys, numpy as np, torch
-hf, ref, qc, qg, shape = sys.argv[1:]
+hf, ref, qc, qg, shape, hf_r = sys.argv[1:]
 a = np.fromfile(hf, "<f4"); T = 32; a = a.reshape(T, -1)
 def load(p):
     try: return np.fromfile(p, "<f4").reshape(T, -1)
@@ -37,6 +37,9 @@ def kl(p, q):
     return float((lp.exp() * (lp - lq)).sum(-1).mean())
 print(f"{shape}: logit range {a.min():.3f}..{a.max():.3f}")
 if r is not None: print(f"  spectra CPU reference (bf16 HF folder) vs transformers: max |d| {np.abs(r-a).max():.3e}, top-1 {np.mean(r.argmax(1)==a.argmax(1))*100:.1f}%")
+try: ar = np.fromfile(hf_r, "<f4").reshape(T, -1)
+except Exception: ar = None
+if r is not None and ar is not None: print(f"  spectra CPU reference vs transformers with inv_freq rounded to bf16: max |d| {np.abs(r-ar).max():.3e}")
 if c is not None and g is not None: print(f"  .trdc CUDA vs .trdc CPU: max |d| {np.abs(g-c).max():.3e}, top-1 {np.mean(g.argmax(1)==c.argmax(1))*100:.1f}%")
 for name, q in (("CPU", c), ("CUDA", g)):
     if q is not None: print(f"  .trdc ({name}) vs transformers: KL {kl(a, q):.5f}, rms(d)/std {np.sqrt(np.mean((q-a)**2))/a.std():.4f}, top-1 {np.mean(q.argmax(1)==a.argmax(1))*100:.1f}%")

@@ -39,11 +39,25 @@ model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
 os.makedirs(a.out, exist_ok=True)
 model.save_pretrained(a.out, safe_serialization=True)
 dev = "cuda" if torch.cuda.is_available() else "cpu"
-model = model.to(dev).float()  # float32 math on the bf16 weights, as the fixtures' references
+# Reload the saved folder as a user would (from_pretrained in bf16), then
+# float32 math on the bf16 weights, as the fixtures' references. Whether
+# RoPE's inv_freq ends up rounded to bf16 depends on how the model was
+# made (from_config keeps it float32 in recent transformers): print it.
+del model
+model = AutoModelForCausalLM.from_pretrained(a.out, torch_dtype=torch.bfloat16, attn_implementation="eager")
+inv = model.model.rotary_emb.inv_freq
+print(f"{a.shape}: inv_freq {inv.dtype}, bf16-representable: {bool((inv.float() == inv.to(torch.bfloat16).float()).all())}")
+model = model.to(dev).float()
 g = torch.Generator().manual_seed(1)
 ids = torch.randint(0, cfg.vocab_size, (1, a.tokens), generator=g)
 with torch.no_grad():
     logits = model(ids.to(dev)).logits[0].float().cpu()
 logits.numpy().astype("<f4").tofile(os.path.join(a.out, "logits.f32"))
+# the same with inv_freq rounded to bf16 (what a bf16 buffer would hold)
+rot = model.model.rotary_emb
+rot.inv_freq = rot.inv_freq.to(torch.bfloat16).float()
+if hasattr(rot, "original_inv_freq"): rot.original_inv_freq = rot.inv_freq
+with torch.no_grad():
+    model(ids.to(dev)).logits[0].float().cpu().numpy().astype("<f4").tofile(os.path.join(a.out, "logits_rope_bf16.f32"))
 open(os.path.join(a.out, "ids.txt"), "w").write(",".join(str(int(i)) for i in ids[0]))
 print(f"{a.shape}: {sum(p.numel() for p in model.parameters())} params, logits {tuple(logits.shape)}")
