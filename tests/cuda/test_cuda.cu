@@ -35,6 +35,7 @@
 extern "C" {
 #include "core/half.h"
 #include "cpu/ops.h"
+#include "engine/backend.h"
 #include "engine/session.h"
 #include "quant/g32.h"
 #include "testlib.h"
@@ -1153,6 +1154,106 @@ done:
     spx_model_free(mg);
 }
 
+/* ---- ping-pong layer offload: the same kernels, so the same bits -------- */
+
+/* path on the cuda backend twice: every layer resident, and ping-pong with
+ * n_res layers resident (the others stream from pinned host memory through
+ * the two device slots). Same kernels on the same data, so everything must
+ * be bit-identical: a 150-token prefill with all logits (two GEMM chunks),
+ * eager single-token steps (GEMV path), greedy steps through the captured
+ * graph (the copy stream forked and joined inside the capture), eager
+ * steps after the graph, and a second prefill after a reset. Then the
+ * offload measurement runs and must give sane numbers. */
+static void test_model_pingpong(const char *path, int64_t n_res) {
+    unsetenv("SPECTRA_CUDA_RESIDENT_LAYERS");
+    spx_model *mr = NULL, *mp = NULL;
+    spx_model_params pr = {0, "cuda", 0}, pq = {0, "cuda", 0};
+    pq.pingpong = 1;
+    pq.n_layers_resident = n_res;
+    spx_session *sr = NULL, *sq = NULL;
+    spx_session_params sp = {320, SPX_KV_F16};
+    spx_offload_stats os;
+    spx_err oe;
+    spx_err_clear(&oe);
+    if (spx_model_open(path, &pr, &mr) != SPX_OK || spx_model_open(path, &pq, &mp) != SPX_OK) {
+        CHECK(0, "%s: cuda open (ping-pong, %lld resident): %s", path, (long long)n_res, spx_last_error());
+        goto done;
+    }
+    CHECK(spx_session_new(mr, &sp, &sr) == SPX_OK, "%s: session: %s", path, spx_model_error(mr));
+    CHECK(spx_session_new(mp, &sp, &sq) == SPX_OK, "%s: ping-pong session: %s", path, spx_model_error(mp));
+    if (!sr || !sq) goto done;
+    {
+        const int64_t n_layers = mp->cfg.n_layers, k = n_res < n_layers ? n_res : n_layers;
+        CHECK(spx_session_offload_stats(sq, 0, &os, &oe) == SPX_OK, "offload stats: %s", oe.msg);
+        CHECK(os.n_layers_resident == k && os.pingpong == (k < n_layers) && (os.stream_bytes_per_token > 0) == (k < n_layers),
+              "%s: ping-pong with %lld resident: stats say %lld resident, pingpong %d, %llu bytes streamed", path,
+              (long long)n_res, (long long)os.n_layers_resident, (int)os.pingpong,
+              (unsigned long long)os.stream_bytes_per_token);
+        CHECK(spx_session_offload_stats(sr, 0, &os, &oe) == SPX_OK && !os.pingpong && os.n_layers_resident == n_layers,
+              "%s: the resident model reports ping-pong", path);
+        const int64_t V = spx_model_vocab_size(mr);
+        const int T = 150;
+        std::vector<int32_t> ids(T);
+        for (auto &id : ids) id = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+        std::vector<float> lr((size_t)T * V), lq((size_t)T * V);
+        int diff = 0;
+        auto ck = [&diff](bool ok) {
+            diff += !ok;
+            return ok;
+        };
+        CHECK(spx_session_eval(sr, ids.data(), T, lr.data(), 1) == SPX_OK, "eval: %s", spx_session_error(sr));
+        CHECK(spx_session_eval(sq, ids.data(), T, lq.data(), 1) == SPX_OK, "ping-pong eval: %s", spx_session_error(sq));
+        CHECK(ck(memcmp(lr.data(), lq.data(), lr.size() * 4) == 0), "%s (%lld resident): prefill logits differ", path,
+                      (long long)n_res);
+        int32_t id = argmax_f(lr.data() + (size_t)(T - 1) * V, V);
+        std::vector<float> r1((size_t)V), q1((size_t)V);
+        for (int i = 0; i < 6; i++) { /* eager GEMV path */
+            CHECK(spx_session_eval(sr, &id, 1, r1.data(), 0) == SPX_OK, "step: %s", spx_session_error(sr));
+            CHECK(spx_session_eval(sq, &id, 1, q1.data(), 0) == SPX_OK, "ping-pong step: %s", spx_session_error(sq));
+            CHECK(ck(memcmp(r1.data(), q1.data(), r1.size() * 4) == 0), "%s (%lld resident): step %d logits differ",
+                          path, (long long)n_res, i);
+            id = argmax_f(r1.data(), V);
+        }
+        int32_t ir = id, iq = id;
+        for (int i = 0; i < 16; i++) { /* the captured graph */
+            CHECK(spx_session_step_greedy(sr, ir, &ir) == SPX_OK, "step_greedy: %s", spx_session_error(sr));
+            CHECK(spx_session_step_greedy(sq, iq, &iq) == SPX_OK, "ping-pong step_greedy: %s", spx_session_error(sq));
+            CHECK(ck(ir == iq), "%s (%lld resident): greedy step %d: %d vs %d", path, (long long)n_res, i, ir, iq);
+            iq = ir;
+        }
+        CHECK(spx_session_eval(sr, &ir, 1, r1.data(), 0) == SPX_OK, "step: %s", spx_session_error(sr));
+        CHECK(spx_session_eval(sq, &ir, 1, q1.data(), 0) == SPX_OK, "ping-pong step: %s", spx_session_error(sq));
+        CHECK(ck(memcmp(r1.data(), q1.data(), r1.size() * 4) == 0), "%s (%lld resident): logits after the graph differ",
+                      path, (long long)n_res);
+        spx_session_reset(sr);
+        spx_session_reset(sq);
+        CHECK(spx_session_eval(sr, ids.data(), 40, lr.data(), 1) == SPX_OK, "eval: %s", spx_session_error(sr));
+        CHECK(spx_session_eval(sq, ids.data(), 40, lq.data(), 1) == SPX_OK, "ping-pong eval: %s", spx_session_error(sq));
+        CHECK(ck(memcmp(lr.data(), lq.data(), (size_t)40 * V * 4) == 0), "%s (%lld resident): second prefill differs",
+                      path, (long long)n_res);
+        /* the measurement (copies alone, compute alone, both) */
+        CHECK(spx_session_offload_stats(sq, 8, &os, &oe) == SPX_OK, "offload measurement: %s", oe.msg);
+        if (k < n_layers)
+            CHECK(os.measured && os.n_steps == 8 && os.t_copy_s > 0 && os.t_step_s > 0 && os.t_compute_s > 0 &&
+                      os.h2d_gbps > 0 && os.hidden_share >= 0 && os.hidden_share <= 1,
+                  "%s: offload measurement: measured %d, %d steps, copy %.3g s, step %.3g s, compute %.3g s, %.3g GB/s, "
+                  "hidden %.3g",
+                  path, (int)os.measured, (int)os.n_steps, os.t_copy_s, os.t_step_s, os.t_compute_s, os.h2d_gbps,
+                  os.hidden_share);
+        CHECK(spx_session_pos(sq) == 0, "%s: the measurement left position %lld", path, (long long)spx_session_pos(sq));
+        printf("ping-pong %s: %lld of %lld layers resident, %.2f MB streamed per token: %s; per step copies %.3f ms "
+               "(%.1f GB/s), compute %.3f ms, both %.3f ms, hidden %.0f%%\n",
+               path, (long long)k, (long long)n_layers, (double)os.stream_bytes_per_token / 1e6,
+               diff ? "DIFFERENT" : "bit-identical to resident", os.t_copy_s * 1e3, os.h2d_gbps, os.t_compute_s * 1e3,
+               os.t_step_s * 1e3, 100 * os.hidden_share);
+    }
+done:
+    spx_session_free(sr);
+    spx_session_free(sq);
+    spx_model_free(mr);
+    spx_model_free(mp);
+}
+
 int main(int argc, char **argv) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
@@ -1175,5 +1276,9 @@ int main(int argc, char **argv) {
     }
     for (int i = 1 + only_e2e; i < argc; i++) test_model(argv[i]);
     for (int i = 1 + only_e2e; i < argc; i++) test_model_q4(argv[i]);
+    for (int i = 1 + only_e2e; i < argc; i++) {
+        test_model_pingpong(argv[i], 0); /* every layer streams */
+        test_model_pingpong(argv[i], 1); /* layer 0 resident, the rest stream */
+    }
     return tl_finish("test_cuda");
 }
