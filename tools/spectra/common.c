@@ -127,7 +127,7 @@ spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, spx_plan *
         m = NULL;
         spx_model_params mp = {.n_threads = (int32_t)o->threads, .backend = "cuda",
                                .vram_budget_mb = o->vram_budget_mb, .n_ctx = plan->n_ctx, .kv = plan->kv,
-                               .pingpong = plan->residency == SPX_RES_PINGPONG,
+                               .pingpong = 1, /* the plan's residency, not the backend's own */
                                .n_layers_resident = plan->n_layers_resident};
         spx_status st = spx_model_open(path, &mp, &m);
         if (st == SPX_ERR_UNSUPPORTED && !strcmp(backend, "auto")) {
