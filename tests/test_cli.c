@@ -104,7 +104,7 @@ int main(void) {
     expect(a, 0, "plan: ");
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 -r 1", tmp);
     expect(a, 0, "plan: ");
-    snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --ctx 64 --kv f32 --temp 0", tmp);
+    snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --ctx 64 --kv f32 --temp 0", tmp); /* f32: on the cpu, GPU or not */
     expect(a, 0, "kv f32, context 64");
     /* budgets: absurd values are usage errors naming the flag; on the cpu the VRAM budget is moot */
     snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --vram-budget 0", tmp);

@@ -436,6 +436,12 @@ spx_status spx_plan_make(const spx_hw *hw, const spx_model *m, const spx_plan_re
     } else if (hw->n_gpus == 0) {
         if (!is_auto) return spx_fail(e, SPX_ERR_UNSUPPORTED, "--backend cuda: no NVIDIA GPU found (%s)", hw->gpu_note);
         say(why, "cpu: no NVIDIA GPU found (%s)", hw->gpu_note);
+    } else if (req->kv == SPX_KV_F32) {
+        if (!is_auto)
+            return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                            "--backend cuda: the CUDA backend keeps the KV cache in f16 or q4; --kv f32 runs on the CPU "
+                            "only");
+        say(why, "cpu: --kv f32 runs on the CPU only (the CUDA backend keeps f16 or q4 caches)");
     } else if (!quant) {
         if (!is_auto)
             return spx_fail(e, SPX_ERR_UNSUPPORTED,

@@ -26,8 +26,9 @@
  * 10%) (the rest of the system keeps working).
  *
  * Decisions, in order:
- *   backend   cuda when the build has CUDA, a GPU was found and every layer
- *             matrix is quantized (a 4-bit .trdc); else cpu. --backend forces.
+ *   backend   cuda when the build has CUDA, a GPU was found, every layer
+ *             matrix is quantized (a 4-bit .trdc) and the KV type is not a
+ *             forced f32 (CPU only); else cpu. --backend forces.
  *   KV / residency / context:
  *             T = requested context, or min(model maximum, 4096).
  *             resident with f16 KV if it fits, else resident with q4 KV (cheaper
