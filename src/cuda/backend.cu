@@ -411,7 +411,7 @@ struct cu_pp {
     cudaEvent_t fork, join;       /* cp starts after, and st continues after, a pass's copies */
     cudaEvent_t copied[2];        /* slot i holds the layer its last copy brought */
     cudaEvent_t used[2];          /* the last kernel reading slot i finished */
-    int no_copy;                  /* measurement: compute from stale slots, no copies */
+    int no_copy;                  /* measurement: compute from the slots as they are (streamed layers 0, 1), no copies */
 };
 
 struct cu_sess {
@@ -655,7 +655,16 @@ static spx_status pp_begin(const spx_model *m, const cu_model *cm, cu_sess *cs, 
  * kernel of the layer starts after it has). */
 static spx_status pp_layer_begin(const cu_model *cm, cu_sess *cs, int64_t l, cu_layer *out, spx_err *e) {
     int64_t j = l - cm->n_resident;
-    if (!cs->pp.no_copy) SPX_CUDA_TRY(e, cudaStreamWaitEvent(cs->st, cs->pp.copied[j & 1], 0));
+    if (cs->pp.no_copy) {
+        /* measurement without copies: slot j % 2 holds streamed layer j % 2
+         * (measure_offload put it there), so read it with that layer's
+         * layout; another layer's descriptor over it would take codes for
+         * outlier indices */
+        const int64_t lj = cm->n_resident + (j & 1);
+        *out = rebase_layer(cm->layers[lj], cm->host + cm->img_off[lj], pp_slot(cm, cs, j));
+        return SPX_OK;
+    }
+    SPX_CUDA_TRY(e, cudaStreamWaitEvent(cs->st, cs->pp.copied[j & 1], 0));
     *out = rebase_layer(cm->layers[l], cm->host + cm->img_off[l], pp_slot(cm, cs, j));
     return SPX_OK;
 }
@@ -904,7 +913,14 @@ static spx_status measure_offload(spx_session *s, cu_sess *cs, int k, cudaEvent_
     /* 1. the ping-pong step, as step_greedy runs it */
     if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
     SPX_TRY(time_graph(cs, cs->graph, k, t0, t1, &o->t_step_s, e));
-    /* 2. the same step without the copies */
+    /* 2. the same step without the copies: every streamed layer computes
+     * from the slot of its parity, which holds streamed layer 0 or 1 (same
+     * shapes; their own outlier counts) */
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    for (int64_t j = 0; j < 2 && j < pp_n_stream(s->m, cm); j++)
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(pp_slot(cm, cs, j), cm->host + cm->img_off[cm->n_resident + j],
+                                        cm->img_bytes[cm->n_resident + j], cudaMemcpyHostToDevice, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
     cs->pp.no_copy = 1;
     spx_status st = capture_graph(s, cs, nocopy, e);
     cs->pp.no_copy = 0;
