@@ -147,7 +147,7 @@ if os.path.exists(p):
               r["weight_bytes_per_token"] / 1e6, r["tg_gbps"], 100 * frac))
         if r.get("residency") == "ping-pong":
             keys = ("n_layers_resident", "stream_bytes_per_token", "h2d_gbps", "t_step_ms", "t_compute_ms", "t_copy_ms",
-                    "transfer_hidden_share", "pcie_bound_tps", "tg_of_pcie_bound")
+                    "transfer_hidden_share", "overlap_of_possible", "pcie_bound_tps", "tg_of_pcie_bound")
             print("    " + ", ".join("%s %s" % (k, r.get(k)) for k in keys))
             sb = r.get("stream_bytes_per_token")
             if sb: print("    PCIe bound at 55 GB/s: %.1f tok/s; measured tg %.1f = %.0f%% of it" % (55e9 / sb, r.get("tg_tps_median", 0), 100 * r.get("tg_tps_median", 0) / (55e9 / sb)))
