@@ -37,12 +37,20 @@
  *            = 512 * 175,360 = 89,784,320; plus 4*32 = 128 bytes per token
  * KV per token: f16 2*32*1024*2 = 131,072; q4 2*32*(512+64+16) = 37,888
  * per token with scores: f16 131,200; q4 38,016
- * ping-pong fixed: G + 2*layer + S0 = 949,469,184 */
+ * CUDA scratch S0c (B = 512 tokens of activations fp32 + fp16, logits and
+ * split-K partials for 128, fp16 weight scratch of the largest matrix):
+ *   4*512*(4096 + 14336 + 2*4096 + 2*1024 + 2*14336) = 117,440,512
+ *   + 4*128*128256 = 65,667,072 + 2*512*14336 = 14,680,064
+ *   + 16*128*14336 = 29,360,128 + 2*14336*4096 = 117,440,512
+ *   = 344,588,288 = S0 + 243 MiB exactly, so the GPU cases below use
+ *   budgets 243 MiB above the CPU-era ones and keep their arithmetic
+ * ping-pong fixed: G + 2*layer + S0c = 1,204,273,152 */
 #define L_BYTES 126124032ull
 #define G_BYTES 607436800ull
 #define W_BYTES 4643405824ull
 #define S0_BYTES 89784320ull
-#define PP_FIXED 949469184ull
+#define S0C_BYTES 344588288ull
+#define PP_FIXED 1204273152ull
 
 typedef struct big_model {
     spx_model m;
@@ -97,6 +105,8 @@ static void test_sizes(const spx_model *m) {
     CHECK(spx_plan_global_bytes(m) == G_BYTES, "global %llu", (unsigned long long)spx_plan_global_bytes(m));
     CHECK(spx_plan_scratch_bytes(m, 0) == S0_BYTES, "scratch %llu", (unsigned long long)spx_plan_scratch_bytes(m, 0));
     CHECK(spx_plan_scratch_bytes(m, 10) == S0_BYTES + 1280, "scratch(10)");
+    CHECK(spx_plan_cuda_scratch_bytes(m, 10) == S0C_BYTES + 1280, "cuda scratch %llu",
+          (unsigned long long)spx_plan_cuda_scratch_bytes(m, 10));
     CHECK(spx_plan_model_quantized(m), "quantized");
 }
 
@@ -114,24 +124,24 @@ static void test_gpu(spx_model *m) {
     CHECK(p.kv == SPX_KV_F16 && p.n_ctx == 4096, "kv %d ctx %lld", (int)p.kv, (long long)p.n_ctx);
     CHECK(p.n_ctx_max == 8192, "ctx max %lld (capped at the model's 8192)", (long long)p.n_ctx_max);
     CHECK(p.weight_bytes == W_BYTES, "W %llu", (unsigned long long)p.weight_bytes);
-    /* W + S0 + 4096 * 131,200 = 4,643,405,824 + 89,784,320 + 537,395,200 */
-    CHECK(p.planned_bytes == 5270585344ull, "planned %llu", (unsigned long long)p.planned_bytes);
+    /* W + S0c + 4096 * 131,200 = 4,643,405,824 + 344,588,288 + 537,395,200 */
+    CHECK(p.planned_bytes == 5525389312ull, "planned %llu", (unsigned long long)p.planned_bytes);
     CHECK(p.kv_bytes == 4096ull * 131072, "kv bytes %llu", (unsigned long long)p.kv_bytes);
     CHECK(p.why_backend[0] && p.why_residency[0] && p.why_kv[0] && p.why_ctx[0] && p.why_threads[0], "reasons");
     CHECK(strstr(p.why_residency, "resident") != NULL, "%s", p.why_residency);
 
-    /* 5000 MiB, context 2048: f16 fits; room left: 5000 MiB - W - S0 =
-     * 5,242,880,000 - 4,733,190,144 = 509,689,856 = 3884.8 f16 tokens */
-    r = (spx_plan_request){.vram_budget_mb = 5000, .n_ctx = 2048};
+    /* 5243 MiB, context 2048: f16 fits; room left: 5243 MiB - W - S0c =
+     * 5,497,683,968 - 4,987,994,112 = 509,689,856 = 3884.8 f16 tokens */
+    r = (spx_plan_request){.vram_budget_mb = 5243, .n_ctx = 2048};
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK, "%s", e.msg);
     CHECK(p.residency == SPX_RES_RESIDENT && p.kv == SPX_KV_F16 && p.n_ctx == 2048, "res %d kv %d", (int)p.residency,
           (int)p.kv);
     CHECK(p.n_ctx_max == 3884, "ctx max %lld, expected 3884", (long long)p.n_ctx_max);
 
-    /* 5000 MiB, default 4096: f16 needs 537,395,200 > 509,689,856, q4
+    /* 5243 MiB, default 4096: f16 needs 537,395,200 > 509,689,856, q4
      * 155,713,536 fits: KV switches to q4, weights stay resident;
      * q4 max 509,689,856 / 38,016 = 13407 -> capped 8192 */
-    r = (spx_plan_request){.vram_budget_mb = 5000};
+    r = (spx_plan_request){.vram_budget_mb = 5243};
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK, "%s", e.msg);
     CHECK(p.residency == SPX_RES_RESIDENT && p.kv == SPX_KV_Q4 && p.n_ctx == 4096, "res %d kv %d ctx %lld",
           (int)p.residency, (int)p.kv, (long long)p.n_ctx);
@@ -140,15 +150,15 @@ static void test_gpu(spx_model *m) {
     CHECK(strstr(p.why_kv, "q4") && strstr(p.why_kv, "f16"), "%s", p.why_kv);
 
     /* the same with --kv f16 forced: the default context shrinks to 3884 */
-    r = (spx_plan_request){.vram_budget_mb = 5000, .kv = SPX_KV_F16};
+    r = (spx_plan_request){.vram_budget_mb = 5243, .kv = SPX_KV_F16};
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK, "%s", e.msg);
     CHECK(p.residency == SPX_RES_RESIDENT && p.kv == SPX_KV_F16 && p.n_ctx == 3884, "res %d kv %d ctx %lld",
           (int)p.residency, (int)p.kv, (long long)p.n_ctx);
 
-    /* 2048 MiB: W does not fit -> ping-pong with f16 at 4096. Left after
-     * G + 2 slots + S0 + KV: 2,147,483,648 - 949,469,184 - 537,395,200 =
+    /* 2291 MiB: W does not fit -> ping-pong with f16 at 4096. Left after
+     * G + 2 slots + S0c + KV: 2,402,287,616 - 1,204,273,152 - 537,395,200 =
      * 660,619,264 = 5.24 layers -> 5 resident, 27 streamed */
-    r = (spx_plan_request){.vram_budget_mb = 2048};
+    r = (spx_plan_request){.vram_budget_mb = 2291};
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK, "%s", e.msg);
     CHECK(!strcmp(p.backend, "cuda") && p.residency == SPX_RES_PINGPONG && p.n_slots == 2, "res %d slots %d",
           (int)p.residency, (int)p.n_slots);
@@ -158,14 +168,14 @@ static void test_gpu(spx_model *m) {
           (unsigned long long)p.stream_bytes_per_token);
     CHECK(p.planned_bytes == PP_FIXED + 4096ull * 131200 + 5 * L_BYTES && p.planned_bytes <= p.budget, "planned %llu",
           (unsigned long long)p.planned_bytes);
-    /* f16 with only the slots: (2,147,483,648 - 949,469,184) / 131,200 = 9131 -> 8192 */
+    /* f16 with only the slots: (2,402,287,616 - 1,204,273,152) / 131,200 = 9131 -> 8192 */
     CHECK(p.n_ctx_max == 8192, "ctx max %lld", (long long)p.n_ctx_max);
     CHECK(strstr(p.why_residency, "ping-pong") && strstr(p.why_residency, "PCIe"), "%s", p.why_residency);
 
-    /* 1024 MiB, default context: ping-pong with f16 at 4096 does not fit,
-     * nor q4 (949,469,184 + 155,713,536 > 1,073,741,824); the default
-     * shrinks to (1,073,741,824 - 949,469,184) / 38,016 = 3268 with q4 */
-    r = (spx_plan_request){.vram_budget_mb = 1024};
+    /* 1267 MiB, default context: ping-pong with f16 at 4096 does not fit,
+     * nor q4 (1,204,273,152 + 155,713,536 > 1,328,545,792); the default
+     * shrinks to (1,328,545,792 - 1,204,273,152) / 38,016 = 3268 with q4 */
+    r = (spx_plan_request){.vram_budget_mb = 1267};
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK, "%s", e.msg);
     CHECK(p.residency == SPX_RES_PINGPONG && p.kv == SPX_KV_Q4 && p.n_ctx == 3268 && p.n_layers_resident == 0,
           "res %d kv %d ctx %lld resident %lld", (int)p.residency, (int)p.kv, (long long)p.n_ctx,
@@ -174,9 +184,9 @@ static void test_gpu(spx_model *m) {
     r.n_ctx = 4096;
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_ERR_RANGE && strstr(e.msg, "3268"), "%s", e.msg);
 
-    /* 800 MiB < 949,469,184 bytes for the embedding, head, two slots and
+    /* 1043 MiB < 1,204,273,152 bytes for the embedding, head, two slots and
      * scratch: a clear error, not a CPU fallback (the budget was explicit) */
-    r = (spx_plan_request){.vram_budget_mb = 800};
+    r = (spx_plan_request){.vram_budget_mb = 1043};
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_ERR_RANGE && strstr(e.msg, "too small even for ping-pong") &&
               strstr(e.msg, "two layer slots"),
           "%s", e.msg);
@@ -192,15 +202,15 @@ static void test_gpu(spx_model *m) {
     r.backend = "cuda";
     CHECK(plan(&small, m, &r, &p, &e) == SPX_ERR_RANGE, "cuda forced: %s", e.msg);
 
-    /* 920 MiB: ping-pong leaves 964,689,920 - 949,469,184 = 15,220,736
+    /* 1163 MiB: ping-pong leaves 1,219,493,888 - 1,204,273,152 = 15,220,736
      * bytes = 400 q4 tokens. Given as --vram-budget, the default context
-     * shrinks to 400; detected (512 + 920 MiB free), auto prefers the CPU
+     * shrinks to 400; detected (512 + 1163 MiB free), auto prefers the CPU
      * to a context under 1024 */
-    r = (spx_plan_request){.vram_budget_mb = 920};
+    r = (spx_plan_request){.vram_budget_mb = 1163};
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK && !strcmp(p.backend, "cuda") && p.residency == SPX_RES_PINGPONG &&
               p.kv == SPX_KV_Q4 && p.n_ctx == 400,
           "%s ctx %lld: %s", p.backend, (long long)p.n_ctx, e.msg);
-    small.gpus[0].mem_free = (512 + 920) * MiB;
+    small.gpus[0].mem_free = (512 + 1163) * MiB;
     r = (spx_plan_request){0};
     CHECK(plan(&small, m, &r, &p, &e) == SPX_OK && !strcmp(p.backend, "cpu") && p.n_ctx == 4096, "%s ctx %lld: %s",
           p.backend, (long long)p.n_ctx, p.why_backend);

@@ -57,6 +57,7 @@ T=/tmp/spx-gpu-work   # intermediates (the device tool brings back at most 8 fil
 W=/tmp/spx-models
 mkdir -p "$OUT" $T $W
 export LD_LIBRARY_PATH="$PWD/$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SPECTRA_EXPECT_CUBLAS=1 # test_cuda: the cuBLAS prefill path must load here
 B=$D/bin
 MODE=${1:-full}
 exec 3>&1 > "$OUT/log.txt" 2>&1

@@ -9,7 +9,7 @@
  * session_init allocates the device KV cache (fp16, the CPU's layout, or
  * with --kv q4 the CPU's 4-bit rows split into code/scale/zero planes,
  * kvq4_math.h) and
- * scratch for SPX_BATCH_MAX tokens. forward(n) runs the same math as the
+ * scratch for SPX_BATCH_MAX_CUDA tokens. forward(n) runs the same math as the
  * CPU reference (engine/forward.c): n == 1 through the fused GEMV path
  * (RMSNorm in the GEMV prologue, merged Q/K/V launch, residual adds and
  * SwiGLU in GEMV epilogues), n >= 2 through the tensor-core GEMM. Every
@@ -48,6 +48,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/embed.cuh"
+#include "cuda/gemm_cublas.cuh"
 #include "cuda/gemm_q4.cuh"
 #include "cuda/gemv_q4.cuh"
 #include "cuda/norm.cuh"
@@ -243,7 +244,7 @@ static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob
     if (T <= 0) T = c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
     spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
     uint64_t ctx = (uint64_t)spx_kv_bytes_per_token(kv, L, c->n_kv_heads * c->head_dim) * (uint64_t)T +
-                   spx_plan_scratch_bytes(m, T);
+                   spx_plan_cuda_scratch_bytes(m, T);
     if (all + ctx <= budget) {
         cm->n_resident = L;
         return SPX_OK;
@@ -421,6 +422,8 @@ struct cu_sess {
     float *ws;                       /* split-K workspace of the GEMM */
     size_t ws_floats;
     __half *x16;                     /* [B, max(H, qd, I)] */
+    __half *w16;                     /* fp16 weight scratch of the cuBLAS prefill GEMM (NULL: gemm_q4.cu's kernel) */
+    size_t w16_elems;
     int32_t *d_ids, *d_pos;
     unsigned long long *d_best;
     int32_t *pin;                    /* pinned: [B] ids, [B] pos, [B + 1] next id */
@@ -510,7 +513,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     if (s->n_ctx >= ((int64_t)1 << 31)) return spx_fail(e, SPX_ERR_ARG, "context too large for the cuda backend");
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
-    size_t B = SPX_BATCH_MAX, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t B = SPX_BATCH_MAX_CUDA, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
     size_t hd = (size_t)c->head_dim, qd = (size_t)c->n_heads * hd, kvd = (size_t)c->n_kv_heads * hd;
     size_t V = (size_t)c->vocab_size, L = (size_t)c->n_layers, T = (size_t)s->n_ctx;
     size_t wide = H > qd ? H : qd;
@@ -528,11 +531,19 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->att, B * qd * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->gate, B * I * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->up, B * I * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, B * V * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, (size_t)SPX_BATCH_MAX * V * 4)); /* LM_ALL goes in chunks */
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->part, (size_t)CU_PART_TOK_SPLITS * (size_t)c->n_heads * (hd + 2) * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x16, B * wide * 2));
-    cs->ws_floats = 4 * B * wide;
+    cs->ws_floats = 4 * (size_t)SPX_BATCH_MAX * wide; /* split-K partials: large M needs few splits */
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ws, cs->ws_floats * 4));
+    if (spx_gemm_cublas_ready()) { /* the largest layer matrix (the LM head goes in row chunks), capped */
+        int64_t mx = (int64_t)(qd > kvd ? qd : kvd) * (int64_t)H;
+        if ((int64_t)H * (int64_t)qd > mx) mx = (int64_t)H * (int64_t)qd;
+        if ((int64_t)I * (int64_t)H > mx) mx = (int64_t)I * (int64_t)H;
+        if (mx > SPX_CUDA_W16_MAX_ELEMS) mx = SPX_CUDA_W16_MAX_ELEMS;
+        cs->w16_elems = (size_t)mx;
+        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->w16, cs->w16_elems * 2));
+    }
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_ids, B * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
@@ -598,6 +609,14 @@ static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __hal
     g.M = M;
     g.accumulate = accumulate;
     return g;
+}
+
+/* The prefill GEMM: through cuBLAS (dequantized fp16 scratch) for M >=
+ * spx_gemm_cublas_min_m() tokens when it was loaded, else gemm_q4.cu's
+ * tensor-core kernel (see gemm_cublas.cuh). */
+static cudaError_t run_gemm(const cu_sess *cs, const spx_gemm_args &g, int nsm, cudaStream_t st) {
+    if (cs->w16 && g.M >= spx_gemm_cublas_min_m()) return spx_gemm_q4_cublas(g, cs->w16, cs->w16_elems, st);
+    return spx_gemm_q4(g, nsm, st);
 }
 
 /* ---- ping-pong: copies and events around each streamed layer ------------ */
@@ -732,9 +751,9 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl0));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->attn_norm, eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wk, cs->x16, H, cs->k, kvd, L->bk, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wv, cs->x16, H, cs->v, kvd, L->bv, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wk, cs->x16, H, cs->k, kvd, L->bk, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wv, cs->x16, H, cs->v, kvd, L->bv, n, 0), nsm, st));
         }
         spx_rope_args ra;
         memset(&ra, 0, sizeof ra);
@@ -774,7 +793,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_to_half(cs->att, (int64_t)n * qd, cs->x16, st));
-            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wo, cs->x16, qd, cs->h, H, L->bo, n, 1), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wo, cs->x16, qd, cs->h, H, L->bo, n, 1), nsm, st));
         }
         /* MLP block */
         if (n == 1) {
@@ -788,18 +807,25 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wu, cs->x16, H, cs->up, I, L->bu, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wu, cs->x16, H, cs->up, I, L->bu, n, 0), nsm, st));
             SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)n * I, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, L->wd, cs->x16, I, cs->h, H, L->bd, n, 1), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wd, cs->x16, I, cs->h, H, L->bd, n, 1), nsm, st));
         }
         if (streamed) SPX_TRY(pp_layer_end(m, cm, cs, l, e));
     }
     SPX_TRY(pp_end(m, cm, cs, e));
     if (lmode == LM_NONE) return SPX_OK;
-    if (lmode == LM_ALL && n > 1) {
+    if (lmode == LM_ALL && n > 1) { /* chunks of SPX_BATCH_MAX tokens, each copied to the host (never captured) */
         SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, cm->final_norm, eps, n, H, NULL, cs->x16, st));
-        SPX_CUDA_TRY(e, spx_gemm_q4(gemm_one(cs, cm->lm_head, cs->x16, H, cs->logits, V, NULL, n, 0), nsm, st));
+        for (int t0 = 0; t0 < n; t0 += SPX_BATCH_MAX) {
+            const int k = n - t0 < SPX_BATCH_MAX ? n - t0 : SPX_BATCH_MAX;
+            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, cm->lm_head, cs->x16 + (size_t)t0 * (size_t)H, H, cs->logits, V,
+                                                 NULL, k, 0),
+                                     nsm, st));
+            SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits + (size_t)t0 * (size_t)V, cs->logits, (size_t)k * (size_t)V * 4,
+                                            cudaMemcpyDeviceToHost, st));
+        }
         return SPX_OK;
     }
     spx_gemv_args g = gemv_one(cm->lm_head, cs->h + (size_t)(n - 1) * (size_t)H, cs->logits, NULL,
@@ -816,21 +842,18 @@ static spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int 
     const cu_model *cm = (const cu_model *)s->m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
     const spx_config *c = &s->m->cfg;
-    if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+    if (n <= 0 || n > SPX_BATCH_MAX_CUDA) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     memcpy(cs->pin, ids, (size_t)n * 4);
-    cs->pin[SPX_BATCH_MAX] = (int32_t)s->pos;
+    cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX, 4, cudaMemcpyHostToDevice, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     cs->dev_known = 0;
     int lmode = want_logits == SPX_LOGITS_ALL ? LM_ALL : want_logits == SPX_LOGITS_LAST ? LM_LAST : LM_NONE;
     int splits = splits_for(cm, c, (int)n, s->pos + n);
     SPX_TRY(enqueue_forward(s, (int)n, lmode, splits, e));
-    if (lmode != LM_NONE) {
-        size_t rows = lmode == LM_ALL ? (size_t)n : 1;
-        SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits, cs->logits, rows * (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost,
-                                        cs->st));
-    }
+    if (lmode == LM_LAST || (lmode == LM_ALL && n == 1)) /* LM_ALL with n > 1 copied its chunks already */
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits, cs->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
     cs->dev_pos = s->pos;
     cs->dev_tok = ids[0];
@@ -869,15 +892,15 @@ static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_
     if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
     if (!cs->dev_known || cs->dev_pos != s->pos || cs->dev_tok != id) {
         cs->pin[0] = id;
-        cs->pin[SPX_BATCH_MAX] = (int32_t)s->pos;
+        cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
         SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, 4, cudaMemcpyHostToDevice, cs->st));
-        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX, 4, cudaMemcpyHostToDevice, cs->st));
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     }
     cs->dev_known = 0;
     SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
-    *next = cs->pin[SPX_BATCH_MAX + 1];
+    *next = cs->pin[SPX_BATCH_MAX_CUDA + 1];
     s->pos += 1;
     cs->dev_pos = s->pos;
     cs->dev_tok = *next;
@@ -893,9 +916,9 @@ static spx_status time_graph(cu_sess *cs, cudaGraphExec_t g, int k, cudaEvent_t 
                              spx_err *e) {
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
     cs->pin[0] = 0;
-    cs->pin[SPX_BATCH_MAX] = 0;
+    cs->pin[SPX_BATCH_MAX_CUDA] = 0;
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, 4, cudaMemcpyHostToDevice, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX, 4, cudaMemcpyHostToDevice, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     SPX_CUDA_TRY(e, cudaGraphLaunch(g, cs->st));
     SPX_CUDA_TRY(e, cudaEventRecord(t0, cs->st));
     for (int i = 0; i < k; i++) SPX_CUDA_TRY(e, cudaGraphLaunch(g, cs->st));
@@ -980,6 +1003,8 @@ static spx_status cu_offload_stats(spx_session *s, int32_t n_steps, spx_offload_
 static const spx_backend g_cuda = {
     "cuda",           cu_model_init, cu_model_free, cu_session_init, cu_session_free, cu_forward, cu_step_greedy,
     cu_offload_stats,
+    SPX_BATCH_MAX_CUDA,
+    1,
 };
 
 extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }

@@ -162,25 +162,29 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     if (!s) return spx_fail(&m->err, SPX_ERR_NOMEM, "out of memory for a session");
     s->m = m;
     s->n_ctx = n_ctx;
-    size_t B = SPX_BATCH_MAX, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t B = (size_t)spx_batch_max(m), H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    const int host = !m->be->device; /* the CPU backend computes in these buffers; a device backend has its own */
     size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
     size_t th = (size_t)spx_pool_size(m->pool);
     int fail = 0;
-    if (spx_kv_init(&s->kv, p ? p->kv : SPX_KV_DEFAULT, c->n_layers, n_ctx, (int64_t)kvd, c->head_dim, &m->err) !=
+    if (spx_kv_init(&s->kv, p ? p->kv : SPX_KV_DEFAULT, c->n_layers, host ? n_ctx : 0, (int64_t)kvd, c->head_dim,
+                    &m->err) !=
         SPX_OK) {
         free(s);
         return m->err.code;
     }
-    s->h = alloc_f(B * H, &fail);
-    s->x = alloc_f(B * (H > qd ? H : qd), &fail);
-    s->q = alloc_f(B * qd, &fail);
-    s->k = alloc_f(B * kvd, &fail);
-    s->v = alloc_f(B * kvd, &fail);
-    s->att = alloc_f(B * qd, &fail);
-    s->gate = alloc_f(B * I, &fail);
-    s->up = alloc_f(B * I, &fail);
+    if (host) {
+        s->h = alloc_f(B * H, &fail);
+        s->x = alloc_f(B * (H > qd ? H : qd), &fail);
+        s->q = alloc_f(B * qd, &fail);
+        s->k = alloc_f(B * kvd, &fail);
+        s->v = alloc_f(B * kvd, &fail);
+        s->att = alloc_f(B * qd, &fail);
+        s->gate = alloc_f(B * I, &fail);
+        s->up = alloc_f(B * I, &fail);
+        s->scores = alloc_f(th * (size_t)n_ctx, &fail);
+    }
     spx_cpu_ctx_init(&s->cpu, m->pool, m->qk);
-    s->scores = alloc_f(th * (size_t)n_ctx, &fail);
     s->logits = alloc_f(B * (size_t)c->vocab_size, &fail);
     if (fail) {
         spx_session_free(s);
@@ -217,8 +221,9 @@ spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n, float 
     if ((int64_t)n > s->n_ctx - s->pos)
         return spx_fail(&s->err, SPX_ERR_RANGE, "context full: %lld + %zu tokens exceed the %lld-token context",
                         (long long)s->pos, n, (long long)s->n_ctx);
-    for (size_t i = 0; i < n; i += SPX_BATCH_MAX) {
-        size_t k = n - i < SPX_BATCH_MAX ? n - i : SPX_BATCH_MAX;
+    const size_t B = (size_t)spx_batch_max(s->m);
+    for (size_t i = 0; i < n; i += B) {
+        size_t k = n - i < B ? n - i : B;
         int last = i + k == n;
         int want = !logits ? SPX_LOGITS_NONE : all_logits ? SPX_LOGITS_ALL : last ? SPX_LOGITS_LAST : SPX_LOGITS_NONE;
         SPX_TRY(spx_session_forward(s, ids + i, (int64_t)k, want, &s->err));

@@ -10,7 +10,7 @@ static spx_status cpu_session_init(spx_session *s, spx_err *e) { return SPX_OK; 
 static void cpu_session_free(spx_session *s) {}
 
 static const spx_backend g_cpu = {
-    "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL, NULL,
+    "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL, NULL, SPX_BATCH_MAX, 0,
 };
 
 const spx_backend *spx_backend_cpu(void) { return &g_cpu; }
@@ -30,9 +30,11 @@ const spx_backend *spx_backend_find(const char *name) {
     return NULL;
 }
 
+int64_t spx_batch_max(const spx_model *m) { return m->be->max_batch > 0 ? m->be->max_batch : SPX_BATCH_MAX; }
+
 spx_status spx_session_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
     const spx_config *c = &s->m->cfg;
-    if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+    if (n <= 0 || n > spx_batch_max(s->m)) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
     if (s->pos + n > s->n_ctx)
         return spx_fail(e, SPX_ERR_RANGE, "context full: %lld tokens in a %lld-token context",
                         (long long)(s->pos + n), (long long)s->n_ctx);

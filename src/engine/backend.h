@@ -41,7 +41,7 @@ typedef struct spx_backend {
     /* Once per session: KV cache and scratch (s->be_state). Required. */
     spx_status (*session_init)(struct spx_session *s, spx_err *e);
     void (*session_free)(struct spx_session *s);
-    /* Runs n (<= SPX_BATCH_MAX) tokens at s->pos and advances s->pos.
+    /* Runs n (<= max_batch) tokens at s->pos and advances s->pos.
      * want_logits as in session.h: logits land in s->logits (host). */
     spx_status (*forward)(struct spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
     /* Optional: feed one token and return the greedy next token without
@@ -52,6 +52,10 @@ typedef struct spx_backend {
      * and streamed layers also the timings (this overwrites the session's
      * KV cache and resets it to position 0). NULL: every weight resident. */
     spx_status (*offload_stats)(struct spx_session *s, int32_t n_steps, spx_offload_stats *out, spx_err *e);
+    /* Tokens per forward call (0: SPX_BATCH_MAX) and whether the session's
+     * host scratch and host KV cache are used (the CPU's). */
+    int32_t max_batch;
+    int32_t device;
 } spx_backend;
 
 const spx_backend *spx_backend_cpu(void);

@@ -52,8 +52,29 @@ static uint64_t scratch_fixed(const spx_config *c) {
     return 4 * (uint64_t)SPX_BATCH_MAX * (H + (H > qd ? H : qd) + 2 * qd + 2 * kvd + 2 * I + V);
 }
 
+/* The CUDA backend's: activations for SPX_BATCH_MAX_CUDA tokens (fp32 and
+ * an fp16 copy), logits and split-K partials for SPX_BATCH_MAX (the LM
+ * head of a long batch goes in chunks), and the fp16 weight
+ * scratch of the cuBLAS prefill GEMM (counted whether or not cuBLAS is
+ * found at run time). */
+static uint64_t scratch_fixed_cuda(const spx_config *c) {
+    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size, V = (uint64_t)c->vocab_size;
+    uint64_t qd = (uint64_t)(c->n_heads * c->head_dim), kvd = (uint64_t)(c->n_kv_heads * c->head_dim);
+    uint64_t wide = H > qd ? H : qd;
+    if (I > wide) wide = I;
+    uint64_t w16 = (qd > kvd ? qd : kvd) * H;
+    if (I * H > w16) w16 = I * H;
+    if (w16 > (uint64_t)SPX_CUDA_W16_MAX_ELEMS) w16 = (uint64_t)SPX_CUDA_W16_MAX_ELEMS;
+    return 4 * (uint64_t)SPX_BATCH_MAX_CUDA * (H + wide + 2 * qd + 2 * kvd + 2 * I) + 4 * (uint64_t)SPX_BATCH_MAX * V +
+           2 * (uint64_t)SPX_BATCH_MAX_CUDA * wide + 16 * (uint64_t)SPX_BATCH_MAX * wide + 2 * w16;
+}
+
 uint64_t spx_plan_scratch_bytes(const spx_model *m, int64_t n_ctx) {
     return scratch_fixed(&m->cfg) + 4 * (uint64_t)m->cfg.n_heads * (uint64_t)(n_ctx > 0 ? n_ctx : 0);
+}
+
+uint64_t spx_plan_cuda_scratch_bytes(const spx_model *m, int64_t n_ctx) {
+    return scratch_fixed_cuda(&m->cfg) + 4 * (uint64_t)m->cfg.n_heads * (uint64_t)(n_ctx > 0 ? n_ctx : 0);
 }
 
 bool spx_plan_model_quantized(const spx_model *m) {
@@ -179,7 +200,7 @@ static void fill_common(const plan_ctx *p, spx_plan *o, const level *lv, spx_kv_
     if (o->n_ctx_max < T) o->n_ctx_max = T;
     o->kv_bytes_per_token = spx_kv_bytes_per_token(kv, p->m->cfg.n_layers, p->kvd);
     o->kv_bytes = o->kv_bytes_per_token * (uint64_t)T;
-    o->scratch_bytes = spx_plan_scratch_bytes(p->m, T);
+    o->scratch_bytes = p->S0 + 4 * (uint64_t)p->m->cfg.n_heads * (uint64_t)T;
     o->planned_bytes = lv->fixed + per_token(p, kv) * (uint64_t)T;
     o->budget = p->budget;
 }
@@ -286,6 +307,8 @@ static spx_status plan_gpu(plan_ctx *p, spx_plan *o, bool may_fall_back, bool *f
     snprintf(o->backend, sizeof o->backend, "cuda");
     o->gpu = p->req->gpu;
     gpu_budget(p, g);
+    const uint64_t s0_cpu = p->S0;
+    p->S0 = scratch_fixed_cuda(c);
     level lv[2] = {{SPX_RES_RESIDENT, p->W + p->S0}, {SPX_RES_PINGPONG, p->G + 2 * p->Lmax + p->S0}};
     int li;
     spx_kv_type kv;
@@ -293,6 +316,7 @@ static spx_status plan_gpu(plan_ctx *p, spx_plan *o, bool may_fall_back, bool *f
     if (!choose(p, lv, 2, &li, &kv, &T)) {
         if (may_fall_back) {
             *fallback = true;
+            p->S0 = s0_cpu; /* the CPU plan that follows counts the CPU's scratch */
             say(why, "cpu: GPU %d (%s) has %.0f MiB free; ping-pong offload with %lld tokens of context needs %.1f MiB",
                 g->index, g->name, mib(g->mem_free), (long long)p->T,
                 mib(lv[1].fixed + per_token(p, p->kvs[p->n_kvs - 1]) * (uint64_t)p->T));

@@ -16,6 +16,9 @@
  *   KV(T)     T * spx_kv_bytes_per_token(kv, n_layers, n_kv_heads*head_dim)
  *   scratch   S(T) = 4*B*(H + max(H,qd) + 2*qd + 2*kvd + 2*I + V)   activations, logits
  *                  + 4*n_heads*T                                    attention scores
+ *             (cuda: B = SPX_BATCH_MAX_CUDA, plus an fp16 copy of the
+ *             activations, split-K partials and the fp16 weight scratch of
+ *             the cuBLAS prefill GEMM: spx_plan_cuda_scratch_bytes)
  *   resident:  W + KV(T) + S(T) <= budget
  *   ping-pong: G + 2*max_l L_l + KV(T) + S(T) <= budget; the layers that
  *             still fit in what is left stay resident (from layer 0 on), the
@@ -117,6 +120,9 @@ uint64_t spx_plan_layer_bytes(const struct spx_model *m, int64_t l);
 uint64_t spx_plan_global_bytes(const struct spx_model *m);
 /* Scratch S(T) above. */
 uint64_t spx_plan_scratch_bytes(const struct spx_model *m, int64_t n_ctx);
+/* The same for the CUDA backend (SPX_BATCH_MAX_CUDA tokens, split-K
+ * partials, the fp16 weight scratch of the cuBLAS prefill GEMM). */
+uint64_t spx_plan_cuda_scratch_bytes(const struct spx_model *m, int64_t n_ctx);
 /* True when every layer matrix is group-quantized (what the CUDA backend runs). */
 bool spx_plan_model_quantized(const struct spx_model *m);
 

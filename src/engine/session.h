@@ -6,18 +6,25 @@
 #include "engine/kvcache.h"
 #include "model/model.h"
 
-#define SPX_BATCH_MAX 128 /* tokens per forward chunk (scratch sizing) */
+#define SPX_BATCH_MAX 128 /* tokens per forward chunk on the CPU (scratch sizing) */
+/* The CUDA backend takes 4x as many per forward call: a prefill GEMM of 512
+ * tokens amortizes its weight reads (and, through cuBLAS, the fp16
+ * dequantization of each matrix) four times better. */
+#define SPX_BATCH_MAX_CUDA 512
+/* cap of the CUDA backend's fp16 weight scratch for cuBLAS (elements) */
+#define SPX_CUDA_W16_MAX_ELEMS ((int64_t)128 << 20)
 
 struct spx_session {
     spx_model *m;
     int64_t n_ctx;
     int64_t pos;          /* tokens in the KV cache */
     spx_kvcache kv;
-    /* scratch for up to SPX_BATCH_MAX tokens */
+    /* scratch for up to spx_batch_max(m) tokens (the CPU backend's; a device
+     * backend keeps its own and these stay NULL, except logits) */
     float *h, *x, *q, *k, *v, *att, *gate, *up;
     spx_cpu_ctx cpu;      /* pool, kernels, matmul scratch */
     float *scores;        /* [threads, n_ctx] */
-    float *logits;        /* [SPX_BATCH_MAX, vocab] */
+    float *logits;        /* [spx_batch_max(m), vocab] */
     void *be_state;       /* backend's per-session state (device KV, graphs) */
     int be_ready;         /* session_init succeeded (session_free owed) */
     spx_err err;
@@ -25,7 +32,10 @@ struct spx_session {
 
 enum { SPX_LOGITS_NONE = 0, SPX_LOGITS_LAST = 1, SPX_LOGITS_ALL = 2 };
 
-/* Runs n (<= SPX_BATCH_MAX) tokens at positions pos..pos+n-1. want_logits:
+/* Tokens one forward call of the model's backend takes at most. */
+int64_t spx_batch_max(const spx_model *m);
+
+/* Runs n (<= spx_batch_max) tokens at positions pos..pos+n-1. want_logits:
  * SPX_LOGITS_LAST writes the last token's logits to s->logits[0..vocab),
  * SPX_LOGITS_ALL every token's ([n, vocab]); NONE only advances the cache. */
 spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);

@@ -21,6 +21,7 @@
 #include "cuda/act.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/embed.cuh"
+#include "cuda/gemm_cublas.cuh"
 #include "cuda/gemm_q4.cuh"
 #include "cuda/gemv_q4.cuh"
 #include "cuda/norm.cuh"
@@ -370,8 +371,9 @@ static void test_gemm(int n_sm) {
         std::vector<float> W((size_t)(sh.rows * sh.cols));
         for (int64_t r = 0; r < sh.rows; r++) spx_q_dequant_row_f32(&m.b.q, r, W.data() + r * sh.cols);
         for (int M : Ms) {
-            for (int variant = 0; variant < 4; variant++) {
-                int accumulate = variant & 1, split = variant >> 1;
+            for (int variant = 0; variant < 6; variant++) { /* 4, 5: through cuBLAS, rows in chunks of 64 */
+                int accumulate = variant & 1, split = (variant >> 1) == 1, cublas = (variant >> 1) == 2;
+                if (cublas && !spx_gemm_cublas_ready()) continue;
                 std::vector<float> x = rand_vec((size_t)(M * sh.cols), 1.0f), bias = rand_vec((size_t)sh.rows, 0.1f);
                 std::vector<uint16_t> xh(x.size());
                 for (size_t i = 0; i < x.size(); i++) {
@@ -397,7 +399,14 @@ static void test_gemm(int n_sm) {
                     a.ws = dev_alloc<float>(a.ws_floats);
                     poison(a.ws, a.ws_floats * 4);
                 }
-                CK(spx_gemm_q4(a, n_sm, 0));
+                if (cublas) {
+                    const size_t w16_elems = (size_t)sh.cols * 64;
+                    __half *w16 = dev_alloc<__half>(w16_elems);
+                    poison(w16, w16_elems * 2);
+                    CK(spx_gemm_q4_cublas(a, w16, w16_elems, 0));
+                } else {
+                    CK(spx_gemm_q4(a, n_sm, 0));
+                }
                 CK(cudaDeviceSynchronize());
                 std::vector<float> y = down(dy, y0.size());
                 std::vector<double> ref(y.size()), tol(y.size());
@@ -416,15 +425,18 @@ static void test_gemm(int n_sm) {
                         if (rel > worst_rel) worst_rel = rel;
                     }
                 char what[96];
-                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d", (long long)sh.rows,
-                         (long long)sh.cols, (long long)sh.n_out, M, accumulate, split);
+                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d", (long long)sh.rows,
+                         (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas);
                 check_close(what, y.data(), ref.data(), tol.data(), y.size());
                 n_cases++;
             }
         }
         free_qmat(m);
     }
-    printf("gemm: %d cases, worst |err| / sum|w x| = %.3g (tolerance %.3g)\n", n_cases, worst_rel, GEMM_TOL_REL);
+    printf("gemm: %d cases, worst |err| / sum|w x| = %.3g (tolerance %.3g); cuBLAS path %s\n", n_cases, worst_rel,
+           GEMM_TOL_REL, spx_gemm_cublas_ready() ? "tested" : "not available (libcublas not found)");
+    const char *want = getenv("SPECTRA_EXPECT_CUBLAS"); /* the GPU script sets it: a missing cuBLAS is then a failure */
+    CHECK(!(want && !strcmp(want, "1")) || spx_gemm_cublas_ready(), "SPECTRA_EXPECT_CUBLAS=1 but libcublas was not loaded");
 }
 
 /* ---- embedding, norm, rope, silu, argmax ---------------------------------- */
