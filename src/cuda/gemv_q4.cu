@@ -113,16 +113,6 @@ struct gemv_kargs {
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((127 + e) << 23); }
 
-/* The same, asking L2 to fetch the whole 256-byte block from DRAM (the
- * warp reads the rest of each row's block in its next three items). */
-__device__ __forceinline__ uint4 ld_stream16_pf(const void *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
-
 __device__ __forceinline__ uint4 ld_stream16(const void *p) {
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -557,7 +547,7 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
 /* P: items per warp in registers; MINB: blocks per multiprocessor (register
  * budget); PAIR: consume items two at a time (P - 2 in flight meanwhile),
  * else one at a time (P - 1 in flight). */
-template <int P, int MINB, bool PAIR, bool L2PF>
+template <int P, int MINB, bool PAIR>
 __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_constant__ gemv_kargs k) {
     extern __shared__ float4 gemv_sm[];
     __shared__ float red[2][GM_WARPS][16];
@@ -608,12 +598,12 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
             it.c1 = it.c0;
             it.s0 = it.s1 = it.z0 = it.z1 = it.o0 = it.o1 = 0;
             if (in && iok0) {
-                it.c0 = L2PF ? ld_stream16_pf(ic0 + (int64_t)g * 16) : ld_stream16(ic0 + (int64_t)g * 16);
+                it.c0 = ld_stream16(ic0 + (int64_t)g * 16);
                 it.s0 = __ldg(is0 + g);
                 it.z0 = __ldg(iz0 + (g >> 1));
             }
             if (in && iok1) {
-                it.c1 = L2PF ? ld_stream16_pf(ic1 + (int64_t)g * 16) : ld_stream16(ic1 + (int64_t)g * 16);
+                it.c1 = ld_stream16(ic1 + (int64_t)g * 16);
                 it.s1 = __ldg(is1 + g);
                 it.z1 = __ldg(iz1 + (g >> 1));
             }
@@ -790,14 +780,12 @@ static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
 
 /* Tensor-core variants: impl 2 + i runs g_mma[i]; impl 0 runs
  * g_mma[g_default] (SPECTRA_GEMV_VARIANT=i at setup overrides it, for
- * benchmarks). All: 4 items of 1 KB of codes per warp in registers, two
+ * benchmarks). Both: 4 items of 1 KB of codes per warp in registers, two
  * blocks of 8 warps per multiprocessor (128 registers); items consumed in
- * pairs (0, 2) or one at a time (1); 2 asks L2 for whole 256-byte blocks
- * of codes (ld.global...L2::256B: the warp's next three items of a row). */
+ * pairs (0) or one at a time (1). */
 #define GM_SMEM_MAX (160 * 1024)
-static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true, false>, gemv_q4_mma<4, 2, false, false>,
-                                gemv_q4_mma<4, 2, true, true>};
-static const int g_mma_maxb[] = {2, 2, 2};
+static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true>, gemv_q4_mma<4, 2, false>};
+static const int g_mma_maxb[] = {2, 2};
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
 static int g_default = 0;
 
