@@ -131,7 +131,7 @@ static void test_device_math(void) {
      * misaligned for odd counts (kvd / 32 = 1, 2, 5, 9, ...); odd group
      * counts (the unused zero nibble) and heads sharing a zero byte are in */
     struct { int64_t hd, nkv; } sh[] = {{64, 4}, {128, 8}, {32, 3}, {32, 4}, {96, 5}, {256, 2}, {96, 1}, {160, 3},
-                                        {256, 40}};
+                                        {256, 40}, {32, 1}, {64, 1}, {32, 5}}; /* the last three: odd row sizes (19, 37, 93 bytes), padded to 4 on the host */
     int n_rows = 0, bad_bytes = 0, bad_deq = 0, bad_fwht = 0;
     for (size_t c_ = 0; c_ < sizeof sh / sizeof sh[0]; c_++) {
         int64_t hd = sh[c_].hd, kvd = hd * sh[c_].nkv, n = 9;
@@ -144,7 +144,7 @@ static void test_device_math(void) {
               (long long)kvd, rot, (long long)c.rot);
         spx_kvq4_layout lo = spx_kvq4_layout_of(n, kvd);
         size_t rb = (size_t)(lo.code_row + 2 * lo.scale_row + lo.zero_row);
-        CHECK(rb == c.row_bytes && rb * 2 == spx_kv_bytes_per_token(SPX_KV_Q4, 1, kvd) &&
+        CHECK(c.row_bytes == ((rb + 3) & ~(size_t)3) && rb * 2 == spx_kv_bytes_per_token(SPX_KV_Q4, 1, kvd) &&
                   (size_t)lo.code_row == c.codes_b && (size_t)(lo.code_row + 2 * lo.scale_row) == c.scales_b,
               "kvd %lld: device row parts %zu bytes, CPU row %zu", (long long)kvd, rb, c.row_bytes);
         CHECK(lo.layer_bytes >= (size_t)n * rb && lo.layer_bytes <= (size_t)n * rb + 1024 && lo.scales_off % 256 == 0 &&
@@ -167,14 +167,14 @@ static void test_device_math(void) {
             spx_kv_store(&c, 0, p, x, x);
             const uint8_t *ref = c.k + (size_t)p * c.row_bytes;
             device_style_row(x, kvd, hd, rot, row, c.row_bytes, &rng);
-            for (size_t b = 0; b < c.row_bytes; b++) bad_bytes += row[b] != ref[b];
+            for (size_t b = 0; b < rb; b++) bad_bytes += row[b] != ref[b]; /* the row's bytes; the host pads to 4 */
             /* the rule alone (rot 1) against g32.c on the unrotated row:
              * catches what the rotation hides, e.g. exact .5 ties (row 6) */
             {
                 uint8_t *rq = malloc(c.row_bytes);
                 spx_q_quantize_row(x, kvd, NULL, 4, 32, SPX_Q_MINMAX, rq, (uint16_t *)(rq + c.codes_b), rq + c.scales_b);
                 device_style_row(x, kvd, hd, 1, row, c.row_bytes, &rng);
-                for (size_t b = 0; b < c.row_bytes; b++) bad_bytes += row[b] != rq[b];
+                for (size_t b = 0; b < rb; b++) bad_bytes += row[b] != rq[b];
                 free(rq);
                 device_style_row(x, kvd, hd, rot, row, c.row_bytes, &rng);
             }

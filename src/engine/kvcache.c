@@ -62,6 +62,8 @@ spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t 
     c->kvd = kvd;
     c->head_dim = head_dim;
     c->row_bytes = spx_kv_bytes_per_token(t, 1, kvd) / 2;
+    c->row_bytes = (c->row_bytes + 3) & ~(size_t)3; /* q4 rows of an odd byte count: keep each row's fp16 scales
+                                                     * 2-byte aligned (they are read and written in place) */
     c->codes_b = (size_t)kvd / 2;
     c->scales_b = c->codes_b + (size_t)kvd / KV_GROUP * 2;
     size_t total;
