@@ -82,6 +82,7 @@ struct cu_model {
     cu_layer *layers;
     spx_dqmat embed, lm_head;
     float *final_norm, *inv_freq;
+    void *cublas;             /* cuBLAS handle of the prefill GEMM, or NULL (gemm_q4.cu's kernel) */
     /* ping-pong offload: layers [n_resident, n_layers) stream; their cu_layer
      * pointers point into host (the image of layer l starts at img_off[l]) */
     int64_t n_resident;
@@ -266,6 +267,7 @@ static void cu_model_free(spx_model *m) {
     cu_model *cm = (cu_model *)m->be_state;
     if (!cm) return;
     cudaSetDevice(cm->dev);
+    spx_gemm_cublas_destroy(cm->cublas);
     if (cm->arena) cudaFree(cm->arena);
     if (cm->host) cudaFreeHost(cm->host);
     free(cm->img_off);
@@ -384,6 +386,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
                 mib(cm->host_bytes), mib(cm->slot_bytes));
     }
     SPX_CUDA_TRY(e, spx_gemv_q4_setup(m->max_cols));
+    cm->cublas = spx_gemm_cublas_create(); /* NULL: prefill stays on gemm_q4.cu's kernel */
     return SPX_OK;
 }
 
@@ -536,7 +539,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x16, B * wide * 2));
     cs->ws_floats = 4 * (size_t)SPX_BATCH_MAX * wide; /* split-K partials: large M needs few splits */
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ws, cs->ws_floats * 4));
-    if (spx_gemm_cublas_ready()) { /* the largest layer matrix (the LM head goes in row chunks), capped */
+    if (cm->cublas) { /* the largest layer matrix (the LM head goes in row chunks), capped */
         int64_t mx = (int64_t)(qd > kvd ? qd : kvd) * (int64_t)H;
         if ((int64_t)H * (int64_t)qd > mx) mx = (int64_t)H * (int64_t)qd;
         if ((int64_t)I * (int64_t)H > mx) mx = (int64_t)I * (int64_t)H;
@@ -614,8 +617,8 @@ static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __hal
 /* The prefill GEMM: through cuBLAS (dequantized fp16 scratch) for M >=
  * spx_gemm_cublas_min_m() tokens when it was loaded, else gemm_q4.cu's
  * tensor-core kernel (see gemm_cublas.cuh). */
-static cudaError_t run_gemm(const cu_sess *cs, const spx_gemm_args &g, int nsm, cudaStream_t st) {
-    if (cs->w16 && g.M >= spx_gemm_cublas_min_m()) return spx_gemm_q4_cublas(g, cs->w16, cs->w16_elems, st);
+static cudaError_t run_gemm(const cu_model *cm, const cu_sess *cs, const spx_gemm_args &g, int nsm, cudaStream_t st) {
+    if (cs->w16 && g.M >= spx_gemm_cublas_min_m()) return spx_gemm_q4_cublas(cm->cublas, g, cs->w16, cs->w16_elems, st);
     return spx_gemm_q4(g, nsm, st);
 }
 
@@ -751,9 +754,9 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl0));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->attn_norm, eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wk, cs->x16, H, cs->k, kvd, L->bk, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wv, cs->x16, H, cs->v, kvd, L->bv, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wk, cs->x16, H, cs->k, kvd, L->bk, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wv, cs->x16, H, cs->v, kvd, L->bv, n, 0), nsm, st));
         }
         spx_rope_args ra;
         memset(&ra, 0, sizeof ra);
@@ -793,7 +796,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_to_half(cs->att, (int64_t)n * qd, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wo, cs->x16, qd, cs->h, H, L->bo, n, 1), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wo, cs->x16, qd, cs->h, H, L->bo, n, 1), nsm, st));
         }
         /* MLP block */
         if (n == 1) {
@@ -807,10 +810,10 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wu, cs->x16, H, cs->up, I, L->bu, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wu, cs->x16, H, cs->up, I, L->bu, n, 0), nsm, st));
             SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)n * I, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, L->wd, cs->x16, I, cs->h, H, L->bd, n, 1), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wd, cs->x16, I, cs->h, H, L->bd, n, 1), nsm, st));
         }
         if (streamed) SPX_TRY(pp_layer_end(m, cm, cs, l, e));
     }
@@ -820,7 +823,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, cm->final_norm, eps, n, H, NULL, cs->x16, st));
         for (int t0 = 0; t0 < n; t0 += SPX_BATCH_MAX) {
             const int k = n - t0 < SPX_BATCH_MAX ? n - t0 : SPX_BATCH_MAX;
-            SPX_CUDA_TRY(e, run_gemm(cs, gemm_one(cs, cm->lm_head, cs->x16 + (size_t)t0 * (size_t)H, H, cs->logits, V,
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, cm->lm_head, cs->x16 + (size_t)t0 * (size_t)H, H, cs->logits, V,
                                                  NULL, k, 0),
                                      nsm, st));
             SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits + (size_t)t0 * (size_t)V, cs->logits, (size_t)k * (size_t)V * 4,

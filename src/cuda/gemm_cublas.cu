@@ -10,11 +10,11 @@
 
 struct cublas_api {
     decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
     decltype(&cublasSetStream_v2) set_stream;
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                               const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
                               cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t); /* the C entry point */
-    cublasHandle_t h;
     bool ok;
 };
 static cublas_api g_cb;
@@ -33,11 +33,21 @@ static void cublas_load(void) {
     }
     if (!lib) return;
     g_cb.create = (decltype(g_cb.create))dlsym(lib, "cublasCreate_v2");
+    g_cb.destroy = (decltype(g_cb.destroy))dlsym(lib, "cublasDestroy_v2");
     g_cb.set_stream = (decltype(g_cb.set_stream))dlsym(lib, "cublasSetStream_v2");
     g_cb.gemm_ex = (decltype(g_cb.gemm_ex))dlsym(lib, "cublasGemmEx");
-    if (!g_cb.create || !g_cb.set_stream || !g_cb.gemm_ex) return;
-    if (g_cb.create(&g_cb.h) != CUBLAS_STATUS_SUCCESS) return;
+    if (!g_cb.create || !g_cb.destroy || !g_cb.set_stream || !g_cb.gemm_ex) return;
     g_cb.ok = true;
+}
+
+void *spx_gemm_cublas_create(void) {
+    if (!spx_gemm_cublas_ready()) return NULL;
+    cublasHandle_t h = NULL;
+    return g_cb.create(&h) == CUBLAS_STATUS_SUCCESS ? (void *)h : NULL;
+}
+
+void spx_gemm_cublas_destroy(void *h) {
+    if (h && g_cb.ok) g_cb.destroy((cublasHandle_t)h);
 }
 
 bool spx_gemm_cublas_ready(void) {
@@ -110,14 +120,15 @@ static unsigned grid_for(int64_t n) {
     return (unsigned)(b < 8192 ? (b < 1 ? 1 : b) : 8192);
 }
 
-cudaError_t spx_gemm_q4_cublas(const spx_gemm_args &a, __half *w16, size_t w16_elems, cudaStream_t st) {
-    if (!spx_gemm_cublas_ready()) return cudaErrorNotSupported;
+cudaError_t spx_gemm_q4_cublas(void *handle, const spx_gemm_args &a, __half *w16, size_t w16_elems, cudaStream_t st) {
+    if (!spx_gemm_cublas_ready() || !handle) return cudaErrorNotSupported;
+    cublasHandle_t h = (cublasHandle_t)handle;
     const spx_dqmat &w = a.w;
     if (a.M <= 0 || w.cols % 32 || w.rows <= 0 || !w16 || w16_elems < (size_t)w.cols) return cudaErrorInvalidValue;
     if (w.cols > INT32_MAX || w.rows > INT32_MAX || a.ldx > INT32_MAX || a.ldy > INT32_MAX) return cudaErrorInvalidValue;
     int64_t chunk = (int64_t)(w16_elems / (size_t)w.cols);
     if (chunk > w.rows) chunk = w.rows;
-    if (g_cb.set_stream(g_cb.h, st) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+    if (g_cb.set_stream(h, st) != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; r0 < w.rows; r0 += chunk) {
         const int64_t n = w.rows - r0 < chunk ? w.rows - r0 : chunk;
@@ -126,7 +137,7 @@ cudaError_t spx_gemm_q4_cublas(const spx_gemm_args &a, __half *w16, size_t w16_e
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
         /* column-major view: C [n, M] (ldc = ldy) = W16^T' [n, cols] x X [cols, M] (ldb = ldx) */
-        cublasStatus_t cs = g_cb.gemm_ex(g_cb.h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, a.M, (int)w.cols, &one, w16, CUDA_R_16F,
+        cublasStatus_t cs = g_cb.gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, a.M, (int)w.cols, &one, w16, CUDA_R_16F,
                                          (int)w.cols, a.x, CUDA_R_16F, (int)a.ldx, a.accumulate ? &one : &zero,
                                          a.y + r0, CUDA_R_32F, (int)a.ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (cs != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;

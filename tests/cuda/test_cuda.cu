@@ -403,7 +403,9 @@ static void test_gemm(int n_sm) {
                     const size_t w16_elems = (size_t)sh.cols * 64;
                     __half *w16 = dev_alloc<__half>(w16_elems);
                     poison(w16, w16_elems * 2);
-                    CK(spx_gemm_q4_cublas(a, w16, w16_elems, 0));
+                    static void *handle = spx_gemm_cublas_create();
+                    CHECK(handle != NULL, "cuBLAS loaded but no handle");
+                    CK(spx_gemm_q4_cublas(handle, a, w16, w16_elems, 0));
                 } else {
                     CK(spx_gemm_q4(a, n_sm, 0));
                 }
@@ -785,12 +787,16 @@ static void kvq4_dev_init(kvq4_dev &d, int64_t nctx, int64_t kvd) {
     d.v = spx_kvq4_at(d.vb, 0, nctx, kvd);
 }
 
-/* The device planes as CPU rows [nctx][row_bytes] (codes, scales, zeros). */
-static std::vector<uint8_t> kvq4_rows(const uint8_t *base, const spx_kvq4_layout &lo, int64_t nctx) {
+/* Bytes of one q4 row (the host cache pads its rows to 4: kvcache.c). */
+static size_t kvq4_rb(const spx_kvq4_layout &lo) { return (size_t)(lo.code_row + 2 * lo.scale_row + lo.zero_row); }
+
+/* The device planes as CPU rows [nctx][stride] (codes, scales, zeros; the
+ * padding past kvq4_rb is 0xff and never compared). */
+static std::vector<uint8_t> kvq4_rows(const uint8_t *base, const spx_kvq4_layout &lo, int64_t nctx, size_t stride) {
     std::vector<uint8_t> all(lo.layer_bytes), rows;
     CK(cudaMemcpy(all.data(), base, lo.layer_bytes, cudaMemcpyDeviceToHost));
-    size_t cr = (size_t)lo.code_row, sr = (size_t)lo.scale_row * 2, zr = (size_t)lo.zero_row, rb = cr + sr + zr;
-    rows.resize((size_t)nctx * rb);
+    size_t cr = (size_t)lo.code_row, sr = (size_t)lo.scale_row * 2, zr = (size_t)lo.zero_row, rb = stride;
+    rows.assign((size_t)nctx * rb, 0xff);
     for (int64_t p = 0; p < nctx; p++) {
         memcpy(&rows[p * rb], &all[lo.codes_off + p * cr], cr);
         memcpy(&rows[p * rb + cr], &all[lo.scales_off + p * sr], sr);
@@ -801,11 +807,11 @@ static std::vector<uint8_t> kvq4_rows(const uint8_t *base, const spx_kvq4_layout
 
 /* A cache's rows p in [p0, p1) vs the device's: bytes that differ; rows
  * outside [w0, w1) of the device must still be the 0xff poison. */
-static void kvq4_cmp_rows(const spx_kvcache *c, int value, const std::vector<uint8_t> &dev, int64_t p0, int64_t p1,
-                          int64_t w0, int64_t w1, int64_t nctx, int *bad, int *stray) {
+static void kvq4_cmp_rows(const spx_kvcache *c, int value, const std::vector<uint8_t> &dev, size_t rb, int64_t p0,
+                          int64_t p1, int64_t w0, int64_t w1, int64_t nctx, int *bad, int *stray) {
     const uint8_t *cpu = value ? c->v : c->k;
     for (int64_t p = 0; p < nctx; p++)
-        for (size_t b = 0; b < c->row_bytes; b++) {
+        for (size_t b = 0; b < rb; b++) {
             uint8_t g = dev[p * c->row_bytes + b];
             if (p >= p0 && p < p1) *bad += g != cpu[p * c->row_bytes + b];
             if (p < w0 || p >= w1) *stray += g != 0xff;
@@ -860,8 +866,10 @@ static void test_kvq4(void) {
         CK(spx_rope_store(ra, 0));
         CK(cudaDeviceSynchronize());
         int badk = 0, badv = 0, stray = 0;
-        kvq4_cmp_rows(&kc, 0, kvq4_rows(d.kb, d.lo, nctx), 0, npos, 0, npos, nctx, &badk, &stray);
-        kvq4_cmp_rows(&kc, 1, kvq4_rows(d.vb, d.lo, nctx), 0, npos, 0, npos, nctx, &badv, &stray);
+        kvq4_cmp_rows(&kc, 0, kvq4_rows(d.kb, d.lo, nctx, kc.row_bytes), kvq4_rb(d.lo), 0, npos, 0, npos, nctx, &badk,
+                      &stray);
+        kvq4_cmp_rows(&kc, 1, kvq4_rows(d.vb, d.lo, nctx, kc.row_bytes), kvq4_rb(d.lo), 0, npos, 0, npos, nctx, &badv,
+                      &stray);
 
         /* attention */
         std::vector<float> q = rand_vec((size_t)c.n_tok * qd, 1.0f);
@@ -990,9 +998,10 @@ static void test_kvq4(void) {
         }
         for (size_t i = 0; i < q.size(); i++) badq += !(fabs(gq[i] - q[i]) <= 1e-5 * (fabs(q[i]) + 1));
         int badv = 0, stray = 0, badk = 0, codes_diff = 0;
-        std::vector<uint8_t> rk = kvq4_rows(d.kb, d.lo, nctx);
-        kvq4_cmp_rows(&kc, 1, kvq4_rows(d.vb, d.lo, nctx), pos0, pos0 + nt, pos0, pos0 + nt, nctx, &badv, &stray);
-        kvq4_cmp_rows(&kc, 0, rk, pos0, pos0, pos0, pos0 + nt, nctx, &badk, &stray); /* stray bytes only */
+        std::vector<uint8_t> rk = kvq4_rows(d.kb, d.lo, nctx, kc.row_bytes);
+        kvq4_cmp_rows(&kc, 1, kvq4_rows(d.vb, d.lo, nctx, kc.row_bytes), kvq4_rb(d.lo), pos0, pos0 + nt, pos0, pos0 + nt,
+                      nctx, &badv, &stray);
+        kvq4_cmp_rows(&kc, 0, rk, kvq4_rb(d.lo), pos0, pos0, pos0, pos0 + nt, nctx, &badk, &stray); /* stray bytes only */
         /* K: dequantized in the rotated frame, per element within one step */
         std::vector<float> wc((size_t)kvd), wg((size_t)kvd);
         const int ng = kvd / 32;
