@@ -12,12 +12,12 @@
  * cores; impl 1: the previous float32 kernel). Weight bytes per launch
  * (codes + scales + zeros + outliers) over the time give GB/s. Also an
  * FFMA throughput probe with denormal vs normal operands (impl 1's nibble
- * unpack relies on full-rate denormals). Then, for the one-matrix cases,
- * the same kernel on a tile-interleaved layout (gemv_tiled.cuh: impl 100+,
- * a measurement of a possible file layout, checked against impl 0).
+ * unpack relies on full-rate denormals). Then, for the one-matrix and
+ * SwiGLU cases, the default kernel on the tiled layout the backend makes at
+ * load (impl 100 + v: tiled variant v, checked against the rows).
  * Prints a table (or one JSON line per row); --ncu: one plain launch per
  * case, for ncu. */
-#include "cuda/gemv_q4.cu" /* the kernels' source itself: gemv_tiled.cuh reuses its device code */
+#include "cuda/gemv_q4.cuh"
 
 #include <algorithm>
 #include <stdio.h>
@@ -117,8 +117,6 @@ template <bool DEN> __global__ void fma_probe(float *out, uint32_t seed, int ite
     for (int i = 0; i < 8; i++) t += a[i];
     out[blockIdx.x * blockDim.x + threadIdx.x] = t;
 }
-
-#include "gemv_tiled.cuh"
 
 static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -273,65 +271,74 @@ int main(int argc, char **argv) {
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
         }
-        /* the tile-interleaved layout (gemv_tiled.cuh), one matrix, STORE:
-         * checked against impl 0 on the first set, then timed the same way */
-        if (!ncu && n_mats == 1 && c.cols % 128 == 0) {
-            std::vector<tiled_mat> tms;
-            size_t tper = 0;
+        /* the tiled layout (gemv_q4.cuh), made on the device from each set as
+         * the backend does at load, for one-matrix and SwiGLU launches: each
+         * tiled variant, checked against the row-major impl 0 on set 0 */
+        if (!ncu && (n_mats == 1 || c.mode == SPX_GEMV_SWIGLU) && c.cols % 128 == 0) {
+            std::vector<uint8_t *> bufs;
             for (auto &s : sets) {
-                tms.push_back(tiled_make(s[0]));
-                tper = tms.back().bytes;
+                uint8_t *b;
+                CK(cudaMalloc(&b, spx_gemv_tiled_bytes(n_mats == 2 ? 2 * rows[0] : rows[0], c.cols)));
+                CK(spx_gemv_tiled_make(s[0], n_mats == 2 ? &s[1] : NULL, b, st));
+                bufs.push_back(b);
             }
-            spx_gemv_args ga;
-            memset(&ga, 0, sizeof ga);
-            ga.w[0] = sets[0][0];
-            ga.o[0].y = y;
-            ga.n_mats = 1;
-            ga.mode = SPX_GEMV_STORE;
-            ga.x = x;
-            for (int v = 0; v < N_TILED; v++) {
-            CK(spx_gemv_q4(ga, n_sm, st)); /* the timing below overwrites y */
-            CK(tiled_gemv(v, sets[0][0], tms[0], x, y + c.rows, n_sm, st));
-            CK(cudaStreamSynchronize(st));
-            std::vector<float> y0((size_t)c.rows), y1((size_t)c.rows);
-            CK(cudaMemcpy(y0.data(), y, y0.size() * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(y1.data(), y + c.rows, y1.size() * 4, cudaMemcpyDeviceToHost));
-            double md = 0, mx = 0;
-            for (size_t i = 0; i < y0.size(); i++) {
-                md = fmax(md, fabs((double)y0[i] - y1[i]));
-                mx = fmax(mx, fabs((double)y0[i]));
-            }
-            const int launches = 64;
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-            for (int i = 0; i < launches; i++)
-                CK(tiled_gemv(v, sets[i % sets.size()][0], tms[i % tms.size()], x, y, n_sm, st));
-            CK(cudaStreamEndCapture(st, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            CK(cudaGraphLaunch(ge, st));
-            std::vector<double> t;
-            for (int r = 0; r < 7; r++) {
-                CK(cudaEventRecord(e0, st));
+            auto args = [&](const std::vector<spx_dqmat> &s, float *out) {
+                spx_gemv_args ga;
+                memset(&ga, 0, sizeof ga);
+                for (int kk = 0; kk < n_mats; kk++) ga.w[kk] = s[kk];
+                ga.o[0].y = out;
+                ga.n_mats = n_mats;
+                ga.mode = c.mode;
+                ga.x = x;
+                ga.best = best;
+                return ga;
+            };
+            for (int v = 0; v < 2; v++) {
+                spx_gemv_q4_force_tiled_variant(v);
+                spx_gemv_args rm = args(sets[0], y);
+                rm.w[0].tcodes = NULL; /* the row-major kernel on the same matrix */
+                CK(spx_gemv_q4(rm, n_sm, st));
+                CK(spx_gemv_q4(args(sets[0], y + c.rows), n_sm, st));
+                CK(cudaStreamSynchronize(st));
+                std::vector<float> y0((size_t)c.rows), y1((size_t)c.rows);
+                CK(cudaMemcpy(y0.data(), y, y0.size() * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(y1.data(), y + c.rows, y1.size() * 4, cudaMemcpyDeviceToHost));
+                double md = 0, mx = 0;
+                for (size_t i = 0; i < y0.size(); i++) {
+                    md = fmax(md, fabs((double)y0[i] - y1[i]));
+                    mx = fmax(mx, fabs((double)y0[i]));
+                }
+                const int launches = 64;
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+                for (int i = 0; i < launches; i++) CK(spx_gemv_q4(args(sets[i % sets.size()], y), n_sm, st));
+                CK(cudaStreamEndCapture(st, &g));
+                CK(cudaGraphInstantiate(&ge, g, 0));
                 CK(cudaGraphLaunch(ge, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                t.push_back(ms * 1e-3 / launches);
+                std::vector<double> t;
+                for (int r = 0; r < 7; r++) {
+                    CK(cudaEventRecord(e0, st));
+                    CK(cudaGraphLaunch(ge, st));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    t.push_back(ms * 1e-3 / launches);
+                }
+                double tm = median(t), gbs = (double)per / tm / 1e9;
+                if (json)
+                    printf("{\"what\": \"gemv\", \"case\": \"%s, tiled %d blocks/SM\", \"impl\": %d, \"bytes\": %zu, "
+                           "\"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"max_diff_vs_rows\": %.3g, \"max_abs\": %.3g}\n",
+                           c.name, 2 + v, 100 + v, per, tm * 1e6, gbs, gbs / copy_gbs, md, mx);
+                else
+                    printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%  (tiled, %d blocks/SM; max |d| vs rows %.3g of %.3g)\n", c.name,
+                           100 + v, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, 2 + v, md, mx);
+                CK(cudaGraphExecDestroy(ge));
+                CK(cudaGraphDestroy(g));
             }
-            double tm = median(t), gbs = (double)tper / tm / 1e9;
-            if (json)
-                printf("{\"what\": \"gemv\", \"case\": \"%s (%s, store)\", \"impl\": %d, \"bytes\": %zu, "
-                       "\"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"max_diff_vs_impl0\": %.3g, \"max_abs\": %.3g}\n",
-                       c.name, g_tiled_name[v], 100 + v, tper, tm * 1e6, gbs, gbs / copy_gbs, md, mx);
-            else
-                printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%  (max |d| vs impl 0: %.3g of %.3g)\n", c.name, 100 + v,
-                       (double)tper / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, md, mx);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
-            }
-            for (auto &tmm : tms) tiled_free(tmm);
+            spx_gemv_q4_force_tiled_variant(-1);
+            for (auto b : bufs) CK(cudaFree(b));
         }
         for (auto &s : sets)
             for (auto &m : s) free_mat(m);

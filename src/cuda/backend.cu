@@ -83,6 +83,8 @@ struct cu_model {
     spx_dqmat embed, lm_head;
     float *final_norm, *inv_freq;
     void *cublas;             /* cuBLAS handle of the prefill GEMM, or NULL (gemm_q4.cu's kernel) */
+    uint8_t *tiled;           /* the decode GEMV's tiled copies (make_tiled), or NULL */
+    size_t tiled_bytes;
     /* ping-pong offload: layers [n_resident, n_layers) stream; their cu_layer
      * pointers point into host (the image of layer l starts at img_off[l]) */
     int64_t n_resident;
@@ -263,11 +265,81 @@ static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob
     return SPX_OK;
 }
 
+/* The decode GEMV's tiled copies (gemv_q4.cuh) of every layer's o and
+ * down projections, its gate/up pair and the LM head, made on the device
+ * from the arena's rows (the rows stay: the prefill GEMM and the embedding
+ * read them). Made only when every layer is resident and the copies fit
+ * beside the arena, the KV cache and scratch of the planned context (the
+ * budget or the free memory minus the margin, as choose_residency);
+ * SPECTRA_GEMV_LAYOUT=rows skips them. Measured on the H200 the tiled GEMV
+ * reads 1.4-1.6x faster (bench/gpu/NOTES.md); the copies cost about 0.85x
+ * the weights again, until the file format carries this layout. */
+static spx_status make_tiled(const spx_model *m, cu_model *cm, spx_err *e) {
+    const char *env = getenv("SPECTRA_GEMV_LAYOUT");
+    if (env && !strcmp(env, "rows")) return SPX_OK;
+    const spx_config *c = &m->cfg;
+    const int64_t L = c->n_layers;
+    if (cm->n_resident < L) return SPX_OK;
+    /* the jobs: (matrix, pair partner or NULL) */
+    size_t tot = 0;
+    auto bytes = [](const spx_dqmat &w, const spx_dqmat *up) -> size_t {
+        if (!spx_gemv_tiled_ok(w) || (up && (up->rows != w.rows || up->cols != w.cols))) return 0;
+        return round256(spx_gemv_tiled_bytes(up ? 2 * w.rows : w.rows, w.cols));
+    };
+    tot += bytes(cm->lm_head, NULL);
+    for (int64_t l = 0; l < L; l++) {
+        const cu_layer *D = &cm->layers[l];
+        tot += bytes(D->wo, NULL) + bytes(D->wd, NULL) + bytes(D->wg, &D->wu);
+    }
+    if (!tot) return SPX_OK;
+    size_t free_b = 0, total_b = 0;
+    SPX_CUDA_TRY(e, cudaMemGetInfo(&free_b, &total_b));
+    int64_t T = m->plan_n_ctx;
+    if (T <= 0) T = c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
+    spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
+    const uint64_t ctx = (uint64_t)spx_kv_bytes_per_token(kv, L, c->n_kv_heads * c->head_dim) * (uint64_t)T +
+                         spx_plan_cuda_scratch_bytes(m, T);
+    const uint64_t avail = free_b > SPX_PLAN_VRAM_MARGIN ? free_b - SPX_PLAN_VRAM_MARGIN : 0;
+    const bool fits = m->vram_budget_mb > 0 ? cm->arena_bytes + tot + ctx <= ((uint64_t)m->vram_budget_mb << 20)
+                                             : tot + ctx <= avail;
+    if (!fits) {
+        spx_log(2, "cuda: the decode GEMV reads the .trdc rows (its tiled copies, %.1f MiB, do not fit beside the "
+                   "weights, KV cache and scratch)",
+                mib(tot));
+        return SPX_OK;
+    }
+    if (cudaMalloc((void **)&cm->tiled, tot) != cudaSuccess) {
+        cudaGetLastError();
+        cm->tiled = NULL;
+        return SPX_OK; /* an optimisation: without it the rows serve */
+    }
+    cm->tiled_bytes = tot;
+    size_t off = 0;
+    auto make = [&](spx_dqmat &w, const spx_dqmat *up) -> cudaError_t {
+        const size_t b = bytes(w, up);
+        if (!b) return cudaSuccess;
+        cudaError_t err = spx_gemv_tiled_make(w, up, cm->tiled + off, 0);
+        off += b;
+        return err;
+    };
+    SPX_CUDA_TRY(e, make(cm->lm_head, NULL));
+    for (int64_t l = 0; l < L; l++) {
+        cu_layer *D = &cm->layers[l];
+        SPX_CUDA_TRY(e, make(D->wo, NULL));
+        SPX_CUDA_TRY(e, make(D->wd, NULL));
+        SPX_CUDA_TRY(e, make(D->wg, &D->wu));
+    }
+    SPX_CUDA_TRY(e, cudaDeviceSynchronize());
+    spx_log(2, "cuda: tiled copies for the decode GEMV: %.1f MiB", mib(tot));
+    return SPX_OK;
+}
+
 static void cu_model_free(spx_model *m) {
     cu_model *cm = (cu_model *)m->be_state;
     if (!cm) return;
     cudaSetDevice(cm->dev);
     spx_gemm_cublas_destroy(cm->cublas);
+    if (cm->tiled) cudaFree(cm->tiled);
     if (cm->arena) cudaFree(cm->arena);
     if (cm->host) cudaFreeHost(cm->host);
     free(cm->img_off);
@@ -387,7 +459,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     }
     SPX_CUDA_TRY(e, spx_gemv_q4_setup(m->max_cols));
     cm->cublas = spx_gemm_cublas_create(); /* NULL: prefill stays on gemm_q4.cu's kernel */
-    return SPX_OK;
+    return make_tiled(m, cm, e);
 }
 
 static spx_status cu_model_init(spx_model *m, spx_err *e) {

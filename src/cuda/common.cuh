@@ -28,6 +28,12 @@ struct spx_dqmat {
     const uint8_t *zeros;     /* [rows, zrow] */
     const int32_t *oidx;      /* [n_out] strictly increasing, or NULL */
     const __half *oval;       /* [rows, n_out], or NULL */
+    /* Optional: the same codes, scales and zeros tile-interleaved for the
+     * decode GEMV (gemv_q4.cuh, "tiled layout"), or NULL. For a SwiGLU
+     * pair they sit on the gate matrix and hold gate and up together. */
+    const uint8_t *tcodes;    /* [tiles][items][1024] */
+    const uint32_t *tscales;  /* [tiles][items][32] */
+    const uint8_t *tzeros;    /* [tiles][items][32] */
 };
 
 __device__ __forceinline__ float spx_warp_sum(float v) {

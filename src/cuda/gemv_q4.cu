@@ -546,8 +546,10 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
 
 /* P: items per warp in registers; MINB: blocks per multiprocessor (register
  * budget); PAIR: consume items two at a time (P - 2 in flight meanwhile),
- * else one at a time (P - 1 in flight). */
-template <int P, int MINB, bool PAIR>
+ * else one at a time (P - 1 in flight); TL: the codes, scales and zeros
+ * come from the tiled layout of a.w[0] (one matrix, or a SwiGLU pair: see
+ * gemv_q4.cuh), the outliers still from the rows. */
+template <int P, int MINB, bool PAIR, bool TL>
 __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_constant__ gemv_kargs k) {
     extern __shared__ float4 gemv_sm[];
     __shared__ float red[2][GM_WARPS][16];
@@ -580,9 +582,11 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
         int64_t rr;
         ok = gm_row(k, swiglu, is_tile, i, m, rr);
         const spx_dqmat &w = a.w[m];
-        cp = w.codes + rr * cstride;
-        sp = reinterpret_cast<const unsigned short *>(w.scales) + rr * ng;
-        zp = w.zeros + rr * w.zrow;
+        if (!TL) { /* the tiled layout needs the rows for the outliers only */
+            cp = w.codes + rr * cstride;
+            sp = reinterpret_cast<const unsigned short *>(w.scales) + rr * ng;
+            zp = w.zeros + rr * w.zrow;
+        }
         op = reinterpret_cast<const unsigned short *>(w.oval) + rr * w.n_out;
         no = ok ? w.n_out : 0;
     };
@@ -597,7 +601,16 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
             it.c0 = make_uint4(0, 0, 0, 0);
             it.c1 = it.c0;
             it.s0 = it.s1 = it.z0 = it.z1 = it.o0 = it.o1 = 0;
-            if (in && iok0) {
+            if (TL) {
+                const int item = iw0 + is_j;
+                if (item < n_items) { /* padded rows hold zero codes and scales */
+                    const int64_t ti = is_tile * n_items + item;
+                    it.c0 = ld_stream16(a.w[0].tcodes + ti * 1024 + lane * 16);
+                    it.c1 = ld_stream16(a.w[0].tcodes + ti * 1024 + 512 + lane * 16);
+                    it.s0 = __ldg(a.w[0].tscales + ti * 32 + lane);
+                    it.z0 = __ldg(a.w[0].tzeros + ti * 32 + lane);
+                }
+            } else if (in && iok0) {
                 it.c0 = ld_stream16(ic0 + (int64_t)g * 16);
                 it.s0 = __ldg(is0 + g);
                 it.z0 = __ldg(iz0 + (g >> 1));
@@ -665,11 +678,13 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
         mma_s8(e, it.c0.w & 0x0f0f0f0fu, it.c1.w & 0x0f0f0f0fu, (it.c0.w >> 4) & 0x0f0f0f0fu, (it.c1.w >> 4) & 0x0f0f0f0fu,
                bB.z, bB.w);
         const int2 mt = meta[bi * 4 + t]; /* (S, -sum X) of group g */
-        const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)((it.z0 >> zsh) & 15u) * mt.y;
-        const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)((it.z1 >> zsh) & 15u) * mt.y;
+        const unsigned z0 = TL ? it.z0 & 15u : (it.z0 >> zsh) & 15u, z1 = TL ? (it.z0 >> 4) & 15u : (it.z1 >> zsh) & 15u;
+        const unsigned s0 = TL ? it.s0 & 0xffffu : it.s0, s1 = TL ? it.s0 >> 16 : it.s1;
+        const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)z0 * mt.y;
+        const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)z1 * mt.y;
         const float S = __int_as_float(mt.x);
-        tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.s0)) * S, (float)i0, tot0);
-        tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.s1)) * S, (float)i1, tot1);
+        tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)s0)) * S, (float)i0, tot0);
+        tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)s1)) * S, (float)i1, tot1);
         if (g < cno0) tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), cxo0[g], tot0);
         if (g < cno1) tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o1)), cxo1[g], tot1);
     };
@@ -784,8 +799,16 @@ static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
  * blocks of 8 warps per multiprocessor (128 registers); items consumed in
  * pairs (0) or one at a time (1). */
 #define GM_SMEM_MAX (160 * 1024)
-static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true>, gemv_q4_mma<4, 2, false>};
+static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true, false>, gemv_q4_mma<4, 2, false, false>};
 static const int g_mma_maxb[] = {2, 2};
+/* On the tiled layout: two or three blocks per multiprocessor (the second
+ * is faster on short rows: up, q, lm_head; the first on long ones: down). */
+static const gemv_fn g_mma_tl[] = {gemv_q4_mma<4, 2, true, true>, gemv_q4_mma<4, 3, true, true>};
+static const int g_mma_tl_maxb[] = {2, 3};
+#define GM_TL_LONG 8192 /* cols above this take g_mma_tl[0] */
+static int g_tl_force = -1; /* benchmarks: spx_gemv_q4_force_tiled_variant */
+
+void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 2 ? v : -1; }
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
 static int g_default = 0;
 
@@ -805,6 +828,10 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
     }
     for (int i = 0; i < N_MMA; i++) {
         cudaError_t err = cudaFuncSetAttribute(g_mma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
+        if (err != cudaSuccess) return err;
+    }
+    for (int i = 0; i < 2; i++) {
+        cudaError_t err = cudaFuncSetAttribute(g_mma_tl[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
         if (err != cudaSuccess) return err;
     }
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
@@ -866,14 +893,82 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     } else {
         const int v = a.impl == 0 ? g_default : a.impl - 2;
         k.n_tiles = a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
+        /* the tiled layout: impl 0, one matrix or a SwiGLU pair that has it */
+        const bool tl = a.impl == 0 && a.w[0].tcodes && (a.n_mats == 1 || a.mode == SPX_GEMV_SWIGLU);
+        const int tv = g_tl_force >= 0 ? g_tl_force : k.cols > GM_TL_LONG ? 0 : 1;
+        const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
+        const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
         int occ = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, g_mma[v], GM_WARPS * 32, smem) != cudaSuccess || occ < 1)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, GM_WARPS * 32, smem) != cudaSuccess || occ < 1)
             occ = 1;
-        if (occ > g_mma_maxb[v]) occ = g_mma_maxb[v];
+        if (occ > maxb) occ = maxb;
         int64_t blocks = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
         if (blocks > k.n_tiles) blocks = k.n_tiles;
         if (blocks < 1) blocks = 1;
-        err = spx_launch(g_mma[v], dim3((unsigned)blocks), dim3(GM_WARPS * 32), smem, st, pdl, k);
+        err = spx_launch(fn, dim3((unsigned)blocks), dim3(GM_WARPS * 32), smem, st, pdl, k);
     }
     return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+/* ---- the tiled layout (gemv_q4.cuh) ------------------------------------------ */
+
+bool spx_gemv_tiled_ok(const spx_dqmat &w) { return w.cols % 128 == 0 && w.cols > 0 && w.rows > 0; }
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+size_t spx_gemv_tiled_bytes(int64_t rows, int64_t cols) {
+    const size_t n = (size_t)((rows + 15) / 16) * (size_t)(cols / 128);
+    return al256(n * 1024) + al256(n * 128) + al256(n * 32);
+}
+
+/* One thread per (tile, item, lane): the lane's 2 x 16 code bytes, 2
+ * scales and 2 zero nibbles. pair: rows r of tile T are gate row 8T + r,
+ * rows r + 8 the same up row. */
+__global__ void gemv_tiled_repack(const spx_dqmat w, const spx_dqmat up, int pair, uint8_t *tc, uint32_t *ts,
+                                  uint8_t *tz, int n_items, int64_t n_tiles) {
+    const int64_t total = n_tiles * n_items * 32;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int lane = (int)(i & 31);
+        const int64_t ti = i >> 5, tile = ti / n_items;
+        const int item = (int)(ti - tile * n_items), t = lane & 3, r = lane >> 2, g = item * 4 + t;
+        const spx_dqmat &m0 = w, &m1 = pair ? up : w;
+        const int64_t r0 = pair ? tile * 8 + r : tile * 16 + r, r1 = pair ? r0 : r0 + 8;
+        uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
+        unsigned s0 = 0, s1 = 0, z0 = 0, z1 = 0;
+        if (r0 < m0.rows) {
+            c0 = *reinterpret_cast<const uint4 *>(m0.codes + r0 * (m0.cols / 2) + (int64_t)g * 16);
+            s0 = __half_as_ushort(m0.scales[r0 * m0.n_groups + g]);
+            z0 = (m0.zeros[r0 * m0.zrow + (g >> 1)] >> ((g & 1) * 4)) & 15;
+        }
+        if (r1 < m1.rows) {
+            c1 = *reinterpret_cast<const uint4 *>(m1.codes + r1 * (m1.cols / 2) + (int64_t)g * 16);
+            s1 = __half_as_ushort(m1.scales[r1 * m1.n_groups + g]);
+            z1 = (m1.zeros[r1 * m1.zrow + (g >> 1)] >> ((g & 1) * 4)) & 15;
+        }
+        *reinterpret_cast<uint4 *>(tc + ti * 1024 + lane * 16) = c0;
+        *reinterpret_cast<uint4 *>(tc + ti * 1024 + 512 + lane * 16) = c1;
+        ts[ti * 32 + lane] = s0 | (s1 << 16);
+        tz[ti * 32 + lane] = (uint8_t)(z0 | (z1 << 4));
+    }
+}
+
+cudaError_t spx_gemv_tiled_make(spx_dqmat &w, const spx_dqmat *up, uint8_t *dst, cudaStream_t st) {
+    if (!spx_gemv_tiled_ok(w) || (up && (up->rows != w.rows || up->cols != w.cols))) return cudaErrorInvalidValue;
+    const int64_t rows = up ? 2 * w.rows : w.rows;
+    const int64_t n_tiles = (rows + 15) / 16;
+    const int n_items = (int)(w.cols / 128);
+    const size_t n = (size_t)n_tiles * (size_t)n_items;
+    uint8_t *tc = dst, *tz = dst + al256(n * 1024) + al256(n * 128);
+    uint32_t *ts = reinterpret_cast<uint32_t *>(dst + al256(n * 1024));
+    const int64_t threads = (int64_t)n * 32;
+    int64_t blocks = (threads + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    gemv_tiled_repack<<<(unsigned)blocks, 256, 0, st>>>(w, up ? *up : w, up != NULL, tc, ts, tz, n_items,
+                                                         up ? (w.rows + 7) / 8 : n_tiles);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    w.tcodes = tc;
+    w.tscales = ts;
+    w.tzeros = tz;
+    return cudaSuccess;
 }

@@ -52,6 +52,28 @@ struct spx_gemv_args {
                                  * 2..: each tensor-core variant (benchmarks; see gemv_q4.cu) */
 };
 
+/* Tiled layout (made on the device at load from the .trdc's rows; the GEMV
+ * reads it when every matrix of a launch has it). A matrix [rows, cols],
+ * cols a multiple of 128, in tiles of 16 rows (zero-padded) and items of 4
+ * groups (128 columns); per (tile, item), in the order the int8 MMA
+ * fragments want them (lane l = 4 r + t takes rows r and r + 8, group t):
+ *   codes  [1024]: 16 bytes of row r at 16 l, of row r + 8 at 512 + 16 l
+ *   scales [32] u32: fp16 scale of row r (low half), of row r + 8 (high)
+ *   zeros  [32] u8: zero of row r (low nibble), of row r + 8 (high)
+ * so a warp's item is two coalesced 512-byte loads plus 160 bytes, with no
+ * per-row addressing. For a SwiGLU pair, tile T holds gate rows 8T..8T+7
+ * as rows 0..7 and the same up rows as rows 8..15. Outliers stay row-major
+ * (oval). Measured on the H200: bench/gpu/NOTES.md. */
+bool spx_gemv_tiled_ok(const spx_dqmat &w);                   /* cols % 128 == 0 */
+size_t spx_gemv_tiled_bytes(int64_t rows, int64_t cols);       /* codes + scales + zeros, 256-aligned parts */
+/* Repacks w (row-major, on the device) into dst (spx_gemv_tiled_bytes of
+ * w.rows, or of 2 * up.rows for a pair) and sets w's tiled pointers;
+ * up != NULL: the SwiGLU pair (gate w, up: same shape). */
+cudaError_t spx_gemv_tiled_make(spx_dqmat &w, const spx_dqmat *up, uint8_t *dst, cudaStream_t st);
+/* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3),
+ * -1: the default choice by width. */
+void spx_gemv_q4_force_tiled_variant(int v);
+
 /* Number of kernel variants (benchmarks compare them; 0 is the default). */
 int spx_gemv_q4_impls(void);
 

@@ -239,6 +239,46 @@ static void test_gemv(int n_sm) {
                 check_close(what, down(dy, (size_t)sh.rows).data(), ref.data(), tol.data(), (size_t)sh.rows);
             }
 
+            /* the tiled layout the backend makes at load (cols % 128 == 0): STORE,
+             * each tiled variant, the buffer poisoned first (padding included) */
+            if (spx_gemv_tiled_ok(m.d)) {
+                const size_t tb = spx_gemv_tiled_bytes(sh.rows, sh.cols);
+                uint8_t *tbuf = dev_alloc<uint8_t>(tb);
+                poison(tbuf, tb);
+                spx_gemv_args at = a;
+                CK(spx_gemv_tiled_make(at.w[0], NULL, tbuf, 0));
+                at.mode = SPX_GEMV_STORE;
+                at.impl = 0;
+                for (int v = 0; v < 2; v++) {
+                    spx_gemv_q4_force_tiled_variant(v);
+                    poison(dy, (size_t)sh.rows * 4);
+                    CK(spx_gemv_q4(at, n_sm, 0));
+                    CK(cudaDeviceSynchronize());
+                    snprintf(what, sizeof what, "gemv tiled store %lldx%lld out %lld norm %d variant %d", (long long)sh.rows,
+                             (long long)sh.cols, (long long)sh.n_out, norm, v);
+                    check_close(what, down(dy, (size_t)sh.rows).data(), ref.data(), tol.data(), (size_t)sh.rows);
+                }
+                spx_gemv_q4_force_tiled_variant(-1);
+                /* ARGMAX through the tiled path: the same index as the host's argmax of its logits */
+                unsigned long long *tb2 = dev_alloc<unsigned long long>(1);
+                CK(cudaMemset(tb2, 0, 8));
+                at.mode = SPX_GEMV_ARGMAX;
+                at.o[0].bias = NULL;
+                at.best = tb2;
+                CK(spx_gemv_q4(at, n_sm, 0));
+                CK(cudaDeviceSynchronize());
+                std::vector<float> yl = down(dy, (size_t)sh.rows);
+                unsigned long long key = 0;
+                CK(cudaMemcpy(&key, tb2, 8, cudaMemcpyDeviceToHost));
+                int64_t bi = 0;
+                for (int64_t rr = 1; rr < sh.rows; rr++)
+                    if (yl[rr] > yl[bi]) bi = rr;
+                CHECK(key && (int64_t)(0xffffffffu - (unsigned)(key & 0xffffffffu)) == bi,
+                      "gemv tiled argmax %lldx%lld: key index %lld, host argmax %lld", (long long)sh.rows, (long long)sh.cols,
+                      (long long)(0xffffffffu - (unsigned)(key & 0xffffffffu)), (long long)bi);
+                cudaFree(tbuf);
+            }
+
             /* ADD onto random y0 */
             std::vector<float> y0 = rand_vec((size_t)sh.rows, 1.0f);
             CK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
@@ -319,7 +359,9 @@ static void test_gemv(int n_sm) {
         n_cases++;
     }
     /* SWIGLU: gate and up in one launch */
-    for (int64_t rows : {14336, 353}) {
+    for (int tc = 0; tc < 4; tc++) {
+        const int64_t rows = tc & 1 ? 353 : 14336;
+        const bool tiled = tc >= 2;
         int64_t cols = 4096;
         qmat g, u;
         make_qmat(g, rows, cols, 41);
@@ -338,8 +380,16 @@ static void test_gemv(int n_sm) {
         a.n_mats = 2;
         a.mode = SPX_GEMV_SWIGLU;
         a.x = dev_up(x.data(), x.size());
+        uint8_t *tbuf = NULL;
+        if (tiled) { /* the gate/up pair in the tiled layout */
+            const size_t tb = spx_gemv_tiled_bytes(2 * rows, cols);
+            tbuf = dev_alloc<uint8_t>(tb);
+            poison(tbuf, tb);
+            CK(spx_gemv_tiled_make(a.w[0], &a.w[1], tbuf, 0));
+        }
         CK(spx_gemv_q4(a, n_sm, 0));
         CK(cudaDeviceSynchronize());
+        if (tbuf) cudaFree(tbuf);
         std::vector<double> rg, tg, ru, tu, ref((size_t)rows), tol((size_t)rows);
         gemv_ref(g, x.data(), bg.data(), rg, tg);
         gemv_ref(u, x.data(), bu.data(), ru, tu);
@@ -349,7 +399,8 @@ static void test_gemv(int n_sm) {
             /* d(silu(g) u) = silu'(g) u dg + silu(g) du, silu' <= 1.1 */
             tol[r] = 1.1 * fabs(ru[r]) * tg[r] + fabs(sg) * tu[r] + 1e-6 * fabs(ref[r]) + 1e-7;
         }
-        check_close("gemv swiglu", down(dy, (size_t)rows).data(), ref.data(), tol.data(), (size_t)rows);
+        check_close(tiled ? "gemv swiglu tiled" : "gemv swiglu", down(dy, (size_t)rows).data(), ref.data(), tol.data(),
+                    (size_t)rows);
         free_qmat(g);
         free_qmat(u);
         n_cases++;
