@@ -615,7 +615,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
                 it.s0 = __ldg(is0 + g);
                 it.z0 = __ldg(iz0 + (g >> 1));
             }
-            if (in && iok1) {
+            if (!TL && in && iok1) {
                 it.c1 = ld_stream16(ic1 + (int64_t)g * 16);
                 it.s1 = __ldg(is1 + g);
                 it.z1 = __ldg(iz1 + (g >> 1));
