@@ -71,12 +71,13 @@ if [ "${CHECKS:-1}" != 0 ]; then
     echo "test_cuda exit $?" >> "$OUT/test.log"
     { grep -v '^FAIL' "$OUT/test.log" | tail -n 16; grep '^FAIL' "$OUT/test.log" | head -n 20; } | tee /dev/fd/3
 
-    echo "== text: docllama-58m greedy, cpu (scalar kernels) vs cuda, resident and ping-pong (0 layers resident)" | tee /dev/fd/3
+    echo "== text: docllama-58m greedy, cpu (scalar kernels) vs cuda: resident, ping-pong (0 layers resident), tiled GEMV" | tee /dev/fd/3
     P="-m $D/models/docllama-58m.trdc -p 'The Linux kernel' -n 48 --temp 0 -q"
     SPECTRA_KERNELS=scalar timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cpu -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_cpu.txt 2> $T/run_cpu.err
     timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cuda -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_cuda.txt 2> $T/run_cuda.err
     SPECTRA_CUDA_RESIDENT_LAYERS=0 timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cuda -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_pp.txt 2> $T/run_pp.err
-    for v in cuda pp; do
+    SPECTRA_GEMV_LAYOUT=tiled timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cuda -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_tl.txt 2> $T/run_tl.err
+    for v in cuda pp tl; do
         if cmp -s $T/run_cpu.txt $T/run_$v.txt; then echo "cpu vs $v: same text" | tee /dev/fd/3; else
             { echo "cpu vs $v: texts differ:"; cat $T/run_cpu.txt $T/run_cpu.err; echo; cat $T/run_$v.txt $T/run_$v.err; } | tee /dev/fd/3; fi
     done

@@ -801,11 +801,11 @@ static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
 #define GM_SMEM_MAX (160 * 1024)
 static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true, false>, gemv_q4_mma<4, 2, false, false>};
 static const int g_mma_maxb[] = {2, 2};
-/* On the tiled layout: two or three blocks per multiprocessor (the second
- * is faster on short rows: up, q, lm_head; the first on long ones: down). */
+/* On the tiled layout: two or three blocks per multiprocessor. The second
+ * (80 registers) spills in this kernel and ran 30-45% slower than the
+ * first on every shape (bench/gpu/NOTES.md); it stays for measurement. */
 static const gemv_fn g_mma_tl[] = {gemv_q4_mma<4, 2, true, true>, gemv_q4_mma<4, 3, true, true>};
 static const int g_mma_tl_maxb[] = {2, 3};
-#define GM_TL_LONG 8192 /* cols above this take g_mma_tl[0] */
 static int g_tl_force = -1; /* benchmarks: spx_gemv_q4_force_tiled_variant */
 
 void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 2 ? v : -1; }
@@ -895,7 +895,7 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         k.n_tiles = a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
         /* the tiled layout: impl 0, one matrix or a SwiGLU pair that has it */
         const bool tl = a.impl == 0 && a.w[0].tcodes && (a.n_mats == 1 || a.mode == SPX_GEMV_SWIGLU);
-        const int tv = g_tl_force >= 0 ? g_tl_force : k.cols > GM_TL_LONG ? 0 : 1;
+        const int tv = g_tl_force >= 0 ? g_tl_force : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
         const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
         int occ = 0;

@@ -57,11 +57,15 @@ extern "C" {
 /* Attention: float32 online softmax vs a double reference. */
 #define ATTN_TOL_ABS 2e-5
 /* End to end, max |logit_cuda - logit_cpu| / max(1, max |logit_cpu|) per
- * token: prefill runs fp16 tensor-core GEMMs (and its K/V stay in the
- * cache for the steps after it); a sequence fed one token at a time runs
- * float32 GEMVs only. */
+ * token: prefill runs fp16 GEMMs (tensor cores or cuBLAS; its K/V stay in
+ * the cache for the steps after it); a sequence fed one token at a time
+ * runs the GEMV (activations as two int8 digits, 2^-15 of each group's
+ * largest |x|) with fp16 K/V. Seen on the H200 over the fixtures and the
+ * random inputs of 7 runs: prefill 1.1e-3 .. 1.9e-3, token by token
+ * 1.7e-4 .. 1.65e-3 (tiny-qwen3, whose 48-wide heads and qk-norm amplify
+ * most), hence 4e-3 for the latter. */
 #define E2E_PREFILL_TOL 2e-2
-#define E2E_GEMV_TOL 1e-3
+#define E2E_GEMV_TOL 4e-3
 
 static uint64_t g_rng = 0xc0da5eedULL;
 
