@@ -37,7 +37,7 @@ int cmd_logits(int argc, char **argv) {
     }
     if (!ids_s || !out) { cli_error("logits: --ids and -o are required"); usage(stderr); return 2; }
     size_t n = 0;
-    int32_t *ids = cli_parse_ids(ids_s, &n);
+    int32_t *ids = cli_parse_ids(ids_s, "--ids", 0, &n);
     if (!ids) return 2;
     spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) { free(ids); return 1; }

@@ -86,7 +86,7 @@ int cmd_run(int argc, char **argv) {
     spx_err_clear(&e);
 
     if (ids_s) {
-        if (!(ids = cli_parse_ids(ids_s, &n_prompt))) goto done;
+        if (!(ids = cli_parse_ids(ids_s, "--ids", 0, &n_prompt))) goto done;
     } else {
         if (!m->tok) { cli_error("%s: the model has no tokenizer; use --ids", model); goto done; }
         if (file) { if (!(text = cli_read_text(file, &text_len))) goto done; }

@@ -4,12 +4,11 @@
  * Limits: MODEL must (for now) be a folder holding tokenizer.json; .trdc
  * files are not read here yet. */
 #include "cli.h"
+#include "common.h"
 #include "core/util.h"
 #include "format/tokenizer.h"
 #include "format/trdc.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,39 +30,6 @@ static void usage(FILE *f) {
             "                     commas); print the decoded text instead\n"
             "  --                 end of options (for a TEXT that starts with '-')\n"
             "  -h, --help         show this help\n");
-}
-
-/* Parses "1, 2 3" into ids; prints an error and returns NULL if bad. */
-static int32_t *parse_ids(const char *s, size_t *n) {
-    size_t cap = 64, k = 0;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids) return NULL;
-    const char *p = s;
-    for (;;) {
-        while (*p == ',' || isspace((unsigned char)*p)) p++;
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX) {
-            cli_error("tokenize --decode: '%.40s' is not a non-negative token id", p);
-            free(ids);
-            return NULL;
-        }
-        if (k == cap) {
-            int32_t *t = realloc(ids, (cap *= 2) * sizeof *ids);
-            if (!t) {
-                free(ids);
-                cli_error("tokenize: out of memory");
-                return NULL;
-            }
-            ids = t;
-        }
-        ids[k++] = (int32_t)v;
-        p = end;
-    }
-    *n = k;
-    return ids;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -140,7 +106,7 @@ int cmd_tokenize(int argc, char **argv) {
     int rc = 0;
     if (decode) {
         size_t n = 0;
-        int32_t *ids = parse_ids(text, &n);
+        int32_t *ids = cli_parse_ids(text, "tokenize --decode", 1, &n);
         char *out = NULL;
         size_t ol = 0;
         if (!ids) {

@@ -11,32 +11,39 @@
 #include <stdlib.h>
 #include <string.h>
 
-int32_t *cli_parse_ids(const char *s, size_t *n) {
+int32_t *cli_parse_ids(const char *s, const char *what, int allow_empty, size_t *n) {
     size_t cap = 16, k = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids) return NULL;
+    if (!ids) {
+        cli_error("%s: out of memory", what);
+        return NULL;
+    }
     const char *p = s;
     for (;;) {
         while (*p == ',' || isspace((unsigned char)*p)) p++;
         if (!*p) break;
         char *end;
         errno = 0;
-        long v = strtol(p, &end, 10);
+        long long v = strtoll(p, &end, 10);
         if (end == p || errno || v < 0 || v > INT32_MAX) {
-            cli_error("--ids: '%s' is not a list of non-negative token ids", s);
+            cli_error("%s: '%.40s' is not a non-negative token id", what, p);
             free(ids);
             return NULL;
         }
         if (k == cap) {
             int32_t *t = realloc(ids, (cap *= 2) * sizeof *ids);
-            if (!t) { free(ids); return NULL; }
+            if (!t) {
+                free(ids);
+                cli_error("%s: out of memory", what);
+                return NULL;
+            }
             ids = t;
         }
         ids[k++] = (int32_t)v;
         p = end;
     }
-    if (k == 0) {
-        cli_error("--ids: empty list");
+    if (k == 0 && !allow_empty) {
+        cli_error("%s: empty list", what);
         free(ids);
         return NULL;
     }

@@ -8,7 +8,9 @@
 
 /* Parses "1,2,3" or "1 2 3" into a malloc'd array; prints an error and
  * returns NULL on a bad list. */
-int32_t *cli_parse_ids(const char *s, size_t *n);
+/* "1, 2 3" as token ids (spaces and/or commas); prints an error naming
+ * `what` (the flag) and returns NULL if bad or, unless allow_empty, empty. */
+int32_t *cli_parse_ids(const char *s, const char *what, int allow_empty, size_t *n);
 /* Opens a model, printing the library's message on failure. */
 spx_model *cli_open_model(const char *path, int64_t threads);
 /* The same on a named backend ("cpu", "cuda", "auto"; NULL: cpu). */
