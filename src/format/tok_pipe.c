@@ -63,30 +63,47 @@ static spx_status get_pattern(const cJSON *obj, const char *label, const char *p
     return SPX_OK;
 }
 
-static spx_status parse_norm(tok_pipe *p, const cJSON *j, const char *label, const char *path,
-                             int depth, spx_err *e) {
+typedef spx_status (*step_parser)(tok_pipe *p, const cJSON *j, const char *label, const char *path, int depth,
+                                  spx_err *e);
+
+/* What a normalizer and a pre-tokenizer share: null is no step; an object
+ * with a string "type"; a "Sequence" holds the steps under list_key, each
+ * parsed by fn one level deeper. *type: the step's type, or NULL when it
+ * was fully handled here (null, or a Sequence). */
+static spx_status step_head(tok_pipe *p, const cJSON *j, const char *label, const char *path, int depth,
+                            const char *list_key, step_parser fn, const char **type, spx_err *e) {
+    *type = NULL;
     if (!j || cJSON_IsNull(j)) return SPX_OK;
     if (!cJSON_IsObject(j))
         return spx_fail(e, SPX_ERR_FORMAT, "%s: %s: expected an object or null, got %s", label,
                         path, tok_json_type(j));
-    const char *type;
-    SPX_TRY(get_string(j, "type", label, path, &type, e));
-    if (!strcmp(type, "Sequence")) {
-        if (depth >= TOK_MAX_DEPTH)
-            return spx_fail(e, SPX_ERR_FORMAT, "%s: %s: Sequence nested deeper than %d", label,
-                            path, TOK_MAX_DEPTH);
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "normalizers");
-        if (!cJSON_IsArray(list))
-            return spx_fail(e, SPX_ERR_FORMAT, "%s: %s.normalizers: expected an array, got %s",
-                            label, path, tok_json_type(list));
-        int i = 0;
-        for (const cJSON *it = list->child; it; it = it->next, i++) {
-            char sub[160];
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", path, i);
-            SPX_TRY(parse_norm(p, it, label, sub, depth + 1, e));
-        }
+    const char *t;
+    SPX_TRY(get_string(j, "type", label, path, &t, e));
+    if (strcmp(t, "Sequence")) {
+        *type = t;
         return SPX_OK;
     }
+    if (depth >= TOK_MAX_DEPTH)
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: %s: Sequence nested deeper than %d", label, path,
+                        TOK_MAX_DEPTH);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, list_key);
+    if (!cJSON_IsArray(list))
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: %s.%s: expected an array, got %s", label, path,
+                        list_key, tok_json_type(list));
+    int i = 0;
+    for (const cJSON *it = list->child; it; it = it->next, i++) {
+        char sub[160];
+        snprintf(sub, sizeof sub, "%s.%s[%d]", path, list_key, i);
+        SPX_TRY(fn(p, it, label, sub, depth + 1, e));
+    }
+    return SPX_OK;
+}
+
+static spx_status parse_norm(tok_pipe *p, const cJSON *j, const char *label, const char *path,
+                             int depth, spx_err *e) {
+    const char *type;
+    SPX_TRY(step_head(p, j, label, path, depth, "normalizers", parse_norm, &type, e));
+    if (!type) return SPX_OK;
     if (p->n_norm >= TOK_MAX_STEPS)
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: %s: more than %d normalizers", label, path,
                         TOK_MAX_STEPS);
@@ -134,28 +151,9 @@ static spx_status parse_norm(tok_pipe *p, const cJSON *j, const char *label, con
 
 static spx_status parse_pre(tok_pipe *p, const cJSON *j, const char *label, const char *path,
                             int depth, spx_err *e) {
-    if (!j || cJSON_IsNull(j)) return SPX_OK;
-    if (!cJSON_IsObject(j))
-        return spx_fail(e, SPX_ERR_FORMAT, "%s: %s: expected an object or null, got %s", label,
-                        path, tok_json_type(j));
     const char *type;
-    SPX_TRY(get_string(j, "type", label, path, &type, e));
-    if (!strcmp(type, "Sequence")) {
-        if (depth >= TOK_MAX_DEPTH)
-            return spx_fail(e, SPX_ERR_FORMAT, "%s: %s: Sequence nested deeper than %d", label,
-                            path, TOK_MAX_DEPTH);
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return spx_fail(e, SPX_ERR_FORMAT, "%s: %s.pretokenizers: expected an array, got %s",
-                            label, path, tok_json_type(list));
-        int i = 0;
-        for (const cJSON *it = list->child; it; it = it->next, i++) {
-            char sub[160];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", path, i);
-            SPX_TRY(parse_pre(p, it, label, sub, depth + 1, e));
-        }
-        return SPX_OK;
-    }
+    SPX_TRY(step_head(p, j, label, path, depth, "pretokenizers", parse_pre, &type, e));
+    if (!type) return SPX_OK;
     if (p->n_pre >= TOK_MAX_STEPS)
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: %s: more than %d pre-tokenizers", label,
                         path, TOK_MAX_STEPS);
