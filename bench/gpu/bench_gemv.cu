@@ -123,6 +123,32 @@ static double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+/* Seconds per launch: enqueue(i) for i < 64 captured in one graph, the
+ * graph replayed 7 times after a warm-up, the median replay / 64. */
+template <typename F> static double time_launches(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, F enqueue) {
+    const int launches = 64;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < launches; i++) enqueue(i);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    std::vector<double> t;
+    for (int r = 0; r < 7; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1e-3 / launches);
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return median(t);
+}
+
 int main(int argc, char **argv) {
     int json = argc > 1 && !strcmp(argv[1], "--json");  /* [--json] [--ncu] */
     cudaDeviceProp prop;
@@ -229,11 +255,7 @@ int main(int argc, char **argv) {
             CK(cudaStreamSynchronize(st));
             continue;
         }
-        const int launches = 64;
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-        for (int i = 0; i < launches; i++) {
+        const double tm = time_launches(st, e0, e1, [&](int i) {
             const std::vector<spx_dqmat> &s = sets[i % sets.size()];
             spx_gemv_args ga;
             memset(&ga, 0, sizeof ga);
@@ -247,29 +269,14 @@ int main(int argc, char **argv) {
             ga.best = best;
             ga.impl = impl;
             CK(spx_gemv_q4(ga, n_sm, st));
-        }
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphLaunch(ge, st));
-        std::vector<double> t;
-        for (int r = 0; r < 7; r++) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1e-3 / launches);
-        }
-        double tm = median(t), gbs = (double)per / tm / 1e9;
+        });
+        const double gbs = (double)per / tm / 1e9;
         if (json)
             printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": %d, \"bytes\": %zu, \"us\": %.2f, \"gbps\": %.1f, "
                    "\"of_copy\": %.3f}\n",
                    c.name, impl, per, tm * 1e6, gbs, gbs / copy_gbs);
         else
             printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%\n", c.name, impl, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
         }
         /* the tiled layout (gemv_q4.cuh), made on the device from each set as
          * the backend does at load, for one-matrix and SwiGLU launches: each
@@ -308,25 +315,10 @@ int main(int argc, char **argv) {
                     md = fmax(md, fabs((double)y0[i] - y1[i]));
                     mx = fmax(mx, fabs((double)y0[i]));
                 }
-                const int launches = 64;
-                cudaGraph_t g;
-                cudaGraphExec_t ge;
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-                for (int i = 0; i < launches; i++) CK(spx_gemv_q4(args(sets[i % sets.size()], y), n_sm, st));
-                CK(cudaStreamEndCapture(st, &g));
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                CK(cudaGraphLaunch(ge, st));
-                std::vector<double> t;
-                for (int r = 0; r < 7; r++) {
-                    CK(cudaEventRecord(e0, st));
-                    CK(cudaGraphLaunch(ge, st));
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    t.push_back(ms * 1e-3 / launches);
-                }
-                double tm = median(t), gbs = (double)per / tm / 1e9;
+                const double tm = time_launches(st, e0, e1, [&](int i) {
+                    CK(spx_gemv_q4(args(sets[i % sets.size()], y), n_sm, st));
+                });
+                const double gbs = (double)per / tm / 1e9;
                 if (json)
                     printf("{\"what\": \"gemv\", \"case\": \"%s, tiled %d blocks/SM\", \"impl\": %d, \"bytes\": %zu, "
                            "\"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"max_diff_vs_rows\": %.3g, \"max_abs\": %.3g}\n",
@@ -334,8 +326,6 @@ int main(int argc, char **argv) {
                 else
                     printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%  (tiled, %d blocks/SM; max |d| vs rows %.3g of %.3g)\n", c.name,
                            100 + v, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, 2 + v, md, mx);
-                CK(cudaGraphExecDestroy(ge));
-                CK(cudaGraphDestroy(g));
             }
             spx_gemv_q4_force_tiled_variant(-1);
             for (auto b : bufs) CK(cudaFree(b));

@@ -13,6 +13,111 @@
 #define AT_WARPS 4
 #define AT_HB 4 /* q heads per block */
 
+/* ---- what the fp16 and the 4-bit kernels share ---------------------------- */
+
+/* Keys [*k_begin, *k_end) of this split for token t (causal, sliding window). */
+__device__ __forceinline__ void attn_keys(const spx_attn_args &a, int t, int split, int64_t *k_begin, int64_t *k_end) {
+    const int64_t p = (int64_t)a.pos[0] + t;
+    int64_t start = 0;
+    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
+    const int64_t end = p + 1, len = end - start;
+    const int64_t ntiles = (len + 31) / 32;
+    const int64_t per = (ntiles + a.n_splits - 1) / a.n_splits; /* tiles per split */
+    *k_begin = start + (int64_t)split * per * 32;
+    *k_end = min(end, *k_begin + per * 32);
+}
+
+/* One 32-key tile of the online softmax: lane i's scores s (valid: its key
+ * exists) update the warp's running max m and sum l, rescale acc, and leave
+ * lane i's probabilities in ps. */
+template <int ND>
+__device__ __forceinline__ void attn_softmax_tile(bool valid, const float (&s)[AT_HB], float scale, float (&m)[AT_HB],
+                                                  float (&l)[AT_HB], float (&acc)[AT_HB][ND], float (&ps)[AT_HB]) {
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++) {
+        float sc = valid ? s[hh] * scale : -INFINITY;
+        float mn = fmaxf(m[hh], spx_warp_max(sc)); /* finite: lane 0's key is valid */
+        float corr = expf(m[hh] - mn);
+        float pr = valid ? expf(sc - mn) : 0.0f;
+        l[hh] = l[hh] * corr + spx_warp_sum(pr);
+        m[hh] = mn;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) acc[hh][dd] *= corr;
+        ps[hh] = pr;
+    }
+}
+
+/* After the key loop: the warps' (m, l, acc) meet in shared memory sm
+ * (2 * AT_WARPS * AT_HB + AT_WARPS * AT_HB * hd floats), then for every
+ * (head hh < nhb, dimension d), i = hh * hd + d, emit(hh, d, i, M, L, O)
+ * gets the block's max, sum and output sum. Starts with a barrier (the
+ * caller's q in shared memory may be overwritten). */
+template <int ND, typename F>
+__device__ __forceinline__ void attn_merge(float *sm, const float (&m)[AT_HB], const float (&l)[AT_HB],
+                                           const float (&acc)[AT_HB][ND], int hd, int nhb, F emit) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    float *wm = sm, *wl = wm + AT_WARPS * AT_HB, *wacc = wl + AT_WARPS * AT_HB;
+    if (lane == 0)
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) {
+            wm[warp * AT_HB + hh] = m[hh];
+            wl[warp * AT_HB + hh] = l[hh];
+        }
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++)
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) {
+            int d = lane + 32 * dd;
+            if (d < hd) wacc[(warp * AT_HB + hh) * hd + d] = acc[hh][dd];
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nhb * hd; i += blockDim.x) {
+        int hh = i / hd, d = i - hh * hd;
+        float M = -INFINITY;
+        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w * AT_HB + hh]);
+        float L = 0.0f, O = 0.0f;
+        for (int w = 0; w < AT_WARPS; w++) {
+            float mw = wm[w * AT_HB + hh];
+            if (mw != -INFINITY) {
+                float f = expf(mw - M);
+                L += wl[w * AT_HB + hh] * f;
+                O += wacc[(w * AT_HB + hh) * hd + d] * f;
+            }
+        }
+        emit(hh, d, i, M, L, O);
+    }
+}
+
+/* A split's partial result for (token t, head h, dimension d). */
+__device__ __forceinline__ void attn_part_store(const spx_attn_args &a, int t, int h, int split, int d, float M, float L,
+                                                float O) {
+    float *pp = a.part + (((int64_t)t * a.nh + h) * a.n_splits + split) * (a.hd + 2);
+    if (d == 0) {
+        pp[0] = M;
+        pp[1] = L;
+    }
+    pp[2 + d] = O;
+}
+
+/* The splits of (token t, head h) combined: dimension d of the output. */
+__device__ __forceinline__ float attn_combine_d(const spx_attn_args &a, int t, int h, int d) {
+    const int hd = a.hd, S = a.n_splits;
+    const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
+    float L = 0.0f, O = 0.0f;
+    for (int s = 0; s < S; s++) {
+        float ms = pp[s * (hd + 2)];
+        if (ms != -INFINITY) {
+            float f = expf(ms - M);
+            L += pp[s * (hd + 2) + 1] * f;
+            O += pp[s * (hd + 2) + 2 + d] * f;
+        }
+    }
+    return O / L;
+}
+
 template <int ND>
 __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_constant__ spx_attn_args a) {
     extern __shared__ float at_sm[];
@@ -26,14 +131,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
     const int hd = a.hd, qd = a.nh * hd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t kvd = (int64_t)a.nkv * hd;
-    const int64_t p = (int64_t)a.pos[0] + t;
-    int64_t start = 0;
-    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
-    const int64_t end = p + 1, len = end - start;
-    const int64_t ntiles = (len + 31) / 32;
-    const int64_t per = (ntiles + a.n_splits - 1) / a.n_splits; /* tiles per split */
-    const int64_t k_begin = start + (int64_t)split * per * 32;
-    const int64_t k_end = min(end, k_begin + per * 32);
+    int64_t k_begin, k_end;
+    attn_keys(a, t, split, &k_begin, &k_end);
     const float scale = 1.0f / sqrtf((float)hd);
 
     float *qs = at_sm; /* [AT_HB][hd] */
@@ -89,18 +188,7 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
             }
         }
         float ps[AT_HB];
-#pragma unroll
-        for (int hh = 0; hh < AT_HB; hh++) {
-            float sc = valid ? s[hh] * scale : -INFINITY;
-            float mn = fmaxf(m[hh], spx_warp_max(sc)); /* finite: lane 0's key is valid */
-            float corr = expf(m[hh] - mn);
-            float pr = valid ? expf(sc - mn) : 0.0f;
-            l[hh] = l[hh] * corr + spx_warp_sum(pr);
-            m[hh] = mn;
-#pragma unroll
-            for (int dd = 0; dd < ND; dd++) acc[hh][dd] *= corr;
-            ps[hh] = pr;
-        }
+        attn_softmax_tile<ND>(valid, s, scale, m, l, acc, ps);
         const int nvalid = (int)min((int64_t)32, k_end - k0);
         for (int j = 0; j < nvalid; j++) {
             const __half *vr = vbase + (k0 + j) * kvd;
@@ -119,68 +207,17 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
         }
     }
 
-    __syncthreads(); /* q no longer needed: reuse shared memory */
-    float *wm = at_sm, *wl = wm + AT_WARPS * AT_HB, *wacc = wl + AT_WARPS * AT_HB;
-    if (lane == 0)
-#pragma unroll
-        for (int hh = 0; hh < AT_HB; hh++) {
-            wm[warp * AT_HB + hh] = m[hh];
-            wl[warp * AT_HB + hh] = l[hh];
-        }
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++)
-#pragma unroll
-        for (int dd = 0; dd < ND; dd++) {
-            int d = lane + 32 * dd;
-            if (d < hd) wacc[(warp * AT_HB + hh) * hd + d] = acc[hh][dd];
-        }
-    __syncthreads();
-    for (int i = threadIdx.x; i < nhb * hd; i += blockDim.x) {
-        int hh = i / hd, d = i - hh * hd;
-        float M = -INFINITY;
-        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w * AT_HB + hh]);
-        float L = 0.0f, O = 0.0f;
-        for (int w = 0; w < AT_WARPS; w++) {
-            float mw = wm[w * AT_HB + hh];
-            if (mw != -INFINITY) {
-                float f = expf(mw - M);
-                L += wl[w * AT_HB + hh] * f;
-                O += wacc[(w * AT_HB + hh) * hd + d] * f;
-            }
-        }
-        const int h = h0 + hh;
-        if (gridDim.y == 1) {
-            a.out[(int64_t)t * qd + (int64_t)h * hd + d] = O / L;
-        } else {
-            float *pp = a.part + (((int64_t)t * a.nh + h) * a.n_splits + split) * (hd + 2);
-            if (d == 0) {
-                pp[0] = M;
-                pp[1] = L;
-            }
-            pp[2 + d] = O;
-        }
-    }
+    attn_merge<ND>(at_sm, m, l, acc, hd, nhb, [&](int hh, int d, int i, float M, float L, float O) {
+        if (gridDim.y == 1) a.out[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] = O / L;
+        else attn_part_store(a, t, h0 + hh, split, d, M, L, O);
+    });
 }
 
 __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
     spx_pdl_trigger();
     spx_pdl_wait();
-    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, S = a.n_splits;
-    const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float L = 0.0f, O = 0.0f;
-        for (int s = 0; s < S; s++) {
-            float ms = pp[s * (hd + 2)];
-            if (ms != -INFINITY) {
-                float f = expf(ms - M);
-                L += pp[s * (hd + 2) + 1] * f;
-                O += pp[s * (hd + 2) + 2 + d] * f;
-            }
-        }
-        a.out[(int64_t)t * a.nh * hd + (int64_t)h * hd + d] = O / L;
-    }
+    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) a.out[(int64_t)t * a.nh * hd + (int64_t)h * hd + d] = attn_combine_d(a, t, h, d);
 }
 
 /* ---- --kv q4 (kvq4.cuh) ------------------------------------------------
@@ -208,14 +245,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
     const int kvd = a.nkv * hd;
     const int64_t crow = kvd / 2, srow = kvd / SPX_KVQ4_GROUP, zrow = (srow + 1) / 2;
     const int G0 = kvh * ng; /* this head's first group in a row */
-    const int64_t p = (int64_t)a.pos[0] + t;
-    int64_t start = 0;
-    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
-    const int64_t end = p + 1, len = end - start;
-    const int64_t ntiles = (len + 31) / 32;
-    const int64_t per = (ntiles + a.n_splits - 1) / a.n_splits; /* tiles per split */
-    const int64_t k_begin = start + (int64_t)split * per * 32;
-    const int64_t k_end = min(end, k_begin + per * 32);
+    int64_t k_begin, k_end;
+    attn_keys(a, t, split, &k_begin, &k_end);
     const float scale = 1.0f / sqrtf((float)hd);
 
     float *qs = at_sm;               /* [AT_HB][hd], rotated */
@@ -291,18 +322,7 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
             }
         }
         float ps[AT_HB];
-#pragma unroll
-        for (int hh = 0; hh < AT_HB; hh++) {
-            float sc = valid ? s[hh] * scale : -INFINITY;
-            float mn = fmaxf(m[hh], spx_warp_max(sc)); /* finite: lane 0's key is valid */
-            float corr = expf(m[hh] - mn);
-            float pr = valid ? expf(sc - mn) : 0.0f;
-            l[hh] = l[hh] * corr + spx_warp_sum(pr);
-            m[hh] = mn;
-#pragma unroll
-            for (int dd = 0; dd < ND; dd++) acc[hh][dd] *= corr;
-            ps[hh] = pr;
-        }
+        attn_softmax_tile<ND>(valid, s, scale, m, l, acc, ps);
         const int nvalid = (int)min((int64_t)32, k_end - k0);
         const int nsh = (lane >> 4) * 4;
         for (int j = 0; j < nvalid; j++) {
@@ -322,48 +342,11 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
         }
     }
 
-    __syncthreads(); /* q no longer needed: reuse shared memory */
-    float *wm = at_sm, *wl = wm + AT_WARPS * AT_HB, *wacc = wl + AT_WARPS * AT_HB;
-    float *ob = wacc + AT_WARPS * AT_HB * hd; /* [nhb][hd]: the merged output, rotated */
-    if (lane == 0)
-#pragma unroll
-        for (int hh = 0; hh < AT_HB; hh++) {
-            wm[warp * AT_HB + hh] = m[hh];
-            wl[warp * AT_HB + hh] = l[hh];
-        }
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++)
-#pragma unroll
-        for (int dd = 0; dd < ND; dd++) {
-            int d = lane + 32 * dd;
-            if (d < hd) wacc[(warp * AT_HB + hh) * hd + d] = acc[hh][dd];
-        }
-    __syncthreads();
-    for (int i = threadIdx.x; i < nhb * hd; i += blockDim.x) {
-        int hh = i / hd, d = i - hh * hd;
-        float M = -INFINITY;
-        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w * AT_HB + hh]);
-        float L = 0.0f, O = 0.0f;
-        for (int w = 0; w < AT_WARPS; w++) {
-            float mw = wm[w * AT_HB + hh];
-            if (mw != -INFINITY) {
-                float f = expf(mw - M);
-                L += wl[w * AT_HB + hh] * f;
-                O += wacc[(w * AT_HB + hh) * hd + d] * f;
-            }
-        }
-        const int h = h0 + hh;
-        if (gridDim.y == 1) {
-            ob[i] = O / L;
-        } else {
-            float *pp = a.part + (((int64_t)t * a.nh + h) * a.n_splits + split) * (hd + 2);
-            if (d == 0) {
-                pp[0] = M;
-                pp[1] = L;
-            }
-            pp[2 + d] = O;
-        }
-    }
+    float *ob = at_sm + 2 * AT_WARPS * AT_HB + AT_WARPS * AT_HB * hd; /* [nhb][hd]: the merged output, rotated */
+    attn_merge<ND>(at_sm, m, l, acc, hd, nhb, [&](int hh, int d, int i, float M, float L, float O) {
+        if (gridDim.y == 1) ob[i] = O / L;
+        else attn_part_store(a, t, h0 + hh, split, d, M, L, O);
+    });
     if (gridDim.y == 1) { /* block-uniform */
         __syncthreads();
         spx_kvq4_fwht_smem(ob, nhb * hd, a.rot);
@@ -379,22 +362,8 @@ __global__ void attn_combine_q4_kernel(const __grid_constant__ spx_attn_args a) 
     __shared__ float ob[SPX_ATTN_MAX_HD];
     spx_pdl_trigger();
     spx_pdl_wait();
-    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, S = a.n_splits;
-    const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float L = 0.0f, O = 0.0f;
-        for (int s = 0; s < S; s++) {
-            float ms = pp[s * (hd + 2)];
-            if (ms != -INFINITY) {
-                float f = expf(ms - M);
-                L += pp[s * (hd + 2) + 1] * f;
-                O += pp[s * (hd + 2) + 2 + d] * f;
-            }
-        }
-        ob[d] = O / L;
-    }
+    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) ob[d] = attn_combine_d(a, t, h, d);
     __syncthreads();
     spx_kvq4_fwht_smem(ob, hd, a.rot);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) a.out[(int64_t)t * a.nh * hd + (int64_t)h * hd + d] = ob[d];
