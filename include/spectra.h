@@ -125,6 +125,13 @@ typedef struct spx_sampler_params {
 } spx_sampler_params;
 int32_t spx_sample(const float *logits, int64_t vocab,
                    const spx_sampler_params *p, uint64_t *rng_state);
+/* Feeds one token and returns the next one drawn as spx_sample(p, rng_state)
+ * would from its logits (*rng_state advances the same way). On the CUDA
+ * backend the draw happens on the device for 2 <= top_k <= 1024 (only the
+ * id and the RNG state cross to the host); greedy parameters take
+ * spx_session_step_greedy's path. */
+spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng_state,
+                                   int32_t *next);
 
 #ifdef __cplusplus
 }

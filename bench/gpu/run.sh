@@ -84,14 +84,14 @@ if [ "${CHECKS:-1}" != 0 ]; then
 fi
 
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
-    echo "== compute-sanitizer (memcheck): an 80-token prefill (cuBLAS GEMM), ping-pong with 0 resident layers, 4-bit KV" | tee /dev/fd/3
+    echo "== compute-sanitizer (memcheck): an 80-token prefill (cuBLAS GEMM), ping-pong with 0 resident layers, 4-bit KV, device sampling" | tee /dev/fd/3
     ids=$(seq -s, 1 80)
     : > "$OUT/sanitizer.txt"
-    for v in "" "SPECTRA_CUDA_RESIDENT_LAYERS=0" "KV"; do
-        kv=f16; [ "$v" = KV ] && kv=q4 && v=""
+    for v in "" "SPECTRA_CUDA_RESIDENT_LAYERS=0" "KV" "SAMPLE"; do
+        kv=f16 temp=0; [ "$v" = KV ] && kv=q4 && v=""; [ "$v" = SAMPLE ] && temp=0.8 && v=""
         env $v timeout 300 compute-sanitizer --tool memcheck --leak-check full $B/spectra run -m $D/models/tiny-llama3.trdc \
-            --backend cuda --kv $kv --ids "$ids" -n 8 --temp 0 -q > $T/san.txt 2>&1
-        echo "[$v kv $kv] exit $?: $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' $T/san.txt | tr '\n' ' ')" | tee -a "$OUT/sanitizer.txt" | tee /dev/fd/3
+            --backend cuda --kv $kv --ids "$ids" -n 8 --temp $temp --seed 1 -q > $T/san.txt 2>&1
+        echo "[$v kv $kv temp $temp] exit $?: $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' $T/san.txt | tr '\n' ' ')" | tee -a "$OUT/sanitizer.txt" | tee /dev/fd/3
     done
 fi
 

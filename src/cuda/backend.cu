@@ -475,7 +475,7 @@ static spx_status cu_model_init(spx_model *m, spx_err *e) {
 
 /* ---- per-session device state ------------------------------------------ */
 
-enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3 };
+enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3, LM_SAMPLE = 4 };
 
 #define CU_PART_TOK_SPLITS 128 /* n_tok * n_splits bound when splitting */
 
@@ -503,6 +503,9 @@ struct cu_sess {
     size_t w16_elems;
     int32_t *d_ids, *d_pos;
     unsigned long long *d_best;
+    spx_sample_dev *d_samp, *pin_samp; /* sampling parameters and RNG state (device, pinned) */
+    cudaGraphExec_t graph_s;           /* the decode step ending with the device sampler */
+    int have_graph_s;
     int32_t *pin;                    /* pinned: [B] ids, [B] pos, [B + 1] next id */
     cudaGraphExec_t graph;
     int have_graph;
@@ -562,6 +565,8 @@ static void cu_session_free(spx_session *s) {
     cudaSetDevice(cm->dev);
     if (cs->st) cudaStreamSynchronize(cs->st);
     if (cs->have_graph) cudaGraphExecDestroy(cs->graph);
+    if (cs->have_graph_s) cudaGraphExecDestroy(cs->graph_s);
+    if (cs->pin_samp) cudaFreeHost(cs->pin_samp);
     pp_session_free(cs);
     for (int i = 0; i < cs->n_allocs; i++) cudaFree(cs->allocs[i]);
     if (cs->pin) cudaFreeHost(cs->pin);
@@ -624,6 +629,8 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_ids, B * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
+    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_best, 0, 8, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
@@ -912,6 +919,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     g.best = cs->d_best;
     SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
     if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, pdl));
+    if (lmode == LM_SAMPLE) SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, pdl));
     return SPX_OK;
 }
 
@@ -939,10 +947,11 @@ static spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int 
     return SPX_OK;
 }
 
-/* One decode step (ending with the argmax) captured into *out. */
-static spx_status capture_graph(spx_session *s, cu_sess *cs, cudaGraphExec_t *out, spx_err *e) {
+/* One decode step (ending with the argmax, or with the sampler: lmode)
+ * captured into *out. */
+static spx_status capture_graph(spx_session *s, cu_sess *cs, cudaGraphExec_t *out, spx_err *e, int lmode = LM_ARGMAX) {
     SPX_CUDA_TRY(e, cudaStreamBeginCapture(cs->st, cudaStreamCaptureModeRelaxed));
-    spx_status st = enqueue_forward(s, 1, LM_ARGMAX, cs->dec_splits, e);
+    spx_status st = enqueue_forward(s, 1, lmode, cs->dec_splits, e);
     cudaGraph_t g = NULL;
     cudaError_t ce = cudaStreamEndCapture(cs->st, &g);
     if (st != SPX_OK) {
@@ -978,6 +987,55 @@ static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
     *next = cs->pin[SPX_BATCH_MAX_CUDA + 1];
+    s->pos += 1;
+    cs->dev_pos = s->pos;
+    cs->dev_tok = *next;
+    cs->dev_known = 1;
+    return SPX_OK;
+}
+
+/* One decode step with temperature / top-k / top-p sampling. On the device
+ * (spx_sample_on_device: 2 <= top_k <= 1024) through a second captured
+ * graph ending with spx_sample_topk: the parameters and the RNG state go
+ * up with the token (pinned, 24 bytes), the next id and the advanced state
+ * come back. Otherwise (top-k off or wider) the logits come to the host for
+ * spx_sample; greedy parameters take step_greedy (the CPU's spx_sample
+ * does not touch the RNG for them either). */
+static spx_status cu_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
+                                 int32_t *next, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    const int64_t V = s->m->cfg.vocab_size;
+    if (!(p->temperature > 0) || p->top_k == 1) return cu_step_greedy(s, id, next, e);
+    if (!spx_sample_on_device(p->temperature, p->top_k, V)) {
+        SPX_TRY(cu_forward(s, &id, 1, SPX_LOGITS_LAST, e));
+        *next = spx_sample(s->logits, V, p, rng);
+        return SPX_OK;
+    }
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    if (!cs->have_graph_s) {
+        SPX_TRY(capture_graph(s, cs, &cs->graph_s, e, LM_SAMPLE));
+        cs->have_graph_s = 1;
+    }
+    if (!cs->dev_known || cs->dev_pos != s->pos || cs->dev_tok != id) {
+        cs->pin[0] = id;
+        cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, 4, cudaMemcpyHostToDevice, cs->st));
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
+    }
+    cs->pin_samp->temperature = p->temperature;
+    cs->pin_samp->top_k = p->top_k;
+    cs->pin_samp->top_p = p->top_p;
+    cs->pin_samp->pad = 0;
+    cs->pin_samp->rng = *rng;
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_samp, cs->pin_samp, sizeof(spx_sample_dev), cudaMemcpyHostToDevice, cs->st));
+    cs->dev_known = 0;
+    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph_s, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(&cs->pin_samp->rng, &cs->d_samp->rng, 8, cudaMemcpyDeviceToHost, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    *next = cs->pin[SPX_BATCH_MAX_CUDA + 1];
+    *rng = cs->pin_samp->rng;
     s->pos += 1;
     cs->dev_pos = s->pos;
     cs->dev_tok = *next;
@@ -1082,6 +1140,7 @@ static const spx_backend g_cuda = {
     cu_offload_stats,
     SPX_BATCH_MAX_CUDA,
     1,
+    cu_step_sample,
 };
 
 extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }

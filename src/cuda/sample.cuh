@@ -14,4 +14,28 @@ cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int 
 /* ids[0] = index of *best; pos[0] += 1; *best = 0. One thread. */
 cudaError_t spx_argmax_finish(unsigned long long *best, int32_t *ids, int32_t *pos, cudaStream_t st, bool pdl = false);
 
+/* Temperature + top-k + top-p sampling on the device, the CPU's
+ * spx_sample (engine/sampler.c) step for step: p = (logit - max) / T,
+ * the top_k largest p ordered by (p desc, id asc), exp, the top-p cut over
+ * their normalised cumulative sum, and one splitmix64 draw scaled by the
+ * kept sum (double sums, as the CPU). Only expf can differ from the host's
+ * by an ulp or two, which moves a draw only when it falls that close to a
+ * boundary. One block of 1024 threads: the k-th largest key by a 4-pass
+ * radix select over the order-preserving bits of p, the candidates
+ * gathered (ties by lowest id), bitonic-sorted in shared memory, then one
+ * thread draws. Then, as spx_argmax_finish: ids[0] = the draw, pos[0] +=
+ * 1, and the RNG state in *sp advances, so a graph can replay it. */
+#define SPX_SAMPLE_MAX_K 1024
+struct spx_sample_dev {
+    float temperature;  /* > 0 */
+    int32_t top_k;      /* 2 .. min(SPX_SAMPLE_MAX_K, vocab - 1) */
+    float top_p;        /* (0, 1): the nucleus; otherwise off */
+    int32_t pad;
+    unsigned long long rng; /* splitmix64 state, as spx_sample's *rng_state */
+};
+/* Whether spx_sample_topk takes these parameters (else: logits to the host). */
+bool spx_sample_on_device(float temperature, int32_t top_k, int64_t vocab);
+cudaError_t spx_sample_topk(const float *logits, int64_t vocab, spx_sample_dev *sp, int32_t *ids, int32_t *pos,
+                            cudaStream_t st, bool pdl = false);
+
 #endif

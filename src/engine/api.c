@@ -251,3 +251,18 @@ spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next) {
     *next = (int32_t)b;
     return SPX_OK;
 }
+
+spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
+                                   int32_t *next) {
+    spx_err_clear(&s->err);
+    if (!p || !rng) return spx_fail(&s->err, SPX_ERR_ARG, "step_sample: no sampler parameters or RNG state");
+    if (s->pos >= s->n_ctx)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "context full: %lld tokens", (long long)s->n_ctx);
+    if (id < 0 || id >= s->m->cfg.vocab_size)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", id,
+                        (long long)s->m->cfg.vocab_size);
+    if (s->m->be->step_sample) return s->m->be->step_sample(s, id, p, rng, next, &s->err);
+    SPX_TRY(spx_session_forward(s, &id, 1, SPX_LOGITS_LAST, &s->err));
+    *next = spx_sample(s->logits, s->m->cfg.vocab_size, p, rng);
+    return SPX_OK;
+}

@@ -9,6 +9,7 @@
 #define SPX_BACKEND_H
 
 #include "core/err.h"
+#include "spectra.h"
 #include <stdint.h>
 
 struct spx_model;
@@ -56,6 +57,11 @@ typedef struct spx_backend {
      * host scratch and host KV cache are used (the CPU's). */
     int32_t max_batch;
     int32_t device;
+    /* Optional: feed one token and return the next one drawn with p and
+     * *rng as spx_sample would (the RNG state advances); NULL: forward +
+     * spx_sample on the host. */
+    spx_status (*step_sample)(struct spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
+                              int32_t *next, spx_err *e);
 } spx_backend;
 
 const spx_backend *spx_backend_cpu(void);

@@ -498,6 +498,58 @@ static void test_gemm(int n_sm) {
 
 /* ---- embedding, norm, rope, silu, argmax ---------------------------------- */
 
+/* The device sampler against engine/sampler.c on the same logits and RNG
+ * states: the RNG must advance identically every time, and the drawn id may
+ * differ only where expf's last ulp moves a boundary (rare: <= 2 of 64). */
+static void test_sampler(void) {
+    struct { int64_t V; float T; int K; float P; int ties; } cs[] = {
+        {1000, 0.8f, 40, 0.95f, 0},   {1000, 1.3f, 2, 1.0f, 0},     {1000, 1.0f, 999, 1.0f, 0},
+        {1000, 0.7f, 64, 0.9f, 1},    {128256, 0.8f, 40, 0.95f, 0}, {128256, 0.5f, 1024, 0.9f, 0},
+        {128256, 1.0f, 300, 1.0f, 1}, {5000, 2.0f, 1000, 0.5f, 1},
+    };
+    int n_cases = 0;
+    for (auto &c : cs) {
+        std::vector<float> lg = rand_vec((size_t)c.V, 3.0f);
+        if (c.ties)
+            for (auto &v : lg) v = roundf(v * 2.0f) / 2.0f; /* many equal logits: ties go by id */
+        float *dl = dev_up(lg.data(), lg.size());
+        spx_sample_dev *dsp = dev_alloc<spx_sample_dev>(1);
+        int32_t *dids = dev_alloc<int32_t>(1), *dpos = dev_alloc<int32_t>(1);
+        int same = 0, rng_same = 0, pos_ok = 0;
+        const int N = 64;
+        for (int k = 0; k < N; k++) {
+            const uint64_t seed = 0x1234567ull * (uint64_t)(k + 1) + (uint64_t)c.V;
+            spx_sample_dev h = {c.T, c.K, c.P, 0, seed};
+            CK(cudaMemcpy(dsp, &h, sizeof h, cudaMemcpyHostToDevice));
+            CK(cudaMemset(dpos, 0, 4));
+            CK(cudaMemset(dids, 0xff, 4));
+            CK(spx_sample_topk(dl, c.V, dsp, dids, dpos, 0));
+            CK(cudaDeviceSynchronize());
+            int32_t gid = -1, gpos = -1;
+            spx_sample_dev back;
+            CK(cudaMemcpy(&gid, dids, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&gpos, dpos, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&back, dsp, sizeof back, cudaMemcpyDeviceToHost));
+            spx_sampler_params sp = {c.T, c.K, c.P, 0};
+            uint64_t rng = seed;
+            const int32_t cid = spx_sample(lg.data(), c.V, &sp, &rng);
+            same += gid == cid;
+            rng_same += back.rng == rng;
+            pos_ok += gpos == 1;
+        }
+        CHECK(same >= N - 2 && rng_same == N && pos_ok == N,
+              "sampler V %lld T %.2f top-k %d top-p %.2f ties %d: %d/%d ids as the CPU's, RNG %d/%d, pos %d/%d",
+              (long long)c.V, c.T, c.K, c.P, c.ties, same, N, rng_same, N, pos_ok, N);
+        printf("sampler V %lld T %.2f top-k %d top-p %.2f ties %d: %d/%d draws identical to spx_sample\n", (long long)c.V,
+               c.T, c.K, c.P, c.ties, same, N);
+        n_cases++;
+    }
+    CHECK(!spx_sample_on_device(0.8f, 0, 1000) && !spx_sample_on_device(0.8f, 1025, 5000) &&
+              !spx_sample_on_device(0.0f, 40, 1000) && spx_sample_on_device(0.8f, 40, 1000),
+          "spx_sample_on_device limits");
+    printf("sampler: %d cases\n", n_cases);
+}
+
 static void test_small_ops(int n_sm) {
     /* embedding: bit-exact */
     {
@@ -1240,6 +1292,64 @@ done:
  * graph (the copy stream forked and joined inside the capture), eager
  * steps after the graph, and a second prefill after a reset. Then the
  * offload measurement runs and must give sane numbers. */
+/* spx_session_step_sample on the cuda backend: the device sampler in the
+ * captured graph (top-k 40), the host path (top-k off) and the greedy
+ * path (top-k 1, which must equal step_greedy). Each draw takes one
+ * splitmix64 step, so after n draws the state is seed + n * 0x9e37...15
+ * whatever was drawn. */
+static void test_model_sample(const char *path) {
+    spx_model *m = NULL;
+    spx_model_params pp = {0, "cuda", 0};
+    spx_session *s1 = NULL, *s2 = NULL;
+    spx_session_params sp = {128, SPX_KV_F16};
+    if (spx_model_open(path, &pp, &m) != SPX_OK) {
+        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
+        return;
+    }
+    CHECK(spx_session_new(m, &sp, &s1) == SPX_OK && spx_session_new(m, &sp, &s2) == SPX_OK, "%s: sessions: %s", path,
+          spx_model_error(m));
+    if (s1 && s2) {
+        const int64_t V = m->cfg.vocab_size;
+        const int32_t prompt[4] = {1, 2, 3, 4};
+        const spx_sampler_params cfgs[2] = {{0.8f, 40, 0.95f, 0}, {0.8f, 0, 0.9f, 0}};
+        for (int ci = 0; ci < 2; ci++) {
+            spx_session_reset(s1);
+            CHECK(spx_session_eval(s1, prompt, 4, NULL, 0) == SPX_OK, "eval: %s", spx_session_error(s1));
+            const uint64_t seed = 0xfeedull + (uint64_t)ci;
+            uint64_t rng = seed;
+            int32_t id = 5, bad = 0;
+            const int n = 20;
+            for (int i = 0; i < n; i++) {
+                CHECK(spx_session_step_sample(s1, id, &cfgs[ci], &rng, &id) == SPX_OK, "step_sample: %s",
+                      spx_session_error(s1));
+                bad += id < 0 || id >= V;
+            }
+            CHECK(bad == 0 && rng == seed + (uint64_t)n * 0x9e3779b97f4a7c15ull,
+                  "%s: step_sample top-k %d: %d ids out of range, RNG %llx (expected %llx)", path, cfgs[ci].top_k, bad,
+                  (unsigned long long)rng, (unsigned long long)(seed + (uint64_t)n * 0x9e3779b97f4a7c15ull));
+        }
+        /* top-k 1 is greedy */
+        spx_session_reset(s1);
+        spx_session_reset(s2);
+        CHECK(spx_session_eval(s1, prompt, 4, NULL, 0) == SPX_OK && spx_session_eval(s2, prompt, 4, NULL, 0) == SPX_OK,
+              "eval");
+        const spx_sampler_params g1 = {0.8f, 1, 1.0f, 0};
+        uint64_t rng = 7;
+        int32_t a = 5, b = 5, diff = 0;
+        for (int i = 0; i < 12; i++) {
+            CHECK(spx_session_step_sample(s1, a, &g1, &rng, &a) == SPX_OK, "step_sample: %s", spx_session_error(s1));
+            CHECK(spx_session_step_greedy(s2, b, &b) == SPX_OK, "step_greedy: %s", spx_session_error(s2));
+            diff += a != b;
+        }
+        CHECK(diff == 0 && rng == 7, "%s: step_sample with top-k 1: %d of 12 ids differ from step_greedy, RNG %llu", path,
+              diff, (unsigned long long)rng);
+        printf("step_sample %s: device sampler, host path and greedy path checked\n", path);
+    }
+    spx_session_free(s1);
+    spx_session_free(s2);
+    spx_model_free(m);
+}
+
 static void test_model_pingpong(const char *path, int64_t n_res) {
     unsetenv("SPECTRA_CUDA_RESIDENT_LAYERS");
     spx_model *mr = NULL, *mp = NULL;
@@ -1344,6 +1454,7 @@ int main(int argc, char **argv) {
     int only_e2e = argc > 1 && !strcmp(argv[1], "--e2e-only");
     if (!only_e2e) {
         test_small_ops(prop.multiProcessorCount);
+        test_sampler();
         test_attention();
         test_kvq4();
         test_gemv(prop.multiProcessorCount);
@@ -1352,6 +1463,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 1 + only_e2e; i < argc; i++) test_model(argv[i]);
     for (int i = 1 + only_e2e; i < argc; i++) test_model_q4(argv[i]);
+    for (int i = 1 + only_e2e; i < argc; i++) test_model_sample(argv[i]);
     for (int i = 1 + only_e2e; i < argc; i++) {
         test_model_pingpong(argv[i], 0); /* every layer streams */
         test_model_pingpong(argv[i], 1); /* layer 0 resident, the rest stream */

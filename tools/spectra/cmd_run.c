@@ -119,7 +119,7 @@ int cmd_run(int argc, char **argv) {
     double t1 = spx_now();
     int64_t n_done = 0;
     int32_t eos = spx_model_eos_id(m);
-    int32_t next = -1; /* greedy (--temp 0): the token step_greedy chose on the backend */
+    int32_t next = -1; /* after the first token: the one step_greedy / step_sample chose */
     for (; n_done < n_gen; n_done++) {
         int32_t id = next >= 0 ? next : spx_sample(logits, V, &smp, &rng);
         int is_eos = id == eos;
@@ -136,9 +136,10 @@ int cmd_run(int argc, char **argv) {
         fflush(stdout);
         if (n_done + 1 == n_gen) { n_done++; break; }
         if (spx_session_pos(s) >= s->n_ctx) { fprintf(stderr, "\n[context full]\n"); n_done++; break; }
+        /* the next token is chosen where the logits are (on a GPU: only the id comes back) */
         if (temp <= 0) {
             if (spx_session_step_greedy(s, id, &next) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
-        } else if (spx_session_eval(s, &id, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+        } else if (spx_session_step_sample(s, id, &smp, &rng, &next) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     }
     if (ts) {
         const char *piece;
