@@ -971,11 +971,9 @@ static spx_status capture_decode(spx_session *s, cu_sess *cs, spx_err *e) {
     return SPX_OK;
 }
 
-static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_err *e) {
-    const cu_model *cm = (const cu_model *)s->m->be_state;
-    cu_sess *cs = (cu_sess *)s->be_state;
-    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
-    if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
+/* Before a graph step: the input token and position go to the device
+ * unless the previous step left exactly them there. */
+static spx_status step_input(spx_session *s, cu_sess *cs, int32_t id, spx_err *e) {
     if (!cs->dev_known || cs->dev_pos != s->pos || cs->dev_tok != id) {
         cs->pin[0] = id;
         cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
@@ -983,8 +981,12 @@ static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_
         SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     }
     cs->dev_known = 0;
-    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
+    return SPX_OK;
+}
+
+/* After it (the next id's copy enqueued): wait, advance, remember what the
+ * device holds. */
+static spx_status step_done(spx_session *s, cu_sess *cs, int32_t *next, spx_err *e) {
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
     *next = cs->pin[SPX_BATCH_MAX_CUDA + 1];
     s->pos += 1;
@@ -992,6 +994,17 @@ static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_
     cs->dev_tok = *next;
     cs->dev_known = 1;
     return SPX_OK;
+}
+
+static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
+    SPX_TRY(step_input(s, cs, id, e));
+    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
+    return step_done(s, cs, next, e);
 }
 
 /* One decode step with temperature / top-k / top-p sampling. On the device
@@ -1017,29 +1030,18 @@ static spx_status cu_step_sample(spx_session *s, int32_t id, const spx_sampler_p
         SPX_TRY(capture_graph(s, cs, &cs->graph_s, e, LM_SAMPLE));
         cs->have_graph_s = 1;
     }
-    if (!cs->dev_known || cs->dev_pos != s->pos || cs->dev_tok != id) {
-        cs->pin[0] = id;
-        cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
-        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, 4, cudaMemcpyHostToDevice, cs->st));
-        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
-    }
+    SPX_TRY(step_input(s, cs, id, e));
     cs->pin_samp->temperature = p->temperature;
     cs->pin_samp->top_k = p->top_k;
     cs->pin_samp->top_p = p->top_p;
     cs->pin_samp->pad = 0;
     cs->pin_samp->rng = *rng;
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_samp, cs->pin_samp, sizeof(spx_sample_dev), cudaMemcpyHostToDevice, cs->st));
-    cs->dev_known = 0;
     SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph_s, cs->st));
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
     SPX_CUDA_TRY(e, cudaMemcpyAsync(&cs->pin_samp->rng, &cs->d_samp->rng, 8, cudaMemcpyDeviceToHost, cs->st));
-    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
-    *next = cs->pin[SPX_BATCH_MAX_CUDA + 1];
+    SPX_TRY(step_done(s, cs, next, e));
     *rng = cs->pin_samp->rng;
-    s->pos += 1;
-    cs->dev_pos = s->pos;
-    cs->dev_tok = *next;
-    cs->dev_known = 1;
     return SPX_OK;
 }
 
