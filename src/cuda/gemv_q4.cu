@@ -546,10 +546,8 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
 
 /* P: items per warp in registers; MINB: blocks per multiprocessor (register
  * budget); PAIR: consume items two at a time (P - 2 in flight meanwhile),
- * else one at a time (P - 1 in flight); TL: the codes, scales and zeros
- * come from the tiled layout of a.w[0] (one matrix, or a SwiGLU pair: see
- * gemv_q4.cuh), the outliers still from the rows. */
-template <int P, int MINB, bool PAIR, bool TL>
+ * else one at a time (P - 1 in flight). */
+template <int P, int MINB, bool PAIR>
 __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_constant__ gemv_kargs k) {
     extern __shared__ float4 gemv_sm[];
     __shared__ float red[2][GM_WARPS][16];
@@ -582,11 +580,9 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
         int64_t rr;
         ok = gm_row(k, swiglu, is_tile, i, m, rr);
         const spx_dqmat &w = a.w[m];
-        if (!TL) { /* the tiled layout needs the rows for the outliers only */
-            cp = w.codes + rr * cstride;
-            sp = reinterpret_cast<const unsigned short *>(w.scales) + rr * ng;
-            zp = w.zeros + rr * w.zrow;
-        }
+        cp = w.codes + rr * cstride;
+        sp = reinterpret_cast<const unsigned short *>(w.scales) + rr * ng;
+        zp = w.zeros + rr * w.zrow;
         op = reinterpret_cast<const unsigned short *>(w.oval) + rr * w.n_out;
         no = ok ? w.n_out : 0;
     };
@@ -601,21 +597,12 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
             it.c0 = make_uint4(0, 0, 0, 0);
             it.c1 = it.c0;
             it.s0 = it.s1 = it.z0 = it.z1 = it.o0 = it.o1 = 0;
-            if (TL) {
-                const int item = iw0 + is_j;
-                if (item < n_items) { /* padded rows hold zero codes and scales */
-                    const int64_t ti = is_tile * n_items + item;
-                    it.c0 = ld_stream16(a.w[0].tcodes + ti * 1024 + lane * 16);
-                    it.c1 = ld_stream16(a.w[0].tcodes + ti * 1024 + 512 + lane * 16);
-                    it.s0 = __ldg(a.w[0].tscales + ti * 32 + lane);
-                    it.z0 = __ldg(a.w[0].tzeros + ti * 32 + lane);
-                }
-            } else if (in && iok0) {
+            if (in && iok0) {
                 it.c0 = ld_stream16(ic0 + (int64_t)g * 16);
                 it.s0 = __ldg(is0 + g);
                 it.z0 = __ldg(iz0 + (g >> 1));
             }
-            if (!TL && in && iok1) {
+            if (in && iok1) {
                 it.c1 = ld_stream16(ic1 + (int64_t)g * 16);
                 it.s1 = __ldg(is1 + g);
                 it.z1 = __ldg(iz1 + (g >> 1));
@@ -678,8 +665,8 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
         mma_s8(e, it.c0.w & 0x0f0f0f0fu, it.c1.w & 0x0f0f0f0fu, (it.c0.w >> 4) & 0x0f0f0f0fu, (it.c1.w >> 4) & 0x0f0f0f0fu,
                bB.z, bB.w);
         const int2 mt = meta[bi * 4 + t]; /* (S, -sum X) of group g */
-        const unsigned z0 = TL ? it.z0 & 15u : (it.z0 >> zsh) & 15u, z1 = TL ? (it.z0 >> 4) & 15u : (it.z1 >> zsh) & 15u;
-        const unsigned s0 = TL ? it.s0 & 0xffffu : it.s0, s1 = TL ? it.s0 >> 16 : it.s1;
+        const unsigned z0 = (it.z0 >> zsh) & 15u, z1 = (it.z1 >> zsh) & 15u;
+        const unsigned s0 = it.s0, s1 = it.s1;
         const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)z0 * mt.y;
         const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)z1 * mt.y;
         const float S = __int_as_float(mt.x);
@@ -775,6 +762,185 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
     }
 }
 
+
+/* ---- the tiled layout's kernel (gemv_q4.cuh) ----------------------------------
+ * gemv_q4_mma's arithmetic, image, work split and reductions, with the
+ * codes, scales and zeros of an item read from the tiled copy (one 16-byte
+ * load per row half, one word of scales, one byte of zeros per lane, all
+ * coalesced) and nothing per row but the outliers: a launch is one matrix
+ * (STORE / ADD / ARGMAX) or a SwiGLU pair, so tile row i is row 16 T + i,
+ * or gate / up row 8 T + i % 8. */
+template <int P, int MINB>
+__global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
+    extern __shared__ float4 gemv_sm[];
+    __shared__ float red[2][GM_WARPS][16];
+    __shared__ double redd[32];
+    const spx_gemv_args &a = k.a;
+    const int n_items = k.n_items, niw = k.niw;
+    uint8_t *img = reinterpret_cast<uint8_t *>(gemv_sm);
+    int2 *meta = reinterpret_cast<int2 *>(img + (size_t)n_items * 4 * GM_IMG_GROUP);
+    uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
+    float *xo = reinterpret_cast<float *>(zero + 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
+    const bool swiglu = a.mode == SPX_GEMV_SWIGLU;
+    const spx_dqmat &w0 = a.w[0], &w1 = swiglu ? a.w[1] : a.w[0];
+    const int64_t rows = w0.rows;
+    const int64_t G = gridDim.x;
+    const int ntl = (int)((k.n_tiles - 1 - blockIdx.x) / G) + 1;
+    const int total = ntl * niw;
+    const int iw0 = warp * niw;
+    const int no0 = w0.n_out, no1 = w1.n_out;
+    const unsigned short *ov0 = reinterpret_cast<const unsigned short *>(w0.oval);
+    const unsigned short *ov1 = reinterpret_cast<const unsigned short *>(w1.oval);
+    const float *xo1 = xo + (swiglu ? k.out_off[1] : 0);
+    /* rows of lane r in tile T: r0 (matrix 0) and r1 (matrix 1 for a pair) */
+    auto row0 = [&](int64_t T) { return swiglu ? T * 8 + r : T * 16 + r; };
+    auto row1 = [&](int64_t T) { return swiglu ? T * 8 + r : T * 16 + r + 8; };
+
+    int is_n = 0, is_j = 0;
+    int64_t is_tile = blockIdx.x;
+    auto issue = [&](gm_item &it) {
+        if (is_n < total) {
+            const int item = iw0 + is_j, g = item * 4 + t;
+            it.c0 = make_uint4(0, 0, 0, 0);
+            it.c1 = it.c0;
+            it.s0 = it.z0 = it.o0 = it.o1 = 0;
+            if (item < n_items) {
+                const int64_t ti = is_tile * n_items + item;
+                it.c0 = ld_stream16(w0.tcodes + ti * 1024 + lane * 16);
+                it.c1 = ld_stream16(w0.tcodes + ti * 1024 + 512 + lane * 16);
+                it.s0 = __ldg(w0.tscales + ti * 32 + lane);
+                it.z0 = __ldg(w0.tzeros + ti * 32 + lane);
+            }
+            const int64_t r0 = row0(is_tile), r1 = row1(is_tile);
+            if (g < no0 && r0 < rows) it.o0 = __ldg(ov0 + r0 * no0 + g);
+            if (g < no1 && r1 < rows) it.o1 = __ldg(ov1 + r1 * no1 + g);
+            if (++is_j == niw) {
+                is_j = 0;
+                is_tile += G;
+            }
+            is_n++;
+        }
+    };
+    gm_item buf[P];
+    spx_pdl_trigger();
+#pragma unroll
+    for (int s = 0; s < P; s++) issue(buf[s]);
+    spx_pdl_wait();
+    if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+    const float inv = gm_build(k, img, meta, xo, redd);
+    const bool bval = t == (r >> 1);
+    const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
+    const int bstride = bval ? 4 * GM_IMG_GROUP : 0;
+    const int sl = 32 * niw;
+    int ck = 0, cj = 0;
+    int64_t ctile = blockIdx.x;
+    float tot0 = 0.0f, tot1 = 0.0f;
+    unsigned long long best = 0;
+    auto consume = [&](const gm_item &it, int h) {
+        const int item = iw0 + cj + h, bi = item < n_items ? item : n_items - 1, g = item * 4 + t;
+        const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + bi * bstride);
+        const uint4 bA = bp[0], bB = bp[1];
+        int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
+        mma_s8(d, it.c0.x & 0x0f0f0f0fu, it.c1.x & 0x0f0f0f0fu, (it.c0.x >> 4) & 0x0f0f0f0fu, (it.c1.x >> 4) & 0x0f0f0f0fu,
+               bA.x, bA.y);
+        mma_s8(e, it.c0.z & 0x0f0f0f0fu, it.c1.z & 0x0f0f0f0fu, (it.c0.z >> 4) & 0x0f0f0f0fu, (it.c1.z >> 4) & 0x0f0f0f0fu,
+               bB.x, bB.y);
+        mma_s8(d, it.c0.y & 0x0f0f0f0fu, it.c1.y & 0x0f0f0f0fu, (it.c0.y >> 4) & 0x0f0f0f0fu, (it.c1.y >> 4) & 0x0f0f0f0fu,
+               bA.z, bA.w);
+        mma_s8(e, it.c0.w & 0x0f0f0f0fu, it.c1.w & 0x0f0f0f0fu, (it.c0.w >> 4) & 0x0f0f0f0fu, (it.c1.w >> 4) & 0x0f0f0f0fu,
+               bB.z, bB.w);
+        const int2 mt = meta[bi * 4 + t];
+        const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)(it.z0 & 15u) * mt.y;
+        const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)((it.z0 >> 4) & 15u) * mt.y;
+        const float S = __int_as_float(mt.x);
+        tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 & 0xffffu))) * S, (float)i0, tot0);
+        tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 >> 16))) * S, (float)i1, tot1);
+        if (g < no0) tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), xo[g], tot0);
+        if (g < no1) tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o1)), xo1[g], tot1);
+    };
+    auto finish = [&]() {
+        if (k.n_out_max > sl) { /* outliers beyond the stream's share */
+            const int64_t r0 = row0(ctile), r1 = row1(ctile);
+            if (r0 < rows)
+                for (int j = sl + warp * 4 + t; j < no0; j += GM_WARPS * 4)
+                    tot0 = fmaf(__half2float(__ushort_as_half(__ldg(ov0 + r0 * no0 + j))), xo[j], tot0);
+            if (r1 < rows)
+                for (int j = sl + warp * 4 + t; j < no1; j += GM_WARPS * 4)
+                    tot1 = fmaf(__half2float(__ushort_as_half(__ldg(ov1 + r1 * no1 + j))), xo1[j], tot1);
+        }
+        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
+        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
+        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
+        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
+        const int kb = ck & 1;
+        if (t == 0) {
+            red[kb][warp][r] = tot0;
+            red[kb][warp][r + 8] = tot1;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            const int i = lane & 15;
+            float v = 0.0f;
+#pragma unroll
+            for (int ww = 0; ww < GM_WARPS; ww++) v += red[kb][ww][i];
+            v *= inv;
+            if (swiglu) {
+                float up = __shfl_down_sync(0xffffffffu, v, 8);
+                const int64_t rr = ctile * 8 + i;
+                if (lane < 8 && rr < rows) {
+                    float gt = v;
+                    if (a.o[0].bias) gt += a.o[0].bias[rr];
+                    if (a.o[1].bias) up += a.o[1].bias[rr];
+                    a.o[0].y[rr] = gt / (1.0f + expf(-gt)) * up;
+                }
+            } else {
+                const int64_t rr = ctile * 16 + i;
+                if (lane < 16 && rr < rows) {
+                    const spx_gemv_out &o = a.o[0];
+                    if (o.bias) v += o.bias[rr];
+                    if (a.mode == SPX_GEMV_ADD) {
+                        o.y[rr] += v;
+                    } else {
+                        if (o.y) o.y[rr] = v;
+                        if (a.mode == SPX_GEMV_ARGMAX) {
+                            const unsigned long long key = spx_argmax_key(v, (int)rr);
+                            best = key > best ? key : best;
+                        }
+                    }
+                }
+            }
+        }
+    };
+    for (int base = 0; base < total; base += P) {
+#pragma unroll
+        for (int s = 0; s < P; s += 2) {
+            if (base + s < total) { /* uniform over the block */
+                consume(buf[s], 0);
+                consume(buf[s + 1], 1);
+                issue(buf[s]);
+                issue(buf[s + 1]);
+                cj += 2;
+                if (cj == niw) {
+                    finish();
+                    tot0 = tot1 = 0.0f;
+                    cj = 0;
+                    ck++;
+                    ctile += G;
+                }
+            }
+        }
+    }
+    if (a.mode == SPX_GEMV_ARGMAX && warp == 0) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
+            best = b > best ? b : best;
+        }
+        if (lane == 0 && best) atomicMax(a.best, best);
+    }
+}
+
 /* ---- dispatch ------------------------------------------------------------------ */
 
 typedef void (*gemv_fn)(const gemv_kargs);
@@ -799,12 +965,11 @@ static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
  * blocks of 8 warps per multiprocessor (128 registers); items consumed in
  * pairs (0) or one at a time (1). */
 #define GM_SMEM_MAX (160 * 1024)
-static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true, false>, gemv_q4_mma<4, 2, false, false>};
+static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true>, gemv_q4_mma<4, 2, false>};
 static const int g_mma_maxb[] = {2, 2};
-/* On the tiled layout: two or three blocks per multiprocessor. The second
- * (80 registers) spills in this kernel and ran 30-45% slower than the
- * first on every shape (bench/gpu/NOTES.md); it stays for measurement. */
-static const gemv_fn g_mma_tl[] = {gemv_q4_mma<4, 2, true, true>, gemv_q4_mma<4, 3, true, true>};
+/* On the tiled layout: two or three blocks per multiprocessor (gemv_q4_tiled;
+ * variant 1 = 80 registers). */
+static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<4, 3>};
 static const int g_mma_tl_maxb[] = {2, 3};
 static int g_tl_force = -1; /* benchmarks: spx_gemv_q4_force_tiled_variant */
 
