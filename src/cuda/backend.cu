@@ -271,11 +271,11 @@ static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob
  * read them). Made only when every layer is resident and the copies fit
  * beside the arena, the KV cache and scratch of the planned context (the
  * budget or the free memory minus the margin, as choose_residency).
- * Opt-in (SPECTRA_GEMV_LAYOUT=tiled): on the H200 this kernel reads the
- * tiled copies only 5-13% faster than the rows (a leaner kernel on the
- * same layout measured 1.4-1.6x: bench/gpu/NOTES.md), while the copies
- * cost about 0.85x the weights again and the plan does not count them.
- * The way forward is the layout in the file format and that leaner kernel. */
+ * Opt-in (SPECTRA_GEMV_LAYOUT=tiled): on the H200 the tiled kernel reads
+ * 1.2-1.3x faster than the row-major one (lm_head 87 % of copy bandwidth)
+ * and the 8B decodes 11 % faster (bench/gpu/NOTES.md), but the copies cost
+ * about 0.85x the weights again and the plan does not count them. The way
+ * forward is this layout in the file format (no copies). */
 static spx_status make_tiled(const spx_model *m, cu_model *cm, spx_err *e) {
     const char *env = getenv("SPECTRA_GEMV_LAYOUT");
     if (!env || strcmp(env, "tiled")) return SPX_OK; /* opt-in: see above */
