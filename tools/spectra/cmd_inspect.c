@@ -9,6 +9,7 @@
  * outliers), not only its codes. The file is fully validated on open; CRCs
  * are checked by `spectra verify`, not here. */
 #include "cli.h"
+#include "common.h"
 #include "format/trdc.h"
 
 #include <cjson/cJSON.h>
@@ -223,28 +224,8 @@ oom:
 int cmd_inspect(int argc, char **argv) {
     const char *path = NULL;
     int json = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (a[0] == '-' && a[1]) {
-            cli_error("inspect: unknown option '%s'", a);
-            usage(stderr);
-            return 2;
-        } else if (path) {
-            cli_error("inspect: more than one file given ('%s' and '%s')", path, a);
-            return 2;
-        } else {
-            path = a;
-        }
-    }
-    if (!path) {
-        usage(stderr);
-        return 2;
-    }
+    const int arc = cli_file_and_flag(argc, argv, "inspect", "--json", NULL, &json, usage, &path);
+    if (arc >= 0) return arc;
     spx_err e;
     spx_err_clear(&e);
     spx_trdc *f = NULL;

@@ -6,6 +6,7 @@
  * one MISMATCH line per bad component on stdout, the summary on stderr,
  * and exits 1. Progress goes to stderr when it is a terminal. */
 #include "cli.h"
+#include "common.h"
 #include "core/util.h"
 #include "format/trdc.h"
 
@@ -51,28 +52,8 @@ static void on_mismatch(void *user, const spx_trdc_tensor *t, spx_trdc_comp c, u
 int cmd_verify(int argc, char **argv) {
     const char *path = NULL;
     int quiet = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = 1;
-        } else if (a[0] == '-' && a[1]) {
-            cli_error("verify: unknown option '%s'", a);
-            usage(stderr);
-            return 2;
-        } else if (path) {
-            cli_error("verify: more than one file given ('%s' and '%s')", path, a);
-            return 2;
-        } else {
-            path = a;
-        }
-    }
-    if (!path) {
-        usage(stderr);
-        return 2;
-    }
+    const int arc = cli_file_and_flag(argc, argv, "verify", "--quiet", "-q", &quiet, usage, &path);
+    if (arc >= 0) return arc;
     spx_err e;
     spx_err_clear(&e);
     spx_trdc *f = NULL;

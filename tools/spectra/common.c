@@ -155,3 +155,31 @@ spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, spx_plan *
     if (!o->quiet) print_plan(plan);
     return m;
 }
+
+int cli_file_and_flag(int argc, char **argv, const char *cmd, const char *long_flag, const char *short_flag, int *flag,
+                      void (*usage)(FILE *), const char **path) {
+    *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, long_flag) || (short_flag && !strcmp(a, short_flag))) {
+            *flag = 1;
+        } else if (a[0] == '-' && a[1]) {
+            cli_error("%s: unknown option '%s'", cmd, a);
+            usage(stderr);
+            return 2;
+        } else if (*path) {
+            cli_error("%s: more than one file given ('%s' and '%s')", cmd, *path, a);
+            return 2;
+        } else {
+            *path = a;
+        }
+    }
+    if (!*path) {
+        usage(stderr);
+        return 2;
+    }
+    return -1;
+}

@@ -4,6 +4,7 @@
 
 #include "spectra.h"
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /* Parses "1,2,3" or "1 2 3" into a malloc'd array; prints an error and
@@ -36,5 +37,12 @@ int cli_backend(const char *s);
 int cli_kv(const char *s, spx_kv_type *out);
 /* Reads a whole text file (for -f); prints an error and returns NULL. */
 char *cli_read_text(const char *path, size_t *len);
+
+/* The arguments of a command that takes one file and one boolean flag
+ * (long_flag, or short_flag when not NULL): -1 to go on with *path set,
+ * else the exit code (--help: 0; misuse: 2, with a message and the usage
+ * on stderr). */
+int cli_file_and_flag(int argc, char **argv, const char *cmd, const char *long_flag, const char *short_flag, int *flag,
+                      void (*usage)(FILE *), const char **path);
 
 #endif
