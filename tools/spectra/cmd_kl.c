@@ -53,33 +53,28 @@ typedef struct {
 } kl_model;
 
 int cmd_kl(int argc, char **argv) {
-    const char *ref = NULL, *file = NULL;
+    const char *ref = NULL;
     kl_model ms[KL_MAX_MODELS];
     int nm = 0;
     memset(ms, 0, sizeof ms);
-    int64_t ctx = 512, chunks = 0, threads = 0;
-    const char *backend = NULL;
-    spx_kv_type kv = SPX_KV_F16;
-    int compat = 0, json = 0;
+    cli_eval_opts o = CLI_EVAL_OPTS_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--llama-compat")) compat = 1;
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!(v = cli_value(argc, argv, &i))) return 2;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (nm == KL_MAX_MODELS) { cli_error("kl: at most %d models", KL_MAX_MODELS); return 2; }
-            ms[nm++].path = v;
-        }
-        else if (!strcmp(a, "--ref")) ref = v;
-        else if (!strcmp(a, "-f")) file = v;
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) { if (!cli_int(a, v, 2, 1 << 20, &ctx)) return 2; }
-        else if (!strcmp(a, "--chunks")) { if (!cli_int(a, v, 1, 1 << 30, &chunks)) return 2; }
-        else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
-        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_error("kl: unknown option '%s'", a); usage(stderr); return 2; }
+        const int r = cli_eval_opt(argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r) continue;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ref")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (!strcmp(a, "--ref")) ref = v;
+            else if (nm == KL_MAX_MODELS) { cli_error("kl: at most %d models", KL_MAX_MODELS); return 2; }
+            else ms[nm++].path = v;
+        } else { cli_error("kl: unknown option '%s'", a); usage(stderr); return 2; }
     }
+    const char *file = o.file, *backend = o.backend;
+    const int64_t ctx = o.ctx, chunks = o.chunks, threads = o.threads;
+    const spx_kv_type kv = o.kv;
+    const int compat = o.compat, json = o.json;
     if (!file || !ref || nm == 0) { cli_error("kl: -m MODEL, --ref REF and -f TEXT are required"); usage(stderr); return 2; }
     int rc = 1;
     eval_windows w = {0};

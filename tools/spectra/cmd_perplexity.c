@@ -24,26 +24,23 @@ static void usage(FILE *f) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    const char *model = NULL, *file = NULL;
-    int64_t ctx = 512, chunks = 0, threads = 0;
-    const char *backend = NULL;
-    spx_kv_type kv = SPX_KV_F16;
-    int compat = 0, json = 0;
+    const char *model = NULL;
+    cli_eval_opts o = CLI_EVAL_OPTS_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--llama-compat")) compat = 1;
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!(v = cli_value(argc, argv, &i))) return 2;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "-f")) file = v;
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) { if (!cli_int(a, v, 2, 1 << 20, &ctx)) return 2; }
-        else if (!strcmp(a, "--chunks")) { if (!cli_int(a, v, 1, 1 << 30, &chunks)) return 2; }
-        else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
-        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
-        else { cli_error("perplexity: unknown option '%s'", a); usage(stderr); return 2; }
+        const int r = cli_eval_opt(argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r) continue;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            model = v;
+        } else { cli_error("perplexity: unknown option '%s'", a); usage(stderr); return 2; }
     }
+    const char *file = o.file, *backend = o.backend;
+    const int64_t ctx = o.ctx, chunks = o.chunks, threads = o.threads;
+    const spx_kv_type kv = o.kv;
+    const int compat = o.compat, json = o.json;
     if (!file) { cli_error("perplexity: -f TEXT is required"); usage(stderr); return 2; }
     spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) return 1;

@@ -183,3 +183,29 @@ int cli_file_and_flag(int argc, char **argv, const char *cmd, const char *long_f
     }
     return -1;
 }
+
+int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
+    const char *a = argv[*i], *v;
+    if (!strcmp(a, "--llama-compat")) {
+        o->compat = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--json")) {
+        o->json = 1;
+        return 1;
+    }
+    static const char *const valued[] = {"-f", "--ctx", "-c", "--chunks", "--kv", "--backend", "--threads", "-t"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+    if (!known) return 0;
+    if (!(v = cli_value(argc, argv, i))) return -1;
+    if (!strcmp(a, "-f")) o->file = v;
+    else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) return cli_int(a, v, 2, 1 << 20, &o->ctx) ? 1 : -1;
+    else if (!strcmp(a, "--chunks")) return cli_int(a, v, 1, 1 << 30, &o->chunks) ? 1 : -1;
+    else if (!strcmp(a, "--kv")) return cli_kv(v, &o->kv) ? 1 : -1;
+    else if (!strcmp(a, "--backend")) {
+        if (!cli_backend(v)) return -1;
+        o->backend = v;
+    } else return cli_int(a, v, 1, 1024, &o->threads) ? 1 : -1;
+    return 1;
+}

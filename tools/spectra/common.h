@@ -45,4 +45,16 @@ char *cli_read_text(const char *path, size_t *len);
 int cli_file_and_flag(int argc, char **argv, const char *cmd, const char *long_flag, const char *short_flag, int *flag,
                       void (*usage)(FILE *), const char **path);
 
+/* The options of the windowed evaluations (perplexity, kl). */
+typedef struct cli_eval_opts {
+    const char *file, *backend;
+    int64_t ctx, chunks, threads;
+    spx_kv_type kv;
+    int compat, json;
+} cli_eval_opts;
+#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0}
+/* argv[*i] is one of them: 1 (its value taken, *i advanced); not one: 0;
+ * a bad or missing value: -1 (message printed). */
+int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
+
 #endif
