@@ -544,6 +544,81 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
     return inv;
 }
 
+/* The four MMAs of one item: per lane, for rows r and r + 8 of the tile and
+ * the lane's group, the exact integer sums D0 + 256 D1 of codes times the
+ * input's two digit planes (the zero point's term is the caller's). */
+__device__ __forceinline__ void gm_item_dot(const uint4 &c0, const uint4 &c1, const uint4 &bA, const uint4 &bB, int &s0,
+                                            int &s1) {
+    int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
+    mma_s8(d, c0.x & 0x0f0f0f0fu, c1.x & 0x0f0f0f0fu, (c0.x >> 4) & 0x0f0f0f0fu, (c1.x >> 4) & 0x0f0f0f0fu, bA.x, bA.y);
+    mma_s8(e, c0.z & 0x0f0f0f0fu, c1.z & 0x0f0f0f0fu, (c0.z >> 4) & 0x0f0f0f0fu, (c1.z >> 4) & 0x0f0f0f0fu, bB.x, bB.y);
+    mma_s8(d, c0.y & 0x0f0f0f0fu, c1.y & 0x0f0f0f0fu, (c0.y >> 4) & 0x0f0f0f0fu, (c1.y >> 4) & 0x0f0f0f0fu, bA.z, bA.w);
+    mma_s8(e, c0.w & 0x0f0f0f0fu, c1.w & 0x0f0f0f0fu, (c0.w >> 4) & 0x0f0f0f0fu, (c1.w >> 4) & 0x0f0f0f0fu, bB.z, bB.w);
+    s0 = (d[0] + e[0]) + (d[1] + e[1]) * 256;
+    s1 = (d[2] + e[2]) + (d[3] + e[3]) * 256;
+}
+
+/* End of a tile: the lanes' sums (rows r and r + 8) meet in red[kb] (a
+ * block barrier), warp 0 adds the warps' parts, scales by inv and writes
+ * each row as the mode says (SwiGLU: slots i and i + 8 are gate and up of
+ * one row); ARGMAX keys go into best. */
+__device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, int64_t tile, float tot0, float tot1,
+                                            float (&red)[2][GM_WARPS][16], int kb, float inv,
+                                            unsigned long long &best) {
+    const spx_gemv_args &a = k.a;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
+    tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
+    tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
+    tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
+    tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
+    if (t == 0) {
+        red[kb][warp][r] = tot0;
+        red[kb][warp][r + 8] = tot1;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    const int i = lane & 15;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < GM_WARPS; w++) v += red[kb][w][i];
+    v *= inv;
+    int m;
+    int64_t rr;
+    const bool ok = gm_row(k, swiglu, tile, i, m, rr) && lane < 16;
+    if (swiglu) {
+        float up = __shfl_down_sync(0xffffffffu, v, 8);
+        if (ok && i < 8) {
+            float gt = v;
+            if (a.o[0].bias) gt += a.o[0].bias[rr];
+            if (a.o[1].bias) up += a.o[1].bias[rr];
+            a.o[0].y[rr] = gt / (1.0f + expf(-gt)) * up;
+        }
+    } else if (ok) {
+        const spx_gemv_out &o = a.o[m];
+        if (o.bias) v += o.bias[rr];
+        if (a.mode == SPX_GEMV_ADD) {
+            o.y[rr] += v;
+        } else {
+            if (o.y) o.y[rr] = v;
+            if (a.mode == SPX_GEMV_ARGMAX) {
+                const unsigned long long key = spx_argmax_key(v, (int)(k.start[m] + rr));
+                best = key > best ? key : best;
+            }
+        }
+    }
+}
+
+/* After the last tile: warp 0's ARGMAX keys into *a.best. */
+__device__ __forceinline__ void gm_argmax_flush(const spx_gemv_args &a, unsigned long long best) {
+    if (a.mode != SPX_GEMV_ARGMAX || (threadIdx.x >> 5) != 0) return;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
+        best = b > best ? b : best;
+    }
+    if ((threadIdx.x & 31) == 0 && best) atomicMax(a.best, best);
+}
+
 /* P: items per warp in registers; MINB: blocks per multiprocessor (register
  * budget); PAIR: consume items two at a time (P - 2 in flight meanwhile),
  * else one at a time (P - 1 in flight). */
@@ -654,24 +729,15 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
     auto consume = [&](const gm_item &it, int h) {
         const int item = iw0 + cj + h, bi = item < n_items ? item : n_items - 1, g = item * 4 + t;
         const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + bi * bstride);
-        const uint4 bA = bp[0], bB = bp[1];
-        int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
-        mma_s8(d, it.c0.x & 0x0f0f0f0fu, it.c1.x & 0x0f0f0f0fu, (it.c0.x >> 4) & 0x0f0f0f0fu, (it.c1.x >> 4) & 0x0f0f0f0fu,
-               bA.x, bA.y);
-        mma_s8(e, it.c0.z & 0x0f0f0f0fu, it.c1.z & 0x0f0f0f0fu, (it.c0.z >> 4) & 0x0f0f0f0fu, (it.c1.z >> 4) & 0x0f0f0f0fu,
-               bB.x, bB.y);
-        mma_s8(d, it.c0.y & 0x0f0f0f0fu, it.c1.y & 0x0f0f0f0fu, (it.c0.y >> 4) & 0x0f0f0f0fu, (it.c1.y >> 4) & 0x0f0f0f0fu,
-               bA.z, bA.w);
-        mma_s8(e, it.c0.w & 0x0f0f0f0fu, it.c1.w & 0x0f0f0f0fu, (it.c0.w >> 4) & 0x0f0f0f0fu, (it.c1.w >> 4) & 0x0f0f0f0fu,
-               bB.z, bB.w);
+        const uint4 bA = bp[0], bB = bp[1]; /* two 16-byte shared loads */
+        int i0, i1;
+        gm_item_dot(it.c0, it.c1, bA, bB, i0, i1);
         const int2 mt = meta[bi * 4 + t]; /* (S, -sum X) of group g */
-        const unsigned z0 = (it.z0 >> zsh) & 15u, z1 = (it.z1 >> zsh) & 15u;
-        const unsigned s0 = it.s0, s1 = it.s1;
-        const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)z0 * mt.y;
-        const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)z1 * mt.y;
+        i0 += (int)((it.z0 >> zsh) & 15u) * mt.y;
+        i1 += (int)((it.z1 >> zsh) & 15u) * mt.y;
         const float S = __int_as_float(mt.x);
-        tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)s0)) * S, (float)i0, tot0);
-        tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)s1)) * S, (float)i1, tot1);
+        tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.s0)) * S, (float)i0, tot0);
+        tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.s1)) * S, (float)i1, tot1);
         if (g < cno0) tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), cxo0[g], tot0);
         if (g < cno1) tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o1)), cxo1[g], tot1);
     };
@@ -682,47 +748,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
             for (int j = sl + warp * 4 + t; j < cno1; j += GM_WARPS * 4)
                 tot1 = fmaf(__half2float(__ushort_as_half(__ldg(cop1 + j))), cxo1[j], tot1);
         }
-        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
-        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
-        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
-        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
-        const int kb = ck & 1;
-        if (t == 0) {
-            red[kb][warp][r] = tot0;
-            red[kb][warp][r + 8] = tot1;
-        }
-        __syncthreads();
-        if (warp == 0) {
-            const int i = lane & 15;
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < GM_WARPS; w++) v += red[kb][w][i];
-            v *= inv;
-            int m;
-            int64_t rr;
-            const bool ok = gm_row(k, swiglu, ctile, i, m, rr) && lane < 16;
-            if (swiglu) {
-                float up = __shfl_down_sync(0xffffffffu, v, 8);
-                if (ok && i < 8) {
-                    float gt = v;
-                    if (a.o[0].bias) gt += a.o[0].bias[rr];
-                    if (a.o[1].bias) up += a.o[1].bias[rr];
-                    a.o[0].y[rr] = gt / (1.0f + expf(-gt)) * up;
-                }
-            } else if (ok) {
-                const spx_gemv_out &o = a.o[m];
-                if (o.bias) v += o.bias[rr];
-                if (a.mode == SPX_GEMV_ADD) {
-                    o.y[rr] += v;
-                } else {
-                    if (o.y) o.y[rr] = v;
-                    if (a.mode == SPX_GEMV_ARGMAX) {
-                        const unsigned long long key = spx_argmax_key(v, (int)(k.start[m] + rr));
-                        best = key > best ? key : best;
-                    }
-                }
-            }
-        }
+        gm_tile_out(k, swiglu, ctile, tot0, tot1, red, ck & 1, inv, best);
     };
 
     /* PAIR: items two at a time (niw is even), two items' chains side by
@@ -752,14 +778,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
             }
         }
     }
-    if (a.mode == SPX_GEMV_ARGMAX && warp == 0) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
-            best = b > best ? b : best;
-        }
-        if (lane == 0 && best) atomicMax(a.best, best);
-    }
+    gm_argmax_flush(a, best);
 }
 
 
@@ -840,19 +859,12 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
     auto consume = [&](const gm_item &it, int h) {
         const int item = iw0 + cj + h, bi = item < n_items ? item : n_items - 1, g = item * 4 + t;
         const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + bi * bstride);
-        const uint4 bA = bp[0], bB = bp[1];
-        int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
-        mma_s8(d, it.c0.x & 0x0f0f0f0fu, it.c1.x & 0x0f0f0f0fu, (it.c0.x >> 4) & 0x0f0f0f0fu, (it.c1.x >> 4) & 0x0f0f0f0fu,
-               bA.x, bA.y);
-        mma_s8(e, it.c0.z & 0x0f0f0f0fu, it.c1.z & 0x0f0f0f0fu, (it.c0.z >> 4) & 0x0f0f0f0fu, (it.c1.z >> 4) & 0x0f0f0f0fu,
-               bB.x, bB.y);
-        mma_s8(d, it.c0.y & 0x0f0f0f0fu, it.c1.y & 0x0f0f0f0fu, (it.c0.y >> 4) & 0x0f0f0f0fu, (it.c1.y >> 4) & 0x0f0f0f0fu,
-               bA.z, bA.w);
-        mma_s8(e, it.c0.w & 0x0f0f0f0fu, it.c1.w & 0x0f0f0f0fu, (it.c0.w >> 4) & 0x0f0f0f0fu, (it.c1.w >> 4) & 0x0f0f0f0fu,
-               bB.z, bB.w);
+        const uint4 bA = bp[0], bB = bp[1]; /* two 16-byte shared loads */
+        int i0, i1;
+        gm_item_dot(it.c0, it.c1, bA, bB, i0, i1);
         const int2 mt = meta[bi * 4 + t];
-        const int i0 = (d[0] + e[0]) + (d[1] + e[1]) * 256 + (int)(it.z0 & 15u) * mt.y;
-        const int i1 = (d[2] + e[2]) + (d[3] + e[3]) * 256 + (int)((it.z0 >> 4) & 15u) * mt.y;
+        i0 += (int)(it.z0 & 15u) * mt.y;
+        i1 += (int)((it.z0 >> 4) & 15u) * mt.y;
         const float S = __int_as_float(mt.x);
         tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 & 0xffffu))) * S, (float)i0, tot0);
         tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 >> 16))) * S, (float)i1, tot1);
@@ -869,48 +881,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
                 for (int j = sl + warp * 4 + t; j < no1; j += GM_WARPS * 4)
                     tot1 = fmaf(__half2float(__ushort_as_half(__ldg(ov1 + r1 * no1 + j))), xo1[j], tot1);
         }
-        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
-        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
-        tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
-        tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
-        const int kb = ck & 1;
-        if (t == 0) {
-            red[kb][warp][r] = tot0;
-            red[kb][warp][r + 8] = tot1;
-        }
-        __syncthreads();
-        if (warp == 0) {
-            const int i = lane & 15;
-            float v = 0.0f;
-#pragma unroll
-            for (int ww = 0; ww < GM_WARPS; ww++) v += red[kb][ww][i];
-            v *= inv;
-            if (swiglu) {
-                float up = __shfl_down_sync(0xffffffffu, v, 8);
-                const int64_t rr = ctile * 8 + i;
-                if (lane < 8 && rr < rows) {
-                    float gt = v;
-                    if (a.o[0].bias) gt += a.o[0].bias[rr];
-                    if (a.o[1].bias) up += a.o[1].bias[rr];
-                    a.o[0].y[rr] = gt / (1.0f + expf(-gt)) * up;
-                }
-            } else {
-                const int64_t rr = ctile * 16 + i;
-                if (lane < 16 && rr < rows) {
-                    const spx_gemv_out &o = a.o[0];
-                    if (o.bias) v += o.bias[rr];
-                    if (a.mode == SPX_GEMV_ADD) {
-                        o.y[rr] += v;
-                    } else {
-                        if (o.y) o.y[rr] = v;
-                        if (a.mode == SPX_GEMV_ARGMAX) {
-                            const unsigned long long key = spx_argmax_key(v, (int)rr);
-                            best = key > best ? key : best;
-                        }
-                    }
-                }
-            }
-        }
+        gm_tile_out(k, swiglu, ctile, tot0, tot1, red, ck & 1, inv, best); /* one matrix or a pair: gm_row's rows */
     };
     for (int base = 0; base < total; base += P) {
 #pragma unroll
@@ -931,14 +902,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
             }
         }
     }
-    if (a.mode == SPX_GEMV_ARGMAX && warp == 0) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
-            best = b > best ? b : best;
-        }
-        if (lane == 0 && best) atomicMax(a.best, best);
-    }
+    gm_argmax_flush(a, best);
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
