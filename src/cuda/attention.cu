@@ -118,16 +118,50 @@ __device__ __forceinline__ float attn_combine_d(const spx_attn_args &a, int t, i
     return O / L;
 }
 
+/* The block's share of the work: KV head kvh, its q heads h0 .. h0 + nhb
+ * (at most AT_HB of the group), the split and the token. */
+struct attn_block {
+    int kvh, h0, nhb, split, t;
+};
+__device__ __forceinline__ attn_block attn_block_of(const spx_attn_args &a) {
+    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
+    const int hb = blockIdx.x % HBn;
+    attn_block b;
+    b.kvh = blockIdx.x / HBn;
+    b.h0 = b.kvh * G + hb * AT_HB;
+    b.nhb = min(AT_HB, G - hb * AT_HB);
+    b.split = blockIdx.y;
+    b.t = blockIdx.z;
+    return b;
+}
+
+/* The block's q rows into qs [AT_HB][hd] (zero past nhb), then a barrier;
+ * and the running max, sum and output of every head cleared. */
+template <int ND>
+__device__ __forceinline__ void attn_start(const spx_attn_args &a, const attn_block &b, float *qs, float (&m)[AT_HB],
+                                           float (&l)[AT_HB], float (&acc)[AT_HB][ND]) {
+    const int hd = a.hd, qd = a.nh * hd;
+    for (int i = threadIdx.x; i < AT_HB * hd; i += blockDim.x) {
+        int hh = i / hd, d = i - hh * hd;
+        qs[i] = hh < b.nhb ? a.q[(int64_t)b.t * qd + (int64_t)(b.h0 + hh) * hd + d] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
+    }
+}
+
 template <int ND>
 __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_constant__ spx_attn_args a) {
     extern __shared__ float at_sm[];
     spx_pdl_trigger();
     spx_pdl_wait();
-    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
-    const int kvh = blockIdx.x / HBn, hb = blockIdx.x % HBn;
-    const int h0 = kvh * G + hb * AT_HB;
-    const int nhb = min(AT_HB, G - hb * AT_HB);
-    const int split = blockIdx.y, t = blockIdx.z;
+    const attn_block b = attn_block_of(a);
+    const int kvh = b.kvh, h0 = b.h0, nhb = b.nhb, split = b.split, t = b.t;
     const int hd = a.hd, qd = a.nh * hd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t kvd = (int64_t)a.nkv * hd;
@@ -136,20 +170,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
     const float scale = 1.0f / sqrtf((float)hd);
 
     float *qs = at_sm; /* [AT_HB][hd] */
-    for (int i = threadIdx.x; i < AT_HB * hd; i += blockDim.x) {
-        int hh = i / hd, d = i - hh * hd;
-        qs[i] = hh < nhb ? a.q[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] : 0.0f;
-    }
-    __syncthreads();
-
     float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++) {
-        m[hh] = -INFINITY;
-        l[hh] = 0.0f;
-#pragma unroll
-        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
-    }
+    attn_start<ND>(a, b, qs, m, l, acc);
     const __half *kbase = a.kc + (int64_t)kvh * hd, *vbase = a.vc + (int64_t)kvh * hd;
     const bool vec8 = (hd & 7) == 0;
 
@@ -235,11 +257,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
     extern __shared__ float at_sm[];
     spx_pdl_trigger();
     spx_pdl_wait();
-    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
-    const int kvh = blockIdx.x / HBn, hb = blockIdx.x % HBn;
-    const int h0 = kvh * G + hb * AT_HB;
-    const int nhb = min(AT_HB, G - hb * AT_HB);
-    const int split = blockIdx.y, t = blockIdx.z;
+    const attn_block b = attn_block_of(a);
+    const int kvh = b.kvh, h0 = b.h0, nhb = b.nhb, split = b.split, t = b.t;
     const int hd = a.hd, qd = a.nh * hd, ng = hd / SPX_KVQ4_GROUP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvd = a.nkv * hd;
@@ -251,11 +270,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
 
     float *qs = at_sm;               /* [AT_HB][hd], rotated */
     float *qsum = qs + AT_HB * hd;   /* [AT_HB][ng] */
-    for (int i = threadIdx.x; i < AT_HB * hd; i += blockDim.x) {
-        int hh = i / hd, d = i - hh * hd;
-        qs[i] = hh < nhb ? a.q[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] : 0.0f;
-    }
-    __syncthreads();
+    float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
+    attn_start<ND>(a, b, qs, m, l, acc);
     spx_kvq4_fwht_smem(qs, AT_HB * hd, a.rot);
     for (int i = threadIdx.x; i < AT_HB * ng; i += blockDim.x) {
         const float *qq = qs + (i / ng) * hd + (i % ng) * SPX_KVQ4_GROUP;
@@ -264,15 +280,6 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
         qsum[i] = s;
     }
     __syncthreads();
-
-    float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++) {
-        m[hh] = -INFINITY;
-        l[hh] = 0.0f;
-#pragma unroll
-        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
-    }
     const uint8_t *kcodes = a.kq.codes + (int64_t)kvh * (hd / 2), *vcodes = a.vq.codes + (int64_t)kvh * (hd / 2);
     const __half *kscales = a.kq.scales + G0, *vscales = a.vq.scales + G0;
     const uint8_t *kzeros = a.kq.zeros, *vzeros = a.vq.zeros;
