@@ -779,18 +779,27 @@ static int32_t argmax_f(const float *x, int64_t n) {
     return (int32_t)b;
 }
 
+/* The model on the cpu and on the cuda backend; false (a failed check)
+ * if either will not open. */
+static bool open_cpu_cuda(const char *path, spx_model **mc, spx_model **mg) {
+    spx_model_params pc = {0, "cpu", 0}, pg = {0, "cuda", 0};
+    *mc = *mg = NULL;
+    if (spx_model_open(path, &pc, mc) != SPX_OK) {
+        CHECK(0, "%s: cpu open: %s", path, spx_last_error());
+        return false;
+    }
+    if (spx_model_open(path, &pg, mg) != SPX_OK) {
+        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
+        spx_model_free(*mc);
+        *mc = NULL;
+        return false;
+    }
+    return true;
+}
+
 static void test_model(const char *path) {
     spx_model *mc = NULL, *mg = NULL;
-    spx_model_params pc = {0, "cpu", 0}, pg = {0, "cuda", 0};
-    if (spx_model_open(path, &pc, &mc) != SPX_OK) {
-        CHECK(0, "%s: cpu open: %s", path, spx_last_error());
-        return;
-    }
-    if (spx_model_open(path, &pg, &mg) != SPX_OK) {
-        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
-        spx_model_free(mc);
-        return;
-    }
+    if (!open_cpu_cuda(path, &mc, &mg)) return;
     int64_t V = spx_model_vocab_size(mc);
     spx_session_params sp = {320, SPX_KV_F16};
     spx_session *sc = NULL, *sg = NULL;
@@ -1175,20 +1184,7 @@ struct err_acc {
 
 static void test_model_q4(const char *path) {
     spx_model *mc = NULL, *mg = NULL;
-    spx_model_params pc, pg;
-    memset(&pc, 0, sizeof pc);
-    memset(&pg, 0, sizeof pg);
-    pc.backend = "cpu";
-    pg.backend = "cuda";
-    if (spx_model_open(path, &pc, &mc) != SPX_OK) {
-        CHECK(0, "%s: cpu open: %s", path, spx_last_error());
-        return;
-    }
-    if (spx_model_open(path, &pg, &mg) != SPX_OK) {
-        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
-        spx_model_free(mc);
-        return;
-    }
+    if (!open_cpu_cuda(path, &mc, &mg)) return;
     int64_t V = spx_model_vocab_size(mc);
     spx_session_params sq = {320, SPX_KV_Q4}, sh = {320, SPX_KV_F16};
     spx_session *sc = NULL, *sf = NULL, *sg = NULL;
