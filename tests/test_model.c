@@ -217,6 +217,57 @@ static void test_docllama(void) {
     spx_model_free(m);
 }
 
+/* The one-token steps of the API on the CPU backend: step_sample draws
+ * exactly what eval + spx_sample draws from the same RNG state, and its
+ * greedy parameters (top-k 1, temperature 0) give step_greedy's tokens
+ * without touching the RNG. */
+static void test_steps(void) {
+    spx_model *m = open_model(tl_shared("models/stories260K"));
+    if (!m) return;
+    spx_session *a = NULL, *b = NULL;
+    spx_session_params sp = {64, SPX_KV_F16};
+    CHECK(spx_session_new(m, &sp, &a) == SPX_OK && spx_session_new(m, &sp, &b) == SPX_OK, "sessions: %s",
+          spx_model_error(m));
+    if (a && b) {
+        const int64_t V = spx_model_vocab_size(m);
+        float *lg = malloc((size_t)V * sizeof *lg);
+        const int32_t prompt[3] = {1, 403, 407};
+        const spx_sampler_params smp = {0.9f, 20, 0.95f, 0};
+        uint64_t ra = 99, rb = 99;
+        int32_t ia = 0, ib = 0, diff = 0;
+        CHECK(spx_session_eval(a, prompt, 3, lg, 0) == SPX_OK && spx_session_eval(b, prompt, 3, lg, 0) == SPX_OK, "eval");
+        ia = ib = spx_sample(lg, V, &smp, &rb);
+        ra = rb;
+        for (int i = 0; i < 16; i++) {
+            CHECK(spx_session_step_sample(a, ia, &smp, &ra, &ia) == SPX_OK, "step_sample: %s", spx_session_error(a));
+            CHECK(spx_session_eval(b, &ib, 1, lg, 0) == SPX_OK, "eval: %s", spx_session_error(b));
+            ib = spx_sample(lg, V, &smp, &rb);
+            diff += ia != ib;
+        }
+        CHECK(diff == 0 && ra == rb, "step_sample vs eval + spx_sample: %d of 16 tokens differ, RNG %s", diff,
+              ra == rb ? "same" : "differs");
+        spx_session_reset(a);
+        spx_session_reset(b);
+        CHECK(spx_session_eval(a, prompt, 3, NULL, 0) == SPX_OK && spx_session_eval(b, prompt, 3, NULL, 0) == SPX_OK, "eval");
+        const spx_sampler_params g[2] = {{0.9f, 1, 0.95f, 0}, {0.0f, 20, 0.95f, 0}};
+        uint64_t rg = 5;
+        ia = ib = 407;
+        diff = 0;
+        for (int i = 0; i < 12; i++) {
+            CHECK(spx_session_step_sample(a, ia, &g[i & 1], &rg, &ia) == SPX_OK, "step_sample: %s", spx_session_error(a));
+            CHECK(spx_session_step_greedy(b, ib, &ib) == SPX_OK, "step_greedy: %s", spx_session_error(b));
+            diff += ia != ib;
+        }
+        CHECK(diff == 0 && rg == 5, "greedy step_sample: %d of 12 tokens differ from step_greedy, RNG %llu", diff,
+              (unsigned long long)rg);
+        CHECK(spx_session_step_sample(a, (int32_t)V, &smp, &ra, &ia) == SPX_ERR_RANGE, "an id past the vocabulary");
+        free(lg);
+    }
+    spx_session_free(a);
+    spx_session_free(b);
+    spx_model_free(m);
+}
+
 int main(void) {
     test_tiny("tiny-llama3");
     test_tiny("tiny-qwen2");
@@ -224,5 +275,6 @@ int main(void) {
     test_tiny("tiny-mistral");
     test_stories();
     test_docllama();
+    test_steps();
     return tl_finish("test_model");
 }

@@ -203,6 +203,22 @@ static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
+/* The context the sessions are planned for (the plan's, else min(model
+ * maximum, SPX_PLAN_DEFAULT_CTX)), and what a session of T tokens takes
+ * on the device beside the weights (KV cache of the planned type, scratch). */
+static int64_t planned_ctx(const spx_model *m) {
+    const spx_config *c = &m->cfg;
+    if (m->plan_n_ctx > 0) return m->plan_n_ctx;
+    return c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
+}
+
+static uint64_t session_bytes(const spx_model *m, int64_t T) {
+    const spx_config *c = &m->cfg;
+    const spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
+    return (uint64_t)spx_kv_bytes_per_token(kv, c->n_layers, c->n_kv_heads * c->head_dim) * (uint64_t)T +
+           spx_plan_cuda_scratch_bytes(m, T);
+}
+
 /* Sets cm->n_resident from SPECTRA_CUDA_RESIDENT_LAYERS, the model params,
  * or engine/plan.h's memory model with the real image sizes: every layer if
  * weights + KV(T) + scratch(T) fit the budget, else the first layers that
@@ -243,11 +259,8 @@ static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob
         budget = free_b > SPX_PLAN_VRAM_MARGIN ? free_b - SPX_PLAN_VRAM_MARGIN : 0;
         snprintf(src, sizeof src, "%.0f MiB free - %.0f MiB margin", mib(free_b), mib(SPX_PLAN_VRAM_MARGIN));
     }
-    int64_t T = m->plan_n_ctx;
-    if (T <= 0) T = c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
-    spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
-    uint64_t ctx = (uint64_t)spx_kv_bytes_per_token(kv, L, c->n_kv_heads * c->head_dim) * (uint64_t)T +
-                   spx_plan_cuda_scratch_bytes(m, T);
+    const int64_t T = planned_ctx(m);
+    uint64_t ctx = session_bytes(m, T);
     if (all + ctx <= budget) {
         cm->n_resident = L;
         return SPX_OK;
@@ -296,11 +309,7 @@ static spx_status make_tiled(const spx_model *m, cu_model *cm, spx_err *e) {
     if (!tot) return SPX_OK;
     size_t free_b = 0, total_b = 0;
     SPX_CUDA_TRY(e, cudaMemGetInfo(&free_b, &total_b));
-    int64_t T = m->plan_n_ctx;
-    if (T <= 0) T = c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
-    spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
-    const uint64_t ctx = (uint64_t)spx_kv_bytes_per_token(kv, L, c->n_kv_heads * c->head_dim) * (uint64_t)T +
-                         spx_plan_cuda_scratch_bytes(m, T);
+    const uint64_t ctx = session_bytes(m, planned_ctx(m));
     const uint64_t avail = free_b > SPX_PLAN_VRAM_MARGIN ? free_b - SPX_PLAN_VRAM_MARGIN : 0;
     const bool fits = m->vram_budget_mb > 0 ? cm->arena_bytes + tot + ctx <= ((uint64_t)m->vram_budget_mb << 20)
                                              : tot + ctx <= avail;
@@ -1012,14 +1021,13 @@ static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_
  * graph ending with spx_sample_topk: the parameters and the RNG state go
  * up with the token (pinned, 24 bytes), the next id and the advanced state
  * come back. Otherwise (top-k off or wider) the logits come to the host for
- * spx_sample; greedy parameters take step_greedy (the CPU's spx_sample
- * does not touch the RNG for them either). */
+ * spx_sample. (Greedy parameters never get here: spx_session_step_sample
+ * takes the greedy step for them.) */
 static spx_status cu_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
                                  int32_t *next, spx_err *e) {
     const cu_model *cm = (const cu_model *)s->m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
     const int64_t V = s->m->cfg.vocab_size;
-    if (!(p->temperature > 0) || p->top_k == 1) return cu_step_greedy(s, id, next, e);
     if (!spx_sample_on_device(p->temperature, p->top_k, V)) {
         SPX_TRY(cu_forward(s, &id, 1, SPX_LOGITS_LAST, e));
         *next = spx_sample(s->logits, V, p, rng);

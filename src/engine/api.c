@@ -235,20 +235,22 @@ spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n, float 
 
 const char *spx_model_backend(const spx_model *m) { return m->be->name; }
 
-spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next) {
-    spx_err_clear(&s->err);
+/* What a one-token step needs: room in the context and an id in the vocabulary. */
+static spx_status step_check(spx_session *s, int32_t id) {
     if (s->pos >= s->n_ctx)
         return spx_fail(&s->err, SPX_ERR_RANGE, "context full: %lld tokens", (long long)s->n_ctx);
     if (id < 0 || id >= s->m->cfg.vocab_size)
         return spx_fail(&s->err, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", id,
                         (long long)s->m->cfg.vocab_size);
+    return SPX_OK;
+}
+
+spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next) {
+    spx_err_clear(&s->err);
+    SPX_TRY(step_check(s, id));
     if (s->m->be->step_greedy) return s->m->be->step_greedy(s, id, next, &s->err);
     SPX_TRY(spx_session_forward(s, &id, 1, SPX_LOGITS_LAST, &s->err));
-    const float *l = s->logits;
-    int64_t V = s->m->cfg.vocab_size, b = 0;
-    for (int64_t i = 1; i < V; i++)
-        if (l[i] > l[b]) b = i;
-    *next = (int32_t)b;
+    *next = spx_sample(s->logits, s->m->cfg.vocab_size, NULL, NULL); /* no parameters: the first maximum */
     return SPX_OK;
 }
 
@@ -256,11 +258,9 @@ spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler
                                    int32_t *next) {
     spx_err_clear(&s->err);
     if (!p || !rng) return spx_fail(&s->err, SPX_ERR_ARG, "step_sample: no sampler parameters or RNG state");
-    if (s->pos >= s->n_ctx)
-        return spx_fail(&s->err, SPX_ERR_RANGE, "context full: %lld tokens", (long long)s->n_ctx);
-    if (id < 0 || id >= s->m->cfg.vocab_size)
-        return spx_fail(&s->err, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", id,
-                        (long long)s->m->cfg.vocab_size);
+    /* parameters that make spx_sample an argmax (it leaves the RNG alone then): the greedy step */
+    if (!(p->temperature > 0) || p->top_k == 1) return spx_session_step_greedy(s, id, next);
+    SPX_TRY(step_check(s, id));
     if (s->m->be->step_sample) return s->m->be->step_sample(s, id, p, rng, next, &s->err);
     SPX_TRY(spx_session_forward(s, &id, 1, SPX_LOGITS_LAST, &s->err));
     *next = spx_sample(s->logits, s->m->cfg.vocab_size, p, rng);

@@ -58,8 +58,9 @@ typedef struct spx_backend {
     int32_t max_batch;
     int32_t device;
     /* Optional: feed one token and return the next one drawn with p and
-     * *rng as spx_sample would (the RNG state advances); NULL: forward +
-     * spx_sample on the host. */
+     * *rng as spx_sample would (the RNG state advances); p is never greedy
+     * (temperature > 0, top_k != 1: the API takes step_greedy for those).
+     * NULL: forward + spx_sample on the host. */
     spx_status (*step_sample)(struct spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
                               int32_t *next, spx_err *e);
 } spx_backend;
