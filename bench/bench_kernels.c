@@ -57,7 +57,7 @@ static int bmat_init(bmat *m, int64_t rows, int64_t cols, int group, double out_
     for (int64_t i = 0; i < rows * ng; i++) m->scales[i] = spx_f32_to_f16(1e-3f + 9e-3f * next_unit());
     for (int64_t i = 0; i < rows * no; i++) m->ov[i] = spx_f32_to_f16(next_unit() - 0.5f);
     for (int64_t j = 0; j < no; j++) m->oi[j] = (int32_t)(j * (cols / no) + (cols / no) / 2);
-    m->q = (spx_qtensor){rows, cols, 4, group, no, m->codes, m->scales, m->zeros, m->oi, m->ov};
+    m->q = (spx_qtensor){rows, cols, 4, group, no, m->codes, m->scales, m->zeros, m->oi, m->ov, SPX_Q_ROWS};
     m->bytes = (size_t)(rows * crb + rows * zrb + rows * ng * 2 + rows * no * 2 + no * 4);
     return 1;
 }

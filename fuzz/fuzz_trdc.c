@@ -108,7 +108,7 @@ static void *rnd_buf(size_t n) {
 
 static int add_quant(spx_trdc_writer *w, const char *name, int64_t rows, int64_t cols, int bits,
                      int group, int64_t n_out, spx_err *e) {
-    spx_qtensor q = {rows, cols, bits, group, n_out, NULL, NULL, NULL, NULL, NULL};
+    spx_qtensor q = {rows, cols, bits, group, n_out, NULL, NULL, NULL, NULL, NULL, SPX_Q_ROWS};
     uint8_t *codes = rnd_buf((size_t)(rows * spx_q_codes_row_bytes(cols, bits)));
     uint16_t *scales = rnd_buf((size_t)(rows * spx_q_groups(cols, group) * 2));
     uint8_t *zeros = rnd_buf((size_t)(rows * spx_q_zeros_row_bytes(cols, group)));

@@ -58,7 +58,7 @@ static qt_owned make_quant(int64_t rows, int64_t cols, int bits, int group, int6
         }
         o.oval = rand_bytes((size_t)(rows * n_out * 2));
     }
-    o.q = (spx_qtensor){rows, cols, bits, group, n_out, o.codes, o.scales, o.zeros, o.oidx, o.oval};
+    o.q = (spx_qtensor){rows, cols, bits, group, n_out, o.codes, o.scales, o.zeros, o.oidx, o.oval, SPX_Q_ROWS};
     return o;
 }
 

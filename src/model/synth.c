@@ -151,7 +151,7 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, doub
         for (int64_t k = 0; k < rows * ng; k++) scales[k] = spx_f32_to_f16(0.0043f * (0.75f + 0.5f * (float)(rnd(&rng) >> 40) / 16777216.0f));
         for (int64_t k = 0; k < n_out; k++) oi[k] = (int32_t)((k * cols) / n_out + (int64_t)(rnd(&rng) % (uint64_t)(cols / n_out > 1 ? cols / n_out : 1)));
         for (int64_t k = 0; k < rows * n_out; k++) ov[k] = spx_f32_to_f16(0.1f * rnd_normal(&rng));
-        spx_qtensor q = {rows, cols, 4, 32, n_out, codes, scales, zeros, n_out ? oi : NULL, n_out ? ov : NULL};
+        spx_qtensor q = {rows, cols, 4, 32, n_out, codes, scales, zeros, n_out ? oi : NULL, n_out ? ov : NULL, SPX_Q_ROWS};
         st = spx_trdc_writer_add_quant(w, t->name, &q, NAN, (double)n_out / (double)cols, e);
         free(codes); free(zeros); free(scales); free(ov); free(oi);
     }

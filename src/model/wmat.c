@@ -43,7 +43,8 @@ uint64_t spx_wmat_bytes(const spx_wmat *w) {
     if (w->kind == SPX_WM_DENSE) return (uint64_t)w->rows * (uint64_t)w->cols * spx_dtype_size(w->dtype);
     const spx_qtensor *q = &w->q;
     if (q->bits <= 0 || q->group <= 0) return 0;
-    uint64_t row = (uint64_t)spx_q_codes_row_bytes(q->cols, q->bits) + (uint64_t)spx_q_groups(q->cols, q->group) * 2 +
-                   (uint64_t)spx_q_zeros_row_bytes(q->cols, q->group);
-    return (uint64_t)q->rows * row + (uint64_t)q->n_outliers * (4 + 2 * (uint64_t)q->rows);
+    return (uint64_t)spx_q_codes_bytes(q->rows, q->cols, q->bits, q->layout) +
+           (uint64_t)spx_q_scales_bytes(q->rows, q->cols, q->group, q->layout) +
+           (uint64_t)spx_q_zeros_bytes(q->rows, q->cols, q->group, q->layout) +
+           (uint64_t)q->n_outliers * (4 + 2 * (uint64_t)q->rows);
 }

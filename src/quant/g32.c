@@ -362,31 +362,72 @@ void spx_q_dequantize_row(const uint8_t *codes, const uint16_t *scales, const ui
                       spx_f16_to_f32(scales[g]), out + g * group);
 }
 
-static inline const uint8_t *row_codes(const spx_qtensor *q, int64_t row) {
-    return q->codes + row * spx_q_codes_row_bytes(q->cols, q->bits);
+spx_status spx_q_tile(const spx_qtensor *src, uint8_t *codes, uint16_t *scales, uint8_t *zeros,
+                      spx_qtensor *dst, spx_err *e) {
+    if (src->layout != SPX_Q_ROWS || !spx_q_tiled_ok(src->bits, src->group, src->cols) || src->rows < 1)
+        return spx_fail(e, SPX_ERR_ARG,
+                        "spx_q_tile: a [%lld, %lld] matrix of %d-bit codes in groups of %d (layout %d) cannot be "
+                        "tiled (needs 4 bits, groups of 32, cols a multiple of 128, row-major)",
+                        (long long)src->rows, (long long)src->cols, (int)src->bits, (int)src->group,
+                        (int)src->layout);
+    int64_t sr = spx_q_stored_rows(src->rows, SPX_Q_TILED), ng = spx_q_groups(src->cols, 32);
+    *dst = *src;
+    dst->codes = codes;
+    dst->scales = scales;
+    dst->zeros = zeros;
+    dst->layout = SPX_Q_TILED;
+    memset(zeros, 0, (size_t)spx_q_zeros_bytes(src->rows, src->cols, 32, SPX_Q_TILED));
+    for (int64_t r = 0; r < sr; r++)
+        for (int64_t g = 0; g < ng; g++) {
+            /* the accessors name each slot; dst's arrays are the caller's (writable) */
+            uint8_t *gc = (uint8_t *)spx_q_group_codes(dst, r, g);
+            int64_t slot = spx_q__tiled_slot(dst, r, g);
+            if (r < src->rows) {
+                memcpy(gc, spx_q_group_codes(src, r, g), 16);
+                scales[2 * slot + ((r >> 3) & 1)] = spx_q_group_scale(src, r, g);
+                zeros[slot] |= (uint8_t)(spx_q_group_zero(src, r, g) << ((r & 8) >> 1));
+            } else {
+                memset(gc, 0, 16);
+                scales[2 * slot + ((r >> 3) & 1)] = 0;
+            }
+        }
+    return SPX_OK;
 }
-static inline const uint8_t *row_zeros(const spx_qtensor *q, int64_t row) {
-    return q->zeros + row * spx_q_zeros_row_bytes(q->cols, q->group);
-}
-static inline const uint16_t *row_scales(const spx_qtensor *q, int64_t row) {
-    return q->scales + row * spx_q_groups(q->cols, q->group);
+
+spx_status spx_q_tile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e) {
+    *mem = NULL;
+    if (src->layout != SPX_Q_ROWS || !spx_q_tiled_ok(src->bits, src->group, src->cols) || src->rows < 1)
+        return spx_q_tile(src, NULL, NULL, NULL, dst, e); /* its message */
+    size_t cb = (size_t)spx_q_codes_bytes(src->rows, src->cols, 4, SPX_Q_TILED);
+    size_t sb = (size_t)spx_q_scales_bytes(src->rows, src->cols, 32, SPX_Q_TILED);
+    size_t zb = (size_t)spx_q_zeros_bytes(src->rows, src->cols, 32, SPX_Q_TILED);
+    uint8_t *m = malloc(cb + sb + zb);
+    if (!m)
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory tiling a [%lld, %lld] matrix (%zu bytes)",
+                        (long long)src->rows, (long long)src->cols, cb + sb + zb);
+    spx_status st = spx_q_tile(src, m, (uint16_t *)(m + cb), m + cb + sb, dst, e);
+    if (st != SPX_OK) {
+        free(m);
+        return st;
+    }
+    *mem = m;
+    return SPX_OK;
 }
 
 void spx_q_dequant_row_f32(const spx_qtensor *q, int64_t row, float *out) {
-    spx_q_dequantize_row(row_codes(q, row), row_scales(q, row), row_zeros(q, row), q->cols,
-                         q->bits, q->group, out);
+    for (int64_t g = 0; g < q->cols / q->group; g++)
+        dequant_group(spx_q_group_codes(q, row, g), q->bits, q->group, spx_q_group_zero(q, row, g),
+                      spx_f16_to_f32(spx_q_group_scale(q, row, g)), out + g * q->group);
     const uint16_t *ov = q->outlier_val + row * q->n_outliers;
     for (int64_t j = 0; j < q->n_outliers; j++) out[q->outlier_idx[j]] += spx_f16_to_f32(ov[j]);
 }
 
 float spx_q_dot_row(const spx_qtensor *q, int64_t row, const float *x) {
-    const uint8_t *codes = row_codes(q, row), *zeros = row_zeros(q, row);
-    const uint16_t *scales = row_scales(q, row);
     int group = q->group, bits = q->bits, B = group / spx_q_codes_per_byte(bits);
     double acc = 0;
     for (int64_t g = 0; g < q->cols / group; g++) {
-        float z = (float)spx_q_zero_get(zeros, g), a = 0;
-        const uint8_t *gc = codes + g * B;
+        float z = (float)spx_q_group_zero(q, row, g), a = 0;
+        const uint8_t *gc = spx_q_group_codes(q, row, g);
         const float *xg = x + g * group;
         if (bits > 2) {
             for (int k = 0; k < B; k++)
@@ -395,7 +436,7 @@ float spx_q_dot_row(const spx_qtensor *q, int64_t row, const float *x) {
             for (int k = 0; k < B; k++)
                 for (int j = 0; j < 4; j++) a += ((float)((gc[k] >> (2 * j)) & 3) - z) * xg[k + j * B];
         }
-        acc += (double)spx_f16_to_f32(scales[g]) * a;
+        acc += (double)spx_f16_to_f32(spx_q_group_scale(q, row, g)) * a;
     }
     const uint16_t *ov = q->outlier_val + row * q->n_outliers;
     for (int64_t j = 0; j < q->n_outliers; j++)
@@ -454,7 +495,7 @@ spx_status spx_qbuf_init(spx_qbuf *b, int64_t rows, int64_t cols, int bits, int 
         b->is_outlier[outlier_idx[j]] = 1;
     }
     b->q = (spx_qtensor){rows,      cols,     bits,          group,          n_outliers,
-                         b->codes,  b->scales, b->zeros,     b->outlier_idx, b->outlier_val};
+                         b->codes,  b->scales, b->zeros,     b->outlier_idx, b->outlier_val, SPX_Q_ROWS};
     return SPX_OK;
 }
 

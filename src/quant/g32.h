@@ -110,6 +110,17 @@ static inline int spx_q_zero_get(const uint8_t *zeros_row, int64_t g) {
 /* Unpacks the group's codes: q[group] from group / cpb bytes. */
 void spx_q_unpack_group(const uint8_t *gcodes, int bits, int group, uint8_t *q);
 
+/* Repacks src (SPX_Q_ROWS, spx_q_tiled_ok) into the SPX_Q_TILED arrays
+ * codes[spx_q_codes_bytes], scales[.. / 2], zeros[..] (the caller's;
+ * padding rows are written as zeros) and fills *dst: src's fields with
+ * the new arrays and layout SPX_Q_TILED (outliers shared with src).
+ * SPX_ERR_ARG if src cannot be tiled. */
+spx_status spx_q_tile(const spx_qtensor *src, uint8_t *codes, uint16_t *scales, uint8_t *zeros,
+                      spx_qtensor *dst, spx_err *e);
+/* The same with the arrays allocated in one block (*mem, for free());
+ * SPX_ERR_NOMEM on failure. */
+spx_status spx_q_tile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e);
+
 /* Dense dequantization of one row from raw arrays (outlier slots give 0):
  * out[cols] = (q - z) * s. */
 void spx_q_dequantize_row(const uint8_t *codes, const uint16_t *scales, const uint8_t *zeros,

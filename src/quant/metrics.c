@@ -31,7 +31,6 @@ void spx_qmetrics_add_row(spx_qmetrics *m, const spx_qtensor *q, int64_t row, co
                           float *scratch) {
     spx_q_dequant_row_f32(q, row, scratch);
     spx_qmetrics_add_dense(m, w, scratch, q->cols);
-    const uint16_t *scales = q->scales + row * spx_q_groups(q->cols, q->group);
     int64_t j = 0; /* next outlier index position (sorted) */
     for (int64_t g = 0; g < q->cols / q->group; g++) {
         int64_t c0 = g * q->group, c1 = c0 + q->group;
@@ -51,8 +50,9 @@ void spx_qmetrics_add_row(spx_qmetrics *m, const spx_qtensor *q, int64_t row, co
         m->n_groups++;
         if (!any || !(wmin <= 0 && wmax >= 0)) continue;
         m->n_groups_span++;
-        double s = spx_f16_to_f32(scales[g]);
-        double bound = 0.5 + spx_q_prop2_slack(q->bits, spx_q_scale32(wmin, wmax, q->bits), scales[g]);
+        uint16_t sh = spx_q_group_scale(q, row, g);
+        double s = spx_f16_to_f32(sh);
+        double bound = 0.5 + spx_q_prop2_slack(q->bits, spx_q_scale32(wmin, wmax, q->bits), sh);
         int64_t jj = j0;
         for (int64_t c = c0; c < c1; c++) {
             if (jj < q->n_outliers && q->outlier_idx[jj] == c) {
