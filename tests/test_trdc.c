@@ -16,6 +16,7 @@
 
 #include "core/util.h"
 #include "format/trdc.h"
+#include "quant/g32.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -469,8 +470,8 @@ static void test_corrupt(void) {
     case_bytes("bad magic", 0, "TRDC4B02", 8, SPX_ERR_FORMAT, "bad magic");
     case_bytes("binary magic", 0, "\x89PNG\r\n\x1a\n", 8, SPX_ERR_FORMAT, "bad magic");
     memcpy(b, g_img, g_len);
-    set_u64(b, 8, 2);
-    expect_fail("unknown version 2", b, g_len, SPX_ERR_UNSUPPORTED, "version 2 is not supported");
+    set_u64(b, 8, 3);
+    expect_fail("unknown version 3", b, g_len, SPX_ERR_UNSUPPORTED, "version 3 is not supported");
     set_u64(b, 8, 0);
     expect_fail("version 0", b, g_len, SPX_ERR_UNSUPPORTED, "version 0 is not supported");
     set_u64(b, 8, 1);
@@ -853,11 +854,116 @@ static void test_writer_failures(void) {
     }
 }
 
+/* ======================================================================
+ * 5. Layouts (version 2): a tiled matrix round-trips with its layout, the
+ *    file is version 2 only when one is tiled, and bad layouts are refused
+ * ====================================================================== */
+
+static void test_layouts(void) {
+    const char *path = tmp_path("layout.trdc");
+    spx_err e = {0};
+    /* rows not a multiple of 16, outliers: sizes of the padded tiles */
+    qt_owned q = make_quant(20, 256, 4, 32, 3);
+    qt_owned r = make_quant(8, 96, 4, 32, 0); /* stays row-major (96 % 128) */
+    spx_qtensor tq;
+    void *mem = NULL;
+    CHECK(spx_q_tile_alloc(&q.q, &tq, &mem, &e) == SPX_OK, "tile: %s", e.msg);
+    spx_trdc_writer *w = NULL;
+    CHECK(spx_trdc_writer_open(path, &w, &e) == SPX_OK, "%s", e.msg);
+    CHECK(spx_trdc_writer_add_quant(w, "t", &tq, 1.0, 0.01, &e) == SPX_OK, "add tiled: %s", e.msg);
+    CHECK(spx_trdc_writer_add_quant(w, "r", &r.q, 1.0, 0.0, &e) == SPX_OK, "add rows: %s", e.msg);
+    /* a tiled tensor the layout cannot hold is refused by the writer (which
+     * then removes its file) */
+    spx_trdc_writer *w2 = NULL;
+    CHECK(spx_trdc_writer_open(tmp_path("layout-bad.trdc"), &w2, &e) == SPX_OK, "%s", e.msg);
+    spx_qtensor bad = r.q;
+    bad.layout = SPX_Q_TILED;
+    CHECK(spx_trdc_writer_add_quant(w2, "bad", &bad, 1.0, 0.0, &e) == SPX_ERR_ARG && strstr(e.msg, "tile16x128"),
+          "tiled [8, 96] accepted by the writer: %s", e.msg);
+    spx_trdc_writer_abort(w2);
+    CHECK(spx_trdc_writer_finish(w, "{\"model_type\":\"llama\"}", NULL, NULL, k_quant, NULL, &e) == SPX_OK, "%s", e.msg);
+    spx_trdc *f = NULL;
+    CHECK(spx_trdc_open(path, &f, &e) == SPX_OK, "open: %s", e.msg);
+    if (f) {
+        CHECK(spx_trdc_version(f) == 2, "a file with a tiled matrix is version %llu, expected 2",
+              (unsigned long long)spx_trdc_version(f));
+        const spx_trdc_tensor *t = spx_trdc_find(f, "t"), *t2 = spx_trdc_find(f, "r");
+        CHECK(t && t->q.layout == SPX_Q_TILED && t2 && t2->q.layout == SPX_Q_ROWS, "layouts read back");
+        if (t) {
+            CHECK(t->comp[SPX_TRDC_C_CODES].size == 32 * 128 && t->comp[SPX_TRDC_C_SCALES].size == 32 * 8 * 2 &&
+                      t->comp[SPX_TRDC_C_ZEROS].size == 32 * 4,
+                  "tiled sizes (32 stored rows): codes %llu scales %llu zeros %llu",
+                  (unsigned long long)t->comp[SPX_TRDC_C_CODES].size, (unsigned long long)t->comp[SPX_TRDC_C_SCALES].size,
+                  (unsigned long long)t->comp[SPX_TRDC_C_ZEROS].size);
+            CHECK(memcmp(t->q.codes, tq.codes, 32 * 128) == 0 && memcmp(t->q.scales, tq.scales, 32 * 8 * 2) == 0 &&
+                      memcmp(t->q.zeros, tq.zeros, 32 * 4) == 0,
+                  "tiled bytes as written");
+            int same = 1;
+            for (int64_t rr = 0; rr < 20; rr++)
+                for (int64_t g = 0; g < 8; g++)
+                    same &= memcmp(spx_q_group_codes(&t->q, rr, g), spx_q_group_codes(&q.q, rr, g), 16) == 0 &&
+                            spx_q_group_scale(&t->q, rr, g) == spx_q_group_scale(&q.q, rr, g) &&
+                            spx_q_group_zero(&t->q, rr, g) == spx_q_group_zero(&q.q, rr, g);
+            CHECK(same, "every group of the mapped tiled matrix equals the row-major original");
+        }
+        spx_trdc_close(f);
+    }
+    free(mem);
+    free_quant(&q);
+    free_quant(&r);
+
+    /* the base file (version 1, row-major): its quant tensor reads as rows */
+    case_text("layout in a version 1 file", "\"bits\":4", "\"layout\":\"rows\",\"bits\":4", SPX_ERR_FORMAT,
+              "'layout' appears in a version 1 file");
+    uint8_t *b = malloc(g_len);
+    memcpy(b, g_img, g_len);
+    set_u64(b, 8, 2); /* the same manifest under version 2 needs version 2 there too */
+    expect_fail("header 2, manifest 1", b, g_len, SPX_ERR_FORMAT, "expected 2");
+    free(b);
+}
+
+/* The base file relabelled version 2 (header and manifest), with the
+ * manifest text edited: layout errors. */
+static void case_v2(const char *what, const char *from, const char *to, const char *want) {
+    char *p = strstr(g_man, "\"version\":1");
+    CHECK(p != NULL, "manifest version key");
+    if (!p) return;
+    p[10] = '2';
+    char *saved = g_man;
+    char *q = strstr(g_man, from);
+    size_t len = 0;
+    if (q) {
+        size_t a = (size_t)(q - g_man), fl = strlen(from), tl = strlen(to), ml = strlen(g_man);
+        char *m = malloc(ml - fl + tl + 1);
+        memcpy(m, g_man, a);
+        memcpy(m + a, to, tl);
+        memcpy(m + a + tl, q + fl, ml - a - fl + 1);
+        uint8_t *img = with_manifest(m, strlen(m), &len);
+        set_u64(img, 8, 2);
+        expect_fail(what, img, len, SPX_ERR_FORMAT, want);
+        free(img);
+        free(m);
+    } else {
+        CHECK(0, "[%s] pattern '%s' not in the manifest", what, from);
+    }
+    p[10] = '1';
+    g_man = saved;
+}
+
+static void test_layout_errors(void) {
+    /* the base "w" is [4, 64]: 64 % 128 != 0, so it cannot be tiled */
+    case_v2("layout of a 64-wide matrix", "\"bits\":4", "\"layout\":\"tile16x128\",\"bits\":4", "needs bits 4, group 32");
+    case_v2("unknown layout", "\"bits\":4", "\"layout\":\"cols\",\"bits\":4", "expected \"rows\" or \"tile16x128\"");
+    case_v2("layout not a string", "\"bits\":4", "\"layout\":7,\"bits\":4", "'layout' is 7");
+}
+
 int main(void) {
     test_roundtrip();
     test_corrupt();
     test_crc();
     test_writer_failures();
+    test_layouts();
+    test_layout_errors();
     free(g_img);
     free(g_man);
     return tl_finish("test_trdc");

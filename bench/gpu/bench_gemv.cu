@@ -18,6 +18,9 @@
  * Prints a table (or one JSON line per row); --ncu: one plain launch per
  * case, for ncu. */
 #include "cuda/gemv_q4.cuh"
+extern "C" {
+#include "quant/g32.h"
+}
 
 #include <algorithm>
 #include <stdio.h>
@@ -88,6 +91,53 @@ static spx_dqmat make_mat(int64_t rows, int64_t cols, int n_out, uint64_t seed, 
     d.oval = n_out ? ov : NULL;
     *bytes = cb + sb + zb + ob + ib;
     return d;
+}
+
+/* The same matrix tiled as the .trdc stores it (spx_q_tile on the host,
+ * the writer's function); outliers shared with d. */
+static spx_dqmat tile_mat(const spx_dqmat &d) {
+    const size_t cb = (size_t)d.rows * d.cols / 2, sb = (size_t)d.rows * d.n_groups * 2, zb = (size_t)d.rows * d.zrow;
+    std::vector<uint8_t> c(cb), z(zb);
+    std::vector<uint16_t> sc(sb / 2);
+    CK(cudaMemcpy(c.data(), d.codes, cb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sc.data(), d.scales, sb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(z.data(), d.zeros, zb, cudaMemcpyDeviceToHost));
+    spx_qtensor q;
+    memset(&q, 0, sizeof q);
+    q.rows = d.rows;
+    q.cols = d.cols;
+    q.bits = 4;
+    q.group = 32;
+    q.codes = c.data();
+    q.scales = sc.data();
+    q.zeros = z.data();
+    q.layout = SPX_Q_ROWS;
+    spx_qtensor tq;
+    void *mem;
+    spx_err e;
+    spx_err_clear(&e);
+    if (spx_q_tile_alloc(&q, &tq, &mem, &e) != SPX_OK) {
+        fprintf(stderr, "tile: %s\n", e.msg);
+        exit(1);
+    }
+    spx_dqmat t = d;
+    t.tiled = 1;
+    const size_t tcb = (size_t)spx_q_codes_bytes(d.rows, d.cols, 4, SPX_Q_TILED),
+                 tsb = (size_t)spx_q_scales_bytes(d.rows, d.cols, 32, SPX_Q_TILED),
+                 tzb = (size_t)spx_q_zeros_bytes(d.rows, d.cols, 32, SPX_Q_TILED);
+    uint8_t *dc, *dz;
+    __half *ds;
+    CK(cudaMalloc(&dc, tcb));
+    CK(cudaMalloc(&ds, tsb));
+    CK(cudaMalloc(&dz, tzb));
+    CK(cudaMemcpy(dc, tq.codes, tcb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, tq.scales, tsb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dz, tq.zeros, tzb, cudaMemcpyHostToDevice));
+    free(mem);
+    t.codes = dc;
+    t.scales = ds;
+    t.zeros = dz;
+    return t;
 }
 
 static void free_mat(spx_dqmat &d) {
@@ -218,7 +268,7 @@ int main(int argc, char **argv) {
     if (!json) printf("%-30s %4s %9s %9s %9s %8s\n", "gemv", "impl", "MB", "us", "GB/s", "of copy");
     float *x, *y;
     CK(cudaMalloc(&x, 14336 * 4));
-    CK(cudaMalloc(&y, 128256 * 4 * 2));
+    CK(cudaMalloc(&y, 128256 * 4 * 4));
     fill_scales<<<64, 256>>>((__half *)x, 14336 * 2, 3); /* any finite values */
     unsigned long long *best;
     CK(cudaMalloc(&best, 8));
@@ -278,57 +328,76 @@ int main(int argc, char **argv) {
         else
             printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%\n", c.name, impl, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs);
         }
-        /* the tiled layout (gemv_q4.cuh), made on the device from each set as
-         * the backend does at load, for one-matrix and SwiGLU launches: each
-         * tiled variant, checked against the row-major impl 0 on set 0 */
-        if (!ncu && (n_mats == 1 || c.mode == SPX_GEMV_SWIGLU) && c.cols % 128 == 0) {
-            std::vector<uint8_t *> bufs;
+        /* the tiled layout (the .trdc's, qtensor.h) of the same matrices: each
+         * tiled variant, plain launches and with programmatic dependent launch
+         * (as the decode graph runs them); gate+up as the backend runs it on
+         * tiled matrices (two-matrix STORE), and the down projection with the
+         * silu(gate) * up input. Checked against the row-major impl 0 on set 0
+         * where the modes agree. */
+        if (!ncu && c.cols % 128 == 0) {
+            std::vector<std::vector<spx_dqmat>> tsets;
             for (auto &s : sets) {
-                uint8_t *b;
-                CK(cudaMalloc(&b, spx_gemv_tiled_bytes(n_mats == 2 ? 2 * rows[0] : rows[0], c.cols)));
-                CK(spx_gemv_tiled_make(s[0], n_mats == 2 ? &s[1] : NULL, b, st));
-                bufs.push_back(b);
+                std::vector<spx_dqmat> t;
+                for (auto &m : s) t.push_back(tile_mat(m));
+                tsets.push_back(t);
             }
-            auto args = [&](const std::vector<spx_dqmat> &s, float *out) {
+            const int tmode = c.mode == SPX_GEMV_SWIGLU || c.mode == -1 ? SPX_GEMV_STORE : c.mode;
+            const bool x2 = c.cols == 14336; /* the down projection: also with x2 */
+            auto args = [&](const std::vector<spx_dqmat> &s, float *out, int mode, bool with_x2) {
                 spx_gemv_args ga;
                 memset(&ga, 0, sizeof ga);
-                for (int kk = 0; kk < n_mats; kk++) ga.w[kk] = s[kk];
-                ga.o[0].y = out;
+                for (int kk = 0; kk < n_mats; kk++) {
+                    ga.w[kk] = s[kk];
+                    ga.o[kk].y = out + (kk == 2 ? 4096 + 1024 : kk * rows[0]);
+                }
                 ga.n_mats = n_mats;
-                ga.mode = c.mode;
+                ga.mode = mode;
                 ga.x = x;
+                ga.x2 = with_x2 ? x : NULL;
                 ga.best = best;
                 return ga;
             };
-            for (int v = 0; v < 2; v++) {
+            for (int run = 0; run < (x2 ? 6 : 4); run++) {
+                const int v = run & 1;
+                const bool pdl = (run >> 1) & 1, wx2 = run >= 4;
                 spx_gemv_q4_force_tiled_variant(v);
-                spx_gemv_args rm = args(sets[0], y);
-                rm.w[0].tcodes = NULL; /* the row-major kernel on the same matrix */
-                CK(spx_gemv_q4(rm, n_sm, st));
-                CK(spx_gemv_q4(args(sets[0], y + c.rows), n_sm, st));
-                CK(cudaStreamSynchronize(st));
-                std::vector<float> y0((size_t)c.rows), y1((size_t)c.rows);
-                CK(cudaMemcpy(y0.data(), y, y0.size() * 4, cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(y1.data(), y + c.rows, y1.size() * 4, cudaMemcpyDeviceToHost));
-                double md = 0, mx = 0;
-                for (size_t i = 0; i < y0.size(); i++) {
-                    md = fmax(md, fabs((double)y0[i] - y1[i]));
-                    mx = fmax(mx, fabs((double)y0[i]));
+                double md = NAN, mx = NAN;
+                if (c.mode != SPX_GEMV_SWIGLU) {
+                    CK(spx_gemv_q4(args(sets[0], y, tmode, wx2), n_sm, st));
+                    CK(spx_gemv_q4(args(tsets[0], y + 2 * 128256, tmode, wx2), n_sm, st));
+                    CK(cudaStreamSynchronize(st));
+                    const size_t ny = (size_t)rows[0] + (n_mats == 3 ? 2048 : 0);
+                    std::vector<float> y0(ny), y1(ny);
+                    CK(cudaMemcpy(y0.data(), y, ny * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(y1.data(), y + 2 * 128256, ny * 4, cudaMemcpyDeviceToHost));
+                    md = 0, mx = 0;
+                    for (size_t i = 0; i < ny; i++) {
+                        md = fmax(md, fabs((double)y0[i] - y1[i]));
+                        mx = fmax(mx, fabs((double)y0[i]));
+                    }
                 }
                 const double tm = time_launches(st, e0, e1, [&](int i) {
-                    CK(spx_gemv_q4(args(sets[i % sets.size()], y), n_sm, st));
+                    CK(spx_gemv_q4(args(tsets[i % tsets.size()], y, tmode, wx2), n_sm, st, pdl));
                 });
                 const double gbs = (double)per / tm / 1e9;
+                char nm[160];
+                snprintf(nm, sizeof nm, "%s, tiled %d blocks/SM%s%s", c.name, 2 + v, pdl ? ", PDL" : "",
+                         wx2 ? ", x2 input" : "");
                 if (json)
-                    printf("{\"what\": \"gemv\", \"case\": \"%s, tiled %d blocks/SM\", \"impl\": %d, \"bytes\": %zu, "
-                           "\"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"max_diff_vs_rows\": %.3g, \"max_abs\": %.3g}\n",
-                           c.name, 2 + v, 100 + v, per, tm * 1e6, gbs, gbs / copy_gbs, md, mx);
+                    printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": %d, \"bytes\": %zu, \"us\": %.2f, "
+                           "\"gbps\": %.1f, \"of_copy\": %.3f, \"pdl\": %s, \"max_diff_vs_rows\": %.3g, \"max_abs\": %.3g}\n",
+                           nm, 100 + v, per, tm * 1e6, gbs, gbs / copy_gbs, pdl ? "true" : "false", md, mx);
                 else
-                    printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%  (tiled, %d blocks/SM; max |d| vs rows %.3g of %.3g)\n", c.name,
-                           100 + v, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, 2 + v, md, mx);
+                    printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%  (max |d| vs rows %.3g of %.3g)\n", nm, 100 + v,
+                           (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, md, mx);
             }
             spx_gemv_q4_force_tiled_variant(-1);
-            for (auto b : bufs) CK(cudaFree(b));
+            for (auto &t : tsets)
+                for (auto &m : t) {
+                    cudaFree((void *)m.codes);
+                    cudaFree((void *)m.scales);
+                    cudaFree((void *)m.zeros);
+                }
         }
         for (auto &s : sets)
             for (auto &m : s) free_mat(m);

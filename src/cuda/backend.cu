@@ -83,8 +83,6 @@ struct cu_model {
     spx_dqmat embed, lm_head;
     float *final_norm, *inv_freq;
     void *cublas;             /* cuBLAS handle of the prefill GEMM, or NULL (gemm_q4.cu's kernel) */
-    uint8_t *tiled;           /* the decode GEMV's tiled copies (make_tiled), or NULL */
-    size_t tiled_bytes;
     /* ping-pong offload: layers [n_resident, n_layers) stream; their cu_layer
      * pointers point into host (the image of layer l starts at img_off[l]) */
     int64_t n_resident;
@@ -131,10 +129,11 @@ static spx_dqmat up_mat(uploader *u, const spx_wmat *w) {
     d.n_groups = (int)(q->cols / SPX_CUDA_GROUP);
     d.zrow = (d.n_groups + 1) / 2;
     d.n_out = (int)q->n_outliers;
+    d.tiled = q->layout == SPX_Q_TILED;
     size_t r = (size_t)q->rows;
-    d.codes = (const uint8_t *)up_take(u, q->codes, r * (size_t)(q->cols / 2));
-    d.scales = (const __half *)up_take(u, q->scales, r * (size_t)d.n_groups * 2);
-    d.zeros = (const uint8_t *)up_take(u, q->zeros, r * (size_t)d.zrow);
+    d.codes = (const uint8_t *)up_take(u, q->codes, (size_t)spx_q_codes_bytes(q->rows, q->cols, 4, q->layout));
+    d.scales = (const __half *)up_take(u, q->scales, (size_t)spx_q_scales_bytes(q->rows, q->cols, 32, q->layout));
+    d.zeros = (const uint8_t *)up_take(u, q->zeros, (size_t)spx_q_zeros_bytes(q->rows, q->cols, 32, q->layout));
     if (d.n_out > 0) {
         d.oidx = (const int32_t *)up_take(u, q->outlier_idx, (size_t)d.n_out * 4);
         d.oval = (const __half *)up_take(u, q->outlier_val, r * (size_t)d.n_out * 2);
@@ -157,6 +156,31 @@ static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *n
     if (q->cols % SPX_CUDA_GROUP || q->cols > SPX_GEMV_MAX_COLS || q->rows >= ((int64_t)1 << 31))
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: matrix '%s' is [%lld, %lld]; the cuda backend needs cols <= %d",
                         m->path, name, (long long)q->rows, (long long)q->cols, SPX_GEMV_MAX_COLS);
+    return SPX_OK;
+}
+
+/* The decode GEMV launches of layer l: q/k/v one launch and gate/up one,
+ * so each set shares a layout; tiled launches (and the down projection's
+ * silu(gate) * up input after tiled gate/up) run only on the tensor-core
+ * kernels, whose shared memory bounds the outlier count. */
+static spx_status check_launches(const spx_model *m, int64_t l, spx_err *e) {
+    const spx_layer *L = &m->layers[l];
+    const spx_qtensor *q = &L->wq.q, *k = &L->wk.q, *v = &L->wv.q, *g = &L->w_gate.q, *u = &L->w_up.q,
+                      *d = &L->w_down.q, *o = &L->wo.q;
+    if (q->layout != k->layout || q->layout != v->layout || g->layout != u->layout)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: layer %lld mixes tiled and row-major matrices in q/k/v or gate/up; the cuda backend "
+                        "needs one layout per set (recompress with spectra compress)",
+                        m->path, (long long)l);
+    const bool tq = q->layout == SPX_Q_TILED, tg = g->layout == SPX_Q_TILED;
+    if ((tq && !spx_gemv_q4_fits(q->cols, q->n_outliers + k->n_outliers + v->n_outliers)) ||
+        (o->layout == SPX_Q_TILED && !spx_gemv_q4_fits(o->cols, o->n_outliers)) ||
+        (tg && !spx_gemv_q4_fits(g->cols, g->n_outliers + u->n_outliers)) ||
+        ((tg || d->layout == SPX_Q_TILED) && !spx_gemv_q4_fits(d->cols, d->n_outliers)))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: layer %lld: a tiled matrix has more outlier columns than the decode GEMV takes at its "
+                        "width (recompress with --layout rows)",
+                        m->path, (long long)l);
     return SPX_OK;
 }
 
@@ -278,79 +302,11 @@ static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob
     return SPX_OK;
 }
 
-/* The decode GEMV's tiled copies (gemv_q4.cuh) of every layer's o and
- * down projections, its gate/up pair and the LM head, made on the device
- * from the arena's rows (the rows stay: the prefill GEMM and the embedding
- * read them). Made only when every layer is resident and the copies fit
- * beside the arena, the KV cache and scratch of the planned context (the
- * budget or the free memory minus the margin, as choose_residency).
- * Opt-in (SPECTRA_GEMV_LAYOUT=tiled): on the H200 the tiled kernel reads
- * 1.2-1.3x faster than the row-major one (lm_head 87 % of copy bandwidth)
- * and the 8B decodes 11 % faster (bench/gpu/NOTES.md), but the copies cost
- * about 0.85x the weights again and the plan does not count them. The way
- * forward is this layout in the file format (no copies). */
-static spx_status make_tiled(const spx_model *m, cu_model *cm, spx_err *e) {
-    const char *env = getenv("SPECTRA_GEMV_LAYOUT");
-    if (!env || strcmp(env, "tiled")) return SPX_OK; /* opt-in: see above */
-    const spx_config *c = &m->cfg;
-    const int64_t L = c->n_layers;
-    if (cm->n_resident < L) return SPX_OK;
-    /* the jobs: (matrix, pair partner or NULL) */
-    size_t tot = 0;
-    auto bytes = [](const spx_dqmat &w, const spx_dqmat *up) -> size_t {
-        if (!spx_gemv_tiled_ok(w) || (up && (up->rows != w.rows || up->cols != w.cols))) return 0;
-        return round256(spx_gemv_tiled_bytes(up ? 2 * w.rows : w.rows, w.cols));
-    };
-    tot += bytes(cm->lm_head, NULL);
-    for (int64_t l = 0; l < L; l++) {
-        const cu_layer *D = &cm->layers[l];
-        tot += bytes(D->wo, NULL) + bytes(D->wd, NULL) + bytes(D->wg, &D->wu);
-    }
-    if (!tot) return SPX_OK;
-    size_t free_b = 0, total_b = 0;
-    SPX_CUDA_TRY(e, cudaMemGetInfo(&free_b, &total_b));
-    const uint64_t ctx = session_bytes(m, planned_ctx(m));
-    const uint64_t avail = free_b > SPX_PLAN_VRAM_MARGIN ? free_b - SPX_PLAN_VRAM_MARGIN : 0;
-    const bool fits = m->vram_budget_mb > 0 ? cm->arena_bytes + tot + ctx <= ((uint64_t)m->vram_budget_mb << 20)
-                                             : tot + ctx <= avail;
-    if (!fits) {
-        spx_log(2, "cuda: the decode GEMV reads the .trdc rows (its tiled copies, %.1f MiB, do not fit beside the "
-                   "weights, KV cache and scratch)",
-                mib(tot));
-        return SPX_OK;
-    }
-    if (cudaMalloc((void **)&cm->tiled, tot) != cudaSuccess) {
-        cudaGetLastError();
-        cm->tiled = NULL;
-        return SPX_OK; /* an optimisation: without it the rows serve */
-    }
-    cm->tiled_bytes = tot;
-    size_t off = 0;
-    auto make = [&](spx_dqmat &w, const spx_dqmat *up) -> cudaError_t {
-        const size_t b = bytes(w, up);
-        if (!b) return cudaSuccess;
-        cudaError_t err = spx_gemv_tiled_make(w, up, cm->tiled + off, 0);
-        off += b;
-        return err;
-    };
-    SPX_CUDA_TRY(e, make(cm->lm_head, NULL));
-    for (int64_t l = 0; l < L; l++) {
-        cu_layer *D = &cm->layers[l];
-        SPX_CUDA_TRY(e, make(D->wo, NULL));
-        SPX_CUDA_TRY(e, make(D->wd, NULL));
-        SPX_CUDA_TRY(e, make(D->wg, &D->wu));
-    }
-    SPX_CUDA_TRY(e, cudaDeviceSynchronize());
-    spx_log(2, "cuda: tiled copies for the decode GEMV: %.1f MiB", mib(tot));
-    return SPX_OK;
-}
-
 static void cu_model_free(spx_model *m) {
     cu_model *cm = (cu_model *)m->be_state;
     if (!cm) return;
     cudaSetDevice(cm->dev);
     spx_gemm_cublas_destroy(cm->cublas);
-    if (cm->tiled) cudaFree(cm->tiled);
     if (cm->arena) cudaFree(cm->arena);
     if (cm->host) cudaFreeHost(cm->host);
     free(cm->img_off);
@@ -393,7 +349,13 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
             snprintf(nm, sizeof nm, "model.layers.%lld.%s.weight", (long long)l, n[i]);
             SPX_TRY(check_mat(m, w[i], nm, e));
         }
+        SPX_TRY(check_launches(m, l, e));
     }
+    if (m->lm_head.q.layout == SPX_Q_TILED && !spx_gemv_q4_fits(m->lm_head.q.cols, m->lm_head.q.n_outliers))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: lm_head.weight is tiled with %lld outlier columns, more than the decode GEMV takes at "
+                        "width %lld (recompress with --layout rows)",
+                        m->path, (long long)m->lm_head.q.n_outliers, (long long)m->lm_head.q.cols);
     const int64_t n_layers = c->n_layers;
     cm->layers = (cu_layer *)calloc((size_t)n_layers, sizeof *cm->layers);
     cm->img_off = (size_t *)calloc((size_t)n_layers, sizeof *cm->img_off);
@@ -470,7 +432,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     }
     SPX_CUDA_TRY(e, spx_gemv_q4_setup(m->max_cols));
     cm->cublas = spx_gemm_cublas_create(); /* NULL: prefill stays on gemm_q4.cu's kernel */
-    return make_tiled(m, cm, e);
+    return SPX_OK;
 }
 
 static spx_status cu_model_init(spx_model *m, spx_err *e) {
@@ -890,14 +852,20 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         }
         /* MLP block */
         if (n == 1) {
-            spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, SPX_GEMV_SWIGLU);
+            /* row-major: one fused SwiGLU launch; tiled: gate and up stored
+             * by one launch, silu(gate) * up formed by the down GEMV's input */
+            const bool tl = L->wg.tiled;
+            spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, tl ? SPX_GEMV_STORE : SPX_GEMV_SWIGLU);
             g.w[1] = L->wu;
+            g.o[1].y = tl ? cs->up : NULL;
             g.o[1].bias = L->bu;
             g.n_mats = 2;
             g.gain = L->mlp_norm;
             g.eps = eps;
             SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
-            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD), nsm, st, pdl));
+            spx_gemv_args gd = gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD);
+            gd.x2 = tl ? cs->up : NULL;
+            SPX_CUDA_TRY(e, spx_gemv_q4(gd, nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));

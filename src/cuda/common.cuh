@@ -15,26 +15,40 @@
 #define SPX_CUDA_GROUP 32 /* columns per quantization group */
 
 /* A Group-32 4-bit matrix [rows, cols] in device memory, laid out exactly
- * as qtensor.h describes (row r: codes at codes + r*cols/2, scales at
- * scales + r*n_groups, zero nibbles at zeros + r*zrow; outlier values
- * row-major [rows, n_out]). */
+ * as in the .trdc (qtensor.h), in either layout:
+ *   rows (tiled == 0): row r's codes at codes + r*cols/2, scales at
+ *       scales + r*n_groups, zero nibbles at zeros + r*zrow;
+ *   tiled (SPX_Q_TILED): 16-row tiles x 128-column items in the int8 MMA
+ *       fragments' order (qtensor.h; the decode GEMV's fast path).
+ * Outlier values are row-major [rows, n_out] in both. spx_dq_group reads
+ * one group of either layout (the GEMM, the dequantization, the gather). */
 struct spx_dqmat {
     int64_t rows, cols;
     int n_groups;             /* cols / 32 */
-    int zrow;                 /* bytes of zero points per row: (n_groups + 1) / 2 */
+    int zrow;                 /* rows layout: bytes of zero points per row, (n_groups + 1) / 2 */
     int n_out;                /* outlier columns */
-    const uint8_t *codes;     /* [rows, cols / 2] */
-    const __half *scales;     /* [rows, n_groups] */
-    const uint8_t *zeros;     /* [rows, zrow] */
+    int tiled;                /* 1: SPX_Q_TILED */
+    const uint8_t *codes;
+    const __half *scales;
+    const uint8_t *zeros;
     const int32_t *oidx;      /* [n_out] strictly increasing, or NULL */
     const __half *oval;       /* [rows, n_out], or NULL */
-    /* Optional: the same codes, scales and zeros tile-interleaved for the
-     * decode GEMV (gemv_q4.cuh, "tiled layout"), or NULL. For a SwiGLU
-     * pair they sit on the gate matrix and hold gate and up together. */
-    const uint8_t *tcodes;    /* [tiles][items][1024] */
-    const uint32_t *tscales;  /* [tiles][items][32] */
-    const uint8_t *tzeros;    /* [tiles][items][32] */
 };
+
+/* Group g of row r: its 16 code bytes, scale and zero point. */
+__device__ __forceinline__ void spx_dq_group(const spx_dqmat &w, int64_t r, int g, uint4 &c, float &s, int &z) {
+    if (w.tiled) {
+        const int64_t ti = (r >> 4) * (w.cols >> 7) + (g >> 2);
+        const int lane = (int)((r & 7) << 2) + (g & 3), hi = (int)(r >> 3) & 1;
+        c = __ldg(reinterpret_cast<const uint4 *>(w.codes + (ti << 10) + (hi << 9) + (lane << 4)));
+        s = __half2float(w.scales[(ti << 6) + 2 * lane + hi]);
+        z = (w.zeros[(ti << 5) + lane] >> (hi << 2)) & 15;
+    } else {
+        c = __ldg(reinterpret_cast<const uint4 *>(w.codes + r * (w.cols / 2) + (int64_t)g * 16));
+        s = __half2float(w.scales[r * w.n_groups + g]);
+        z = (w.zeros[r * w.zrow + (g >> 1)] >> ((g & 1) << 2)) & 15;
+    }
+}
 
 __device__ __forceinline__ float spx_warp_sum(float v) {
 #pragma unroll

@@ -15,11 +15,11 @@ __global__ void embed_q4_kernel(const __grid_constant__ spx_dqmat w, const int32
         return;
     }
     const int64_t row = id;
-    const uint8_t *codes = w.codes + row * (cols / 2);
     for (int g = threadIdx.x; g < w.n_groups; g += blockDim.x) {
-        uint4 c = __ldg(reinterpret_cast<const uint4 *>(codes + (int64_t)g * 16));
-        float s = __half2float(w.scales[row * w.n_groups + g]);
-        int z = (w.zeros[row * w.zrow + (g >> 1)] >> ((g & 1) << 2)) & 15;
+        uint4 c;
+        float s;
+        int z;
+        spx_dq_group(w, row, g, c, s, z);
         const uint32_t wd[4] = {c.x, c.y, c.z, c.w};
         float *o = out + (int64_t)g * 32;
 #pragma unroll

@@ -70,9 +70,11 @@ __global__ void dequant_rows(const spx_dqmat w, int64_t r0, int64_t n, __half *w
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t rr = i / ng, r = r0 + rr;
         const int g = (int)(i - rr * ng);
-        const uint4 c = __ldg(reinterpret_cast<const uint4 *>(w.codes + r * (w.cols / 2) + (int64_t)g * 16));
-        const float s = __half2float(w.scales[r * ng + g]);
-        const float z = (float)((w.zeros[r * w.zrow + (g >> 1)] >> ((g & 1) << 2)) & 15);
+        uint4 c;
+        float s;
+        int zi;
+        spx_dq_group(w, r, g, c, s, zi);
+        const float z = (float)zi;
         const __half2 zz = __float2half2_rn(1024.0f + z), ss = __float2half2_rn(s);
         auto deq = [&](uint32_t v) {
             const uint32_t m = (v & 0x000f000fu) | 0x64006400u;

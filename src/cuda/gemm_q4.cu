@@ -77,9 +77,9 @@ __global__ void __launch_bounds__(256) gemm_q4_kernel(const __grid_constant__ sp
     auto load_q = [&](int kt) {
         int g = 2 * kt + lgs;
         if (wrow_ok && g < ng) {
-            rc = __ldg(reinterpret_cast<const uint4 *>(w.codes + wrow * (int64_t)(cols / 2) + (int64_t)g * 16));
-            rs = __half2float(w.scales[wrow * ng + g]);
-            rz = (float)((w.zeros[wrow * w.zrow + (g >> 1)] >> ((g & 1) << 2)) & 15);
+            int z;
+            spx_dq_group(w, wrow, g, rc, rs, z);
+            rz = (float)z;
         } else {
             rc = make_uint4(0, 0, 0, 0);
             rs = 0.0f;

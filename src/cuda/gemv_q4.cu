@@ -109,6 +109,7 @@ struct gemv_kargs {
     int out_off[SPX_GEMV_MAX_MATS];  /* each matrix's first slot in the outlier input table */
     int n_out_tot;                   /* slots in that table */
     int n_out_max;                   /* most outliers of one matrix */
+    int64_t tstart[SPX_GEMV_MAX_MATS + 1]; /* tiled: first tile of each matrix; unused: INT64_MAX */
 };
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((127 + e) << 23); }
@@ -478,6 +479,10 @@ __device__ __forceinline__ uint32_t gm_digits_hi(uint32_t u0, uint32_t u1, uint3
     return __byte_perm(t01, t23, 0x7632); /* d1 = (X + 128) >> 8 */
 }
 __device__ __forceinline__ unsigned gm_absbits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+__device__ __forceinline__ float gm_silu1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float4 gm_silu_mul(float4 g, float4 u) {
+    return make_float4(gm_silu1(g.x, u.x), gm_silu1(g.y, u.y), gm_silu1(g.z, u.z), gm_silu1(g.w, u.w));
+}
 
 /* The input image (see the top), the outlier input table, and the rmsnorm
  * factor (1 without gain). Threads take (group g, word w) slots: columns
@@ -495,6 +500,11 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         if (i < nslots && g < ng) {
             lo = __ldg(x4 + g * 8 + w);
             hi = __ldg(x4 + g * 8 + 4 + w);
+            if (a.x2) { /* silu(gate) * up, as spx_cpu_silu_mul */
+                const float4 *u4 = reinterpret_cast<const float4 *>(a.x2);
+                lo = gm_silu_mul(lo, __ldg(u4 + g * 8 + w));
+                hi = gm_silu_mul(hi, __ldg(u4 + g * 8 + 4 + w));
+            }
             if (a.gain) {
                 ss += (double)lo.x * lo.x + (double)lo.y * lo.y + (double)lo.z * lo.z + (double)lo.w * lo.w;
                 ss += (double)hi.x * hi.x + (double)hi.y * hi.y + (double)hi.z * hi.z + (double)hi.w * hi.w;
@@ -531,6 +541,7 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         for (int j = tid; j < wm.n_out; j += blockDim.x) {
             const int c = __ldg(wm.oidx + j);
             float v = __ldg(a.x + c);
+            if (a.x2) v = gm_silu1(v, __ldg(a.x2 + c));
             if (a.gain) v *= __ldg(a.gain + c);
             xo[k.out_off[m] + j] = v;
         }
@@ -559,13 +570,11 @@ __device__ __forceinline__ void gm_item_dot(const uint4 &c0, const uint4 &c1, co
 }
 
 /* End of a tile: the lanes' sums (rows r and r + 8) meet in red[kb] (a
- * block barrier), warp 0 adds the warps' parts, scales by inv and writes
- * each row as the mode says (SwiGLU: slots i and i + 8 are gate and up of
- * one row); ARGMAX keys go into best. */
-__device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, int64_t tile, float tot0, float tot1,
-                                            float (&red)[2][GM_WARPS][16], int kb, float inv,
-                                            unsigned long long &best) {
-    const spx_gemv_args &a = k.a;
+ * block barrier) and warp 0 adds the warps' parts: returns true in warp 0,
+ * where lane i < 16 then holds slot i's sum times inv in v (lanes 16..31:
+ * the same as lane i - 16). */
+__device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&red)[2][GM_WARPS][16], int kb, float inv,
+                                               float &v) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
     tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
     tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
@@ -576,12 +585,41 @@ __device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, in
         red[kb][warp][r + 8] = tot1;
     }
     __syncthreads();
-    if (warp != 0) return;
+    if (warp != 0) return false;
     const int i = lane & 15;
-    float v = 0.0f;
+    v = 0.0f;
 #pragma unroll
     for (int w = 0; w < GM_WARPS; w++) v += red[kb][w][i];
     v *= inv;
+    return true;
+}
+
+/* Row rr of matrix m gets v as the mode says (STORE, ADD, ARGMAX). */
+__device__ __forceinline__ void gm_store(const gemv_kargs &k, int m, int64_t rr, float v, unsigned long long &best) {
+    const spx_gemv_args &a = k.a;
+    const spx_gemv_out &o = a.o[m];
+    if (o.bias) v += o.bias[rr];
+    if (a.mode == SPX_GEMV_ADD) {
+        o.y[rr] += v;
+    } else {
+        if (o.y) o.y[rr] = v;
+        if (a.mode == SPX_GEMV_ARGMAX) {
+            const unsigned long long key = spx_argmax_key(v, (int)(k.start[m] + rr));
+            best = key > best ? key : best;
+        }
+    }
+}
+
+/* End of a tile of the row-major kernel: each row as the mode says
+ * (SwiGLU: slots i and i + 8 are gate and up of one row); ARGMAX keys go
+ * into best. */
+__device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, int64_t tile, float tot0, float tot1,
+                                            float (&red)[2][GM_WARPS][16], int kb, float inv,
+                                            unsigned long long &best) {
+    const spx_gemv_args &a = k.a;
+    float v;
+    if (!gm_tile_reduce(tot0, tot1, red, kb, inv, v)) return;
+    const int lane = threadIdx.x & 31, i = lane & 15;
     int m;
     int64_t rr;
     const bool ok = gm_row(k, swiglu, tile, i, m, rr) && lane < 16;
@@ -591,20 +629,10 @@ __device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, in
             float gt = v;
             if (a.o[0].bias) gt += a.o[0].bias[rr];
             if (a.o[1].bias) up += a.o[1].bias[rr];
-            a.o[0].y[rr] = gt / (1.0f + expf(-gt)) * up;
+            a.o[0].y[rr] = gm_silu1(gt, up);
         }
     } else if (ok) {
-        const spx_gemv_out &o = a.o[m];
-        if (o.bias) v += o.bias[rr];
-        if (a.mode == SPX_GEMV_ADD) {
-            o.y[rr] += v;
-        } else {
-            if (o.y) o.y[rr] = v;
-            if (a.mode == SPX_GEMV_ARGMAX) {
-                const unsigned long long key = spx_argmax_key(v, (int)(k.start[m] + rr));
-                best = key > best ? key : best;
-            }
-        }
+        gm_store(k, m, rr, v, best);
     }
 }
 
@@ -783,12 +811,15 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
 
 
 /* ---- the tiled layout's kernel (gemv_q4.cuh) ----------------------------------
- * gemv_q4_mma's arithmetic, image, work split and reductions, with the
- * codes, scales and zeros of an item read from the tiled copy (one 16-byte
- * load per row half, one word of scales, one byte of zeros per lane, all
- * coalesced) and nothing per row but the outliers: a launch is one matrix
- * (STORE / ADD / ARGMAX) or a SwiGLU pair, so tile row i is row 16 T + i,
- * or gate / up row 8 T + i % 8. */
+ * gemv_q4_mma's arithmetic, image, work split and reductions on SPX_Q_TILED
+ * matrices: an item is two coalesced 512-byte code loads (rows r and r + 8
+ * of the tile), one word of scales and one byte of zeros per lane, with no
+ * per-row addressing. A launch is 1..3 matrices (STORE / ADD / ARGMAX)
+ * whose tiles are numbered one after the other (matrix m's from
+ * k.tstart[m]); a tile's pointers are set once when the walk enters it.
+ * SwiGLU is not fused here: gate and up are one two-matrix launch, and
+ * the down projection's input is silu(gate) * up (spx_gemv_args.x2), so
+ * the tiles stay 16 rows of one matrix and the grid's share stays fine. */
 template <int P, int MINB>
 __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
     extern __shared__ float4 gemv_sm[];
@@ -801,23 +832,34 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
     uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
     float *xo = reinterpret_cast<float *>(zero + 2);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
-    const bool swiglu = a.mode == SPX_GEMV_SWIGLU;
-    const spx_dqmat &w0 = a.w[0], &w1 = swiglu ? a.w[1] : a.w[0];
-    const int64_t rows = w0.rows;
     const int64_t G = gridDim.x;
     const int ntl = (int)((k.n_tiles - 1 - blockIdx.x) / G) + 1;
     const int total = ntl * niw;
     const int iw0 = warp * niw;
-    const int no0 = w0.n_out, no1 = w1.n_out;
-    const unsigned short *ov0 = reinterpret_cast<const unsigned short *>(w0.oval);
-    const unsigned short *ov1 = reinterpret_cast<const unsigned short *>(w1.oval);
-    const float *xo1 = xo + (swiglu ? k.out_off[1] : 0);
-    /* rows of lane r in tile T: r0 (matrix 0) and r1 (matrix 1 for a pair) */
-    auto row0 = [&](int64_t T) { return swiglu ? T * 8 + r : T * 16 + r; };
-    auto row1 = [&](int64_t T) { return swiglu ? T * 8 + r : T * 16 + r + 8; };
+    const int sl = 32 * niw;
+    auto mat_of = [&](int64_t T) { return (int)(T >= k.tstart[1]) + (int)(T >= k.tstart[2]); };
 
+    /* Issue side: the tile's code / scale / zero bases for this lane, its
+     * first row, and the matrix's outliers. */
     int is_n = 0, is_j = 0;
     int64_t is_tile = blockIdx.x;
+    const uint8_t *ic = nullptr, *iz = nullptr;
+    const uint32_t *isc = nullptr;
+    const unsigned short *iov = nullptr;
+    int ino = 0;
+    int64_t ir0 = 0, irows = 0;
+    auto is_set = [&]() {
+        const int m = mat_of(is_tile);
+        const spx_dqmat &w = a.w[m];
+        const int64_t ti = (is_tile - k.tstart[m]) * n_items;
+        ic = w.codes + ti * 1024 + lane * 16;
+        isc = reinterpret_cast<const uint32_t *>(w.scales) + ti * 32 + lane;
+        iz = w.zeros + ti * 32 + lane;
+        iov = reinterpret_cast<const unsigned short *>(w.oval);
+        ino = w.n_out;
+        ir0 = (is_tile - k.tstart[m]) * 16 + r;
+        irows = w.rows;
+    };
     auto issue = [&](gm_item &it) {
         if (is_n < total) {
             const int item = iw0 + is_j, g = item * 4 + t;
@@ -825,24 +867,26 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
             it.c1 = it.c0;
             it.s0 = it.z0 = it.o0 = it.o1 = 0;
             if (item < n_items) {
-                const int64_t ti = is_tile * n_items + item;
-                it.c0 = ld_stream16(w0.tcodes + ti * 1024 + lane * 16);
-                it.c1 = ld_stream16(w0.tcodes + ti * 1024 + 512 + lane * 16);
-                it.s0 = __ldg(w0.tscales + ti * 32 + lane);
-                it.z0 = __ldg(w0.tzeros + ti * 32 + lane);
+                it.c0 = ld_stream16(ic + item * 1024);
+                it.c1 = ld_stream16(ic + item * 1024 + 512);
+                it.s0 = __ldg(isc + item * 32);
+                it.z0 = __ldg(iz + item * 32);
             }
-            const int64_t r0 = row0(is_tile), r1 = row1(is_tile);
-            if (g < no0 && r0 < rows) it.o0 = __ldg(ov0 + r0 * no0 + g);
-            if (g < no1 && r1 < rows) it.o1 = __ldg(ov1 + r1 * no1 + g);
+            if (g < ino) {
+                if (ir0 < irows) it.o0 = __ldg(iov + ir0 * ino + g);
+                if (ir0 + 8 < irows) it.o1 = __ldg(iov + (ir0 + 8) * ino + g);
+            }
+            is_n++;
             if (++is_j == niw) {
                 is_j = 0;
                 is_tile += G;
+                if (is_n < total) is_set();
             }
-            is_n++;
         }
     };
     gm_item buf[P];
     spx_pdl_trigger();
+    is_set();
 #pragma unroll
     for (int s = 0; s < P; s++) issue(buf[s]);
     spx_pdl_wait();
@@ -851,9 +895,20 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
     const bool bval = t == (r >> 1);
     const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
     const int bstride = bval ? 4 * GM_IMG_GROUP : 0;
-    const int sl = 32 * niw;
+
+    /* Consume side: the same walk, P items behind. */
     int ck = 0, cj = 0;
     int64_t ctile = blockIdx.x;
+    int cm = 0, cno = 0;
+    int64_t cr0 = 0;
+    const float *cxo = xo;
+    auto c_set = [&]() {
+        cm = mat_of(ctile);
+        cno = a.w[cm].n_out;
+        cxo = xo + k.out_off[cm];
+        cr0 = (ctile - k.tstart[cm]) * 16;
+    };
+    c_set();
     float tot0 = 0.0f, tot1 = 0.0f;
     unsigned long long best = 0;
     auto consume = [&](const gm_item &it, int h) {
@@ -868,20 +923,27 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
         const float S = __int_as_float(mt.x);
         tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 & 0xffffu))) * S, (float)i0, tot0);
         tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 >> 16))) * S, (float)i1, tot1);
-        if (g < no0) tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), xo[g], tot0);
-        if (g < no1) tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o1)), xo1[g], tot1);
+        if (g < cno) {
+            tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), cxo[g], tot0);
+            tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o1)), cxo[g], tot1);
+        }
     };
     auto finish = [&]() {
-        if (k.n_out_max > sl) { /* outliers beyond the stream's share */
-            const int64_t r0 = row0(ctile), r1 = row1(ctile);
-            if (r0 < rows)
-                for (int j = sl + warp * 4 + t; j < no0; j += GM_WARPS * 4)
-                    tot0 = fmaf(__half2float(__ushort_as_half(__ldg(ov0 + r0 * no0 + j))), xo[j], tot0);
-            if (r1 < rows)
-                for (int j = sl + warp * 4 + t; j < no1; j += GM_WARPS * 4)
-                    tot1 = fmaf(__half2float(__ushort_as_half(__ldg(ov1 + r1 * no1 + j))), xo1[j], tot1);
+        if (cno > sl) { /* outliers beyond the stream's share (more than n_groups of them) */
+            const spx_dqmat &w = a.w[cm];
+            const unsigned short *ov = reinterpret_cast<const unsigned short *>(w.oval);
+            const int64_t r0 = cr0 + r, r1 = r0 + 8;
+            for (int j = sl + warp * 4 + t; j < cno; j += GM_WARPS * 4) {
+                if (r0 < w.rows) tot0 = fmaf(__half2float(__ushort_as_half(__ldg(ov + r0 * cno + j))), cxo[j], tot0);
+                if (r1 < w.rows) tot1 = fmaf(__half2float(__ushort_as_half(__ldg(ov + r1 * cno + j))), cxo[j], tot1);
+            }
         }
-        gm_tile_out(k, swiglu, ctile, tot0, tot1, red, ck & 1, inv, best); /* one matrix or a pair: gm_row's rows */
+        float v;
+        if (gm_tile_reduce(tot0, tot1, red, ck & 1, inv, v)) {
+            const int i = lane & 15;
+            const int64_t rr = cr0 + i;
+            if (lane < 16 && rr < a.w[cm].rows) gm_store(k, cm, rr, v, best);
+        }
     };
     for (int base = 0; base < total; base += P) {
 #pragma unroll
@@ -898,6 +960,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
                     cj = 0;
                     ck++;
                     ctile += G;
+                    if (ck < ntl) c_set();
                 }
             }
         }
@@ -987,6 +1050,14 @@ static cudaError_t launch_pipe(gemv_kargs &k, int n_sm, cudaStream_t st, bool pd
     return spx_launch(im->fn, dim3((unsigned)blocks), dim3(im->warps * 32), smem, st, pdl, k);
 }
 
+/* Shared memory of the tensor-core kernels: the input image (64 bytes and
+ * an (S, -sum X) pair per group, in whole items), 32 bytes of zeros and
+ * the outlier input table. */
+static size_t tc_smem(int64_t cols, int64_t n_out_tot) {
+    const int64_t n_items = (cols / 32 + 3) / 4;
+    return (size_t)n_items * 4 * (GM_IMG_GROUP + 8) + 32 + (size_t)((n_out_tot + 3) & ~(int64_t)3) * 4;
+}
+
 cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
     if (a.n_mats < 1 || a.n_mats > SPX_GEMV_MAX_MATS || (a.mode == SPX_GEMV_SWIGLU && a.n_mats != 2))
         return cudaErrorInvalidValue;
@@ -1011,19 +1082,27 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     }
     k.total = k.start[a.n_mats];
     if (a.mode == SPX_GEMV_SWIGLU && a.w[1].rows != a.w[0].rows) return cudaErrorInvalidValue;
+    /* the tiled layout: every matrix of the launch has it, impl 0, no fused SwiGLU */
+    const bool tl = a.w[0].tiled != 0;
+    for (int i = 1; i < a.n_mats; i++)
+        if ((a.w[i].tiled != 0) != tl) return cudaErrorInvalidValue;
+    if (tl && (a.impl != 0 || a.mode == SPX_GEMV_SWIGLU || k.cols % 128)) return cudaErrorInvalidValue;
+    if (a.x2 && (a.impl == 1 || a.gain || (reinterpret_cast<uintptr_t>(a.x2) & 15))) return cudaErrorInvalidValue;
+    for (int i = 0; i <= SPX_GEMV_MAX_MATS; i++) k.tstart[i] = INT64_MAX;
+    k.tstart[0] = 0;
+    for (int i = 0; i < a.n_mats; i++) k.tstart[i + 1] = k.tstart[i] + (a.w[i].rows + 15) / 16;
     const int ng = k.cols / 32;
     k.n_items = (ng + 3) / 4;
     k.niw = (k.n_items + GM_WARPS - 1) / GM_WARPS;
     k.niw += k.niw & 1; /* the kernel takes items in pairs */
-    const size_t smem = (size_t)k.n_items * 4 * (GM_IMG_GROUP + 8) + 32 + (size_t)((k.n_out_tot + 3) & ~3) * 4;
+    const size_t smem = tc_smem(k.cols, k.n_out_tot);
     cudaError_t err;
+    if ((tl || a.x2) && smem > GM_SMEM_MAX) return cudaErrorInvalidValue; /* see spx_gemv_q4_fits */
     if (a.impl == 1 || smem > GM_SMEM_MAX) {
         err = launch_pipe(k, n_sm, st, pdl);
     } else {
         const int v = a.impl == 0 ? g_default : a.impl - 2;
-        k.n_tiles = a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
-        /* the tiled layout: impl 0, one matrix or a SwiGLU pair that has it */
-        const bool tl = a.impl == 0 && a.w[0].tcodes && (a.n_mats == 1 || a.mode == SPX_GEMV_SWIGLU);
+        k.n_tiles = tl ? k.tstart[a.n_mats] : a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
         const int tv = g_tl_force >= 0 ? g_tl_force : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
         const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
@@ -1039,65 +1118,7 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-/* ---- the tiled layout (gemv_q4.cuh) ------------------------------------------ */
-
-bool spx_gemv_tiled_ok(const spx_dqmat &w) { return w.cols % 128 == 0 && w.cols > 0 && w.rows > 0; }
-
-static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
-
-size_t spx_gemv_tiled_bytes(int64_t rows, int64_t cols) {
-    const size_t n = (size_t)((rows + 15) / 16) * (size_t)(cols / 128);
-    return al256(n * 1024) + al256(n * 128) + al256(n * 32);
-}
-
-/* One thread per (tile, item, lane): the lane's 2 x 16 code bytes, 2
- * scales and 2 zero nibbles. pair: rows r of tile T are gate row 8T + r,
- * rows r + 8 the same up row. */
-__global__ void gemv_tiled_repack(const spx_dqmat w, const spx_dqmat up, int pair, uint8_t *tc, uint32_t *ts,
-                                  uint8_t *tz, int n_items, int64_t n_tiles) {
-    const int64_t total = n_tiles * n_items * 32;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int lane = (int)(i & 31);
-        const int64_t ti = i >> 5, tile = ti / n_items;
-        const int item = (int)(ti - tile * n_items), t = lane & 3, r = lane >> 2, g = item * 4 + t;
-        const spx_dqmat &m0 = w, &m1 = pair ? up : w;
-        const int64_t r0 = pair ? tile * 8 + r : tile * 16 + r, r1 = pair ? r0 : r0 + 8;
-        uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
-        unsigned s0 = 0, s1 = 0, z0 = 0, z1 = 0;
-        if (r0 < m0.rows) {
-            c0 = *reinterpret_cast<const uint4 *>(m0.codes + r0 * (m0.cols / 2) + (int64_t)g * 16);
-            s0 = __half_as_ushort(m0.scales[r0 * m0.n_groups + g]);
-            z0 = (m0.zeros[r0 * m0.zrow + (g >> 1)] >> ((g & 1) * 4)) & 15;
-        }
-        if (r1 < m1.rows) {
-            c1 = *reinterpret_cast<const uint4 *>(m1.codes + r1 * (m1.cols / 2) + (int64_t)g * 16);
-            s1 = __half_as_ushort(m1.scales[r1 * m1.n_groups + g]);
-            z1 = (m1.zeros[r1 * m1.zrow + (g >> 1)] >> ((g & 1) * 4)) & 15;
-        }
-        *reinterpret_cast<uint4 *>(tc + ti * 1024 + lane * 16) = c0;
-        *reinterpret_cast<uint4 *>(tc + ti * 1024 + 512 + lane * 16) = c1;
-        ts[ti * 32 + lane] = s0 | (s1 << 16);
-        tz[ti * 32 + lane] = (uint8_t)(z0 | (z1 << 4));
-    }
-}
-
-cudaError_t spx_gemv_tiled_make(spx_dqmat &w, const spx_dqmat *up, uint8_t *dst, cudaStream_t st) {
-    if (!spx_gemv_tiled_ok(w) || (up && (up->rows != w.rows || up->cols != w.cols))) return cudaErrorInvalidValue;
-    const int64_t rows = up ? 2 * w.rows : w.rows;
-    const int64_t n_tiles = (rows + 15) / 16;
-    const int n_items = (int)(w.cols / 128);
-    const size_t n = (size_t)n_tiles * (size_t)n_items;
-    uint8_t *tc = dst, *tz = dst + al256(n * 1024) + al256(n * 128);
-    uint32_t *ts = reinterpret_cast<uint32_t *>(dst + al256(n * 1024));
-    const int64_t threads = (int64_t)n * 32;
-    int64_t blocks = (threads + 255) / 256;
-    if (blocks > 65535) blocks = 65535;
-    gemv_tiled_repack<<<(unsigned)blocks, 256, 0, st>>>(w, up ? *up : w, up != NULL, tc, ts, tz, n_items,
-                                                         up ? (w.rows + 7) / 8 : n_tiles);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    w.tcodes = tc;
-    w.tscales = ts;
-    w.tzeros = tz;
-    return cudaSuccess;
+bool spx_gemv_q4_fits(int64_t cols, int64_t n_out_total) {
+    if (cols <= 0 || cols % 32 || cols > SPX_GEMV_MAX_COLS || n_out_total < 0 || n_out_total > 3 * cols) return false;
+    return tc_smem(cols, n_out_total) <= GM_SMEM_MAX;
 }

@@ -10,7 +10,9 @@
  *   STORE   y = dot + bias
  *   ADD     y += dot + bias                (residual add: h += W x)
  *   SWIGLU  mats[0] = gate, mats[1] = up (same rows); o[0].y =
- *           silu(g + bg) * (u + bu), the CPU's spx_cpu_silu_mul
+ *           silu(g + bg) * (u + bu), the CPU's spx_cpu_silu_mul (rows
+ *           layout only; for tiled matrices store gate and up with one
+ *           two-matrix launch and give the next GEMV x = gate, x2 = up)
  *   ARGMAX  STORE, and the packed (value, index) maximum of y is
  *           max-reduced into *best (the caller zeroes it first)
  * Arithmetic (impl 0, the default): the input is written per group of 32
@@ -20,7 +22,9 @@
  * form the exact integer sums of codes x digits per (row, group), and the
  * zero point, group scale and everything after it are float32 (the sum
  * over groups is accumulated in float32). impl 1 (the previous kernel)
- * keeps float32 activations throughout. Limits: all matrices of a launch
+ * keeps float32 activations throughout. Layouts: a launch's matrices
+ * are all row-major (every impl) or all tiled (SPX_Q_TILED, qtensor.h:
+ * impl 0 only, its own kernel, the fast one). Limits: all matrices of a launch
  * have the same cols, cols <= SPX_GEMV_MAX_COLS; rows < 2^31; x and gain
  * 16-byte aligned. Reads up to 3 bytes past the end of the scale and zero
  * arrays (whole aligned words): allocate them with a little slack. */
@@ -46,33 +50,21 @@ struct spx_gemv_args {
     int mode;                   /* SPX_GEMV_* */
     const float *x;             /* [cols] */
     const float *gain;          /* [cols]: fuse rmsnorm(x) * gain; NULL: x as is */
+    const float *x2;            /* [cols] or NULL: the input is silu(x) * x2 (after a tiled gate/up
+                                 * launch; not with gain; 16-byte aligned; impl != 1) */
     float eps;                  /* rmsnorm epsilon */
     unsigned long long *best;   /* ARGMAX only */
     int impl;                   /* 0: the int8 tensor-core kernel (default); 1: the previous float32 one;
                                  * 2..: each tensor-core variant (benchmarks; see gemv_q4.cu) */
 };
 
-/* Tiled layout (made on the device at load from the .trdc's rows; the GEMV
- * reads it when every matrix of a launch has it). A matrix [rows, cols],
- * cols a multiple of 128, in tiles of 16 rows (zero-padded) and items of 4
- * groups (128 columns); per (tile, item), in the order the int8 MMA
- * fragments want them (lane l = 4 r + t takes rows r and r + 8, group t):
- *   codes  [1024]: 16 bytes of row r at 16 l, of row r + 8 at 512 + 16 l
- *   scales [32] u32: fp16 scale of row r (low half), of row r + 8 (high)
- *   zeros  [32] u8: zero of row r (low nibble), of row r + 8 (high)
- * so a warp's item is two coalesced 512-byte loads plus 160 bytes, with no
- * per-row addressing. For a SwiGLU pair, tile T holds gate rows 8T..8T+7
- * as rows 0..7 and the same up rows as rows 8..15. Outliers stay row-major
- * (oval). Measured on the H200: bench/gpu/NOTES.md. */
-bool spx_gemv_tiled_ok(const spx_dqmat &w);                   /* cols % 128 == 0 */
-size_t spx_gemv_tiled_bytes(int64_t rows, int64_t cols);       /* codes + scales + zeros, 256-aligned parts */
-/* Repacks w (row-major, on the device) into dst (spx_gemv_tiled_bytes of
- * w.rows, or of 2 * up.rows for a pair) and sets w's tiled pointers;
- * up != NULL: the SwiGLU pair (gate w, up: same shape). */
-cudaError_t spx_gemv_tiled_make(spx_dqmat &w, const spx_dqmat *up, uint8_t *dst, cudaStream_t st);
 /* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3),
- * -1: the default choice by width. */
+ * -1: the default. */
 void spx_gemv_q4_force_tiled_variant(int v);
+/* Whether the tensor-core kernels (the only ones for tiled matrices or
+ * x2) take a launch of this width with n_out_total outlier columns over
+ * all its matrices (shared memory; the backend checks at load). */
+bool spx_gemv_q4_fits(int64_t cols, int64_t n_out_total);
 
 /* Number of kernel variants (benchmarks compare them; 0 is the default). */
 int spx_gemv_q4_impls(void);

@@ -306,19 +306,22 @@ static int span_cmp(const void *a, const void *b) {
  * sizes implied by qtensor.h. Shared by reader and writer so that they can
  * never disagree. Returns NULL if fine, else a static description. */
 static const char *quant_sizes(int64_t rows, int64_t cols, int64_t bits, int64_t group,
-                               int64_t n_out, uint64_t sizes[SPX_TRDC_C_COUNT]) {
+                               int64_t n_out, int layout, uint64_t sizes[SPX_TRDC_C_COUNT]) {
     if (rows < 1 || rows > SPX_TRDC_MAX_DIM || cols < 1 || cols > SPX_TRDC_MAX_DIM)
         return "dimensions must be in [1, 2^31-1]";
     if (bits != 2 && bits != 3 && bits != 4) return "bits must be 2, 3 or 4";
     if (group != 32 && group != 64 && group != 128) return "group must be 32, 64 or 128";
     if (cols % group != 0) return "cols must be a multiple of group";
     if (n_out < 0 || n_out > cols) return "n_outliers must be in [0, cols]";
-    uint64_t r = (uint64_t)rows, c = (uint64_t)cols, g = (uint64_t)group, n = (uint64_t)n_out;
+    if (layout != SPX_Q_ROWS && layout != SPX_Q_TILED) return "unknown layout";
+    if (layout == SPX_Q_TILED && !spx_q_tiled_ok((int)bits, (int)group, cols))
+        return "layout \"tile16x128\" needs bits 4, group 32 and cols a multiple of 128";
+    uint64_t r = (uint64_t)rows, n = (uint64_t)n_out;
     memset(sizes, 0, SPX_TRDC_C_COUNT * sizeof sizes[0]);
-    /* rows, cols < 2^31: none of these products can overflow 64 bits. */
-    sizes[SPX_TRDC_C_CODES] = r * (uint64_t)spx_q_codes_row_bytes(cols, (int)bits);
-    sizes[SPX_TRDC_C_SCALES] = r * (c / g) * 2;
-    sizes[SPX_TRDC_C_ZEROS] = r * (uint64_t)spx_q_zeros_row_bytes(cols, (int)group);
+    /* rows, cols < 2^31 (stored rows < 2^31 + 16): none of these products can overflow 64 bits. */
+    sizes[SPX_TRDC_C_CODES] = (uint64_t)spx_q_codes_bytes(rows, cols, (int)bits, layout);
+    sizes[SPX_TRDC_C_SCALES] = (uint64_t)spx_q_scales_bytes(rows, cols, (int)group, layout);
+    sizes[SPX_TRDC_C_ZEROS] = (uint64_t)spx_q_zeros_bytes(rows, cols, (int)group, layout);
     sizes[SPX_TRDC_C_OUTLIER_IDX] = n * 4;
     sizes[SPX_TRDC_C_OUTLIER_VAL] = r * n * 2;
     return NULL;
@@ -440,8 +443,23 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
             return spx_fail(e, SPX_ERR_FORMAT,
                             "%s: tensor '%s': 'n_outliers' is %s, expected an integer in [0, cols=%lld]",
                             L, N, jdesc(jo, b1, sizeof b1), (long long)t->shape[1]);
-        const char *why = quant_sizes(t->shape[0], t->shape[1], bits, group, nout, want);
+        /* 'layout' (version 2): absent or "rows" = row-major, "tile16x128" = SPX_Q_TILED */
+        int layout = SPX_Q_ROWS;
+        const cJSON *jl = cJSON_GetObjectItemCaseSensitive(jt, "layout");
+        if (jl) {
+            if (f->version < 2)
+                return spx_fail(e, SPX_ERR_FORMAT,
+                                "%s: tensor '%s': 'layout' appears in a version 1 file (layouts came with "
+                                "version 2)", L, N);
+            if (cJSON_IsString(jl) && strcmp(jl->valuestring, "tile16x128") == 0) layout = SPX_Q_TILED;
+            else if (!cJSON_IsString(jl) || strcmp(jl->valuestring, "rows") != 0)
+                return spx_fail(e, SPX_ERR_FORMAT,
+                                "%s: tensor '%s': 'layout' is %s, expected \"rows\" or \"tile16x128\"", L, N,
+                                jdesc(jl, b1, sizeof b1));
+        }
+        const char *why = quant_sizes(t->shape[0], t->shape[1], bits, group, nout, layout, want);
         if (why) return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': %s", L, N, why);
+        t->q.layout = layout;
         const char *keys[2] = {"kappa", "r"};
         double *dst[2] = {&t->kappa, &t->r};
         for (int k = 0; k < 2; k++) {
@@ -729,11 +747,11 @@ static spx_status trdc_validate(spx_trdc *f, spx_err *e) {
                         SPX_TRDC_MAGIC);
     }
     f->version = rd_le64(b + 8);
-    if (f->version != SPX_TRDC_VERSION)
+    if (f->version < SPX_TRDC_VERSION_MIN || f->version > SPX_TRDC_VERSION)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "%s: TRDC format version %llu is not supported (this build reads version %u; "
+                        "%s: TRDC format version %llu is not supported (this build reads versions %u to %u; "
                         "a newer spectra may read it)",
-                        L, (unsigned long long)f->version, SPX_TRDC_VERSION);
+                        L, (unsigned long long)f->version, SPX_TRDC_VERSION_MIN, SPX_TRDC_VERSION);
     f->man_len = rd_le64(b + 16);
     if (f->man_len == 0)
         return spx_fail(e, SPX_ERR_FORMAT,
@@ -896,7 +914,12 @@ struct spx_trdc_writer {
     uint64_t pos;        /* bytes written so far */
     cJSON *tensors;      /* manifest "tensors" array, built as we go */
     nameset names;       /* keys: name strings inside `tensors` */
+    int any_tiled;       /* a tiled matrix was added: the file is version 2, else 1 */
 };
+
+/* The version a file gets: 1 (readable by every reader) unless a matrix
+ * uses a layout that came with version 2. */
+static unsigned writer_version(const spx_trdc_writer *w) { return w->any_tiled ? 2u : 1u; }
 
 static const uint8_t k_zeros[SPX_TRDC_ALIGN];
 
@@ -1114,7 +1137,7 @@ spx_status spx_trdc_writer_add_quant(spx_trdc_writer *w, const char *name, const
     SPX_TRY(writer_begin(w, name, "quant", &jt, e));
     spx_status st = SPX_OK;
     uint64_t sz[SPX_TRDC_C_COUNT];
-    const char *why = q ? quant_sizes(q->rows, q->cols, q->bits, q->group, q->n_outliers, sz)
+    const char *why = q ? quant_sizes(q->rows, q->cols, q->bits, q->group, q->n_outliers, q->layout, sz)
                         : "no tensor given";
     if (why) {
         st = writer_arg_fail(w, e, "%s: tensor '%s': %s", w->path, name, why);
@@ -1141,7 +1164,8 @@ spx_status spx_trdc_writer_add_quant(spx_trdc_writer *w, const char *name, const
     cJSON *js = shape_json(2, shp), *jc = NULL;
     int ok = js && cJSON_AddItemToObject(jt, "shape", js);
     if (!ok) cJSON_Delete(js);
-    ok = ok && cJSON_AddNumberToObject(jt, "bits", q->bits) &&
+    ok = ok && (q->layout != SPX_Q_TILED || cJSON_AddStringToObject(jt, "layout", "tile16x128")) &&
+         cJSON_AddNumberToObject(jt, "bits", q->bits) &&
          cJSON_AddNumberToObject(jt, "group", q->group) &&
          cJSON_AddNumberToObject(jt, "n_outliers", (double)q->n_outliers) &&
          (isfinite(kappa) ? cJSON_AddNumberToObject(jt, "kappa", kappa) != NULL
@@ -1156,7 +1180,10 @@ spx_status spx_trdc_writer_add_quant(spx_trdc_writer *w, const char *name, const
     }
     for (int c = 1; c < SPX_TRDC_C_COUNT && st == SPX_OK; c++)
         if (sz[c]) st = writer_component(w, jc, (spx_trdc_comp)c, buf[c], sz[c], e);
-    if (st == SPX_OK) return writer_commit(w, jt, e);
+    if (st == SPX_OK) {
+        if (q->layout == SPX_Q_TILED) w->any_tiled = 1;
+        return writer_commit(w, jt, e);
+    }
 out:
     cJSON_Delete(jt);
     return st;
@@ -1214,7 +1241,7 @@ static spx_status writer_build_manifest(spx_trdc_writer *w, const char *config_j
         return spx_fail(e, SPX_ERR_ARG, "%s: no config JSON given (it is required)", w->path);
     cJSON *root = cJSON_CreateObject();
     if (!root || !cJSON_AddStringToObject(root, "format", SPX_TRDC_MAGIC) ||
-        !cJSON_AddNumberToObject(root, "version", SPX_TRDC_VERSION) ||
+        !cJSON_AddNumberToObject(root, "version", writer_version(w)) ||
         !cJSON_AddStringToObject(root, "generator", "spectra")) {
         cJSON_Delete(root);
         return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
@@ -1270,7 +1297,7 @@ spx_status spx_trdc_writer_finish(spx_trdc_writer *w, const char *config_json,
     if (st == SPX_OK) {
         uint8_t h[SPX_TRDC_HEADER_SIZE];
         memcpy(h, SPX_TRDC_MAGIC, 8);
-        wr_le64(h + 8, SPX_TRDC_VERSION);
+        wr_le64(h + 8, writer_version(w));
         wr_le64(h + 16, (uint64_t)mlen);
         ssize_t r;
         do r = pwrite(w->fd, h, sizeof h, 0);

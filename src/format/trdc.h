@@ -2,7 +2,7 @@
  * writer. The normative format is docs/trdc.md; this header is its C face.
  *
  * Layout (all integers little-endian):
- *   [0, 24)            header: "TRDC4B01", u64 version (1), u64 manifest_len
+ *   [0, 24)            header: "TRDC4B01", u64 version (2; 1 is read), u64 manifest_len
  *   [4096, ...)        payload: every tensor component at a 4096-aligned
  *                      offset, zero padding between components
  *   [file_size - manifest_len, file_size)
@@ -39,7 +39,8 @@
 struct cJSON;
 
 #define SPX_TRDC_MAGIC "TRDC4B01"
-#define SPX_TRDC_VERSION 1u             /* the only version this code reads */
+#define SPX_TRDC_VERSION 2u             /* written; read: SPX_TRDC_VERSION_MIN..this */
+#define SPX_TRDC_VERSION_MIN 1u         /* version 1: row-major matrices only */
 #define SPX_TRDC_HEADER_SIZE 24u
 #define SPX_TRDC_ALIGN 4096u            /* component offset alignment */
 #define SPX_TRDC_MAX_MANIFEST (1ull << 30) /* 1 GiB */

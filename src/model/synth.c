@@ -2,6 +2,7 @@
  * come from splitmix64 so a seed reproduces a file. Weights have std about
  * 0.02, like trained checkpoints at initialisation; norm gains are 1. */
 #include "model/synth.h"
+#include "quant/g32.h"
 #include "core/half.h"
 #include "core/util.h"
 #include "format/trdc.h"
@@ -114,7 +115,7 @@ static int64_t list_tensors(const spx_synth_shape *s, tdesc *out) {
 #define MAX_TENSORS 4096
 
 spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, double outlier_ratio, uint64_t seed,
-                                spx_err *e) {
+                                int row_major, spx_err *e) {
     tdesc *td = malloc(MAX_TENSORS * sizeof *td);
     if (!td) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
     int64_t nt = list_tensors(s, td);
@@ -152,7 +153,15 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, doub
         for (int64_t k = 0; k < n_out; k++) oi[k] = (int32_t)((k * cols) / n_out + (int64_t)(rnd(&rng) % (uint64_t)(cols / n_out > 1 ? cols / n_out : 1)));
         for (int64_t k = 0; k < rows * n_out; k++) ov[k] = spx_f32_to_f16(0.1f * rnd_normal(&rng));
         spx_qtensor q = {rows, cols, 4, 32, n_out, codes, scales, zeros, n_out ? oi : NULL, n_out ? ov : NULL, SPX_Q_ROWS};
-        st = spx_trdc_writer_add_quant(w, t->name, &q, NAN, (double)n_out / (double)cols, e);
+        if (!row_major && spx_q_tiled_ok(4, 32, cols)) {
+            spx_qtensor tq;
+            void *mem;
+            st = spx_q_tile_alloc(&q, &tq, &mem, e);
+            if (st == SPX_OK) st = spx_trdc_writer_add_quant(w, t->name, &tq, NAN, (double)n_out / (double)cols, e);
+            free(mem);
+        } else {
+            st = spx_trdc_writer_add_quant(w, t->name, &q, NAN, (double)n_out / (double)cols, e);
+        }
         free(codes); free(zeros); free(scales); free(ov); free(oi);
     }
     free(td);

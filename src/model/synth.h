@@ -23,8 +23,10 @@ const spx_synth_shape *spx_synth_find(const char *name);
 /* config.json text for a shape (malloc'd). */
 char *spx_synth_config_json(const spx_synth_shape *s);
 
+/* row_major: 0 stores the matrices tiled (SPX_Q_TILED, as compress does
+ * by default), 1 row-major. */
 spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, double outlier_ratio,
-                                uint64_t seed, spx_err *e);
+                                uint64_t seed, int row_major, spx_err *e);
 /* dir is created if missing; writes config.json and model.safetensors. */
 spx_status spx_synth_write_hf(const spx_synth_shape *s, const char *dir, uint64_t seed, spx_err *e);
 

@@ -33,6 +33,8 @@ typedef struct spx_compress_opts {
     int importance;          /* spx_importance (mse only) */
     int magnitude;           /* mse: also weight by |w| (K-quant style) */
     int n_threads;           /* 0: all CPUs */
+    int row_major;           /* 1: every matrix row-major (a version 1 .trdc); 0 (default): 4-bit G32
+                              * matrices with cols % 128 == 0 tiled (SPX_Q_TILED, version 2) */
     const char *keep[8];     /* tensors whose name contains one of these stay at source precision */
     int n_keep;
     /* progress: called after each tensor (may be NULL) */

@@ -113,7 +113,10 @@ static std::vector<float> rand_vec(size_t n, float scale) {
 
 struct qmat {
     spx_qbuf b;
-    spx_dqmat d;
+    spx_dqmat d;             /* row-major, on the device */
+    spx_dqmat dt;            /* the same matrix tiled (spx_q_tile, as the .trdc stores it); dt.codes NULL
+                              * when cols % 128 != 0 */
+    void *tmem;              /* host arrays of the tiled copy */
     std::vector<float> wabs; /* per (row, col): s (q + z) for the GEMV bound, |W^| otherwise */
 };
 
@@ -150,6 +153,20 @@ static void make_qmat(qmat &m, int64_t rows, int64_t cols, int64_t n_out) {
         d.oidx = dev_up(q->outlier_idx, (size_t)n_out);
         d.oval = (const __half *)dev_up(q->outlier_val, (size_t)(rows * n_out));
     }
+    m.dt = d;
+    m.dt.codes = NULL;
+    m.tmem = NULL;
+    if (spx_q_tiled_ok(4, 32, cols)) { /* the file's tiled layout, made by the writer's function */
+        spx_qtensor tq;
+        if (spx_q_tile_alloc(q, &tq, &m.tmem, &e) != SPX_OK) {
+            fprintf(stderr, "FAIL tile: %s\n", e.msg);
+            exit(1);
+        }
+        m.dt.tiled = 1;
+        m.dt.codes = dev_up(tq.codes, (size_t)spx_q_codes_bytes(rows, cols, 4, SPX_Q_TILED));
+        m.dt.scales = (const __half *)dev_up(tq.scales, (size_t)spx_q_scales_bytes(rows, cols, 32, SPX_Q_TILED) / 2);
+        m.dt.zeros = dev_up(tq.zeros, (size_t)spx_q_zeros_bytes(rows, cols, 32, SPX_Q_TILED));
+    }
     m.wabs.resize((size_t)(rows * cols));
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *cr = q->codes + r * (cols / 2), *zr = q->zeros + r * d.zrow;
@@ -164,7 +181,10 @@ static void make_qmat(qmat &m, int64_t rows, int64_t cols, int64_t n_out) {
     }
 }
 
-static void free_qmat(qmat &m) { spx_qbuf_free(&m.b); }
+static void free_qmat(qmat &m) {
+    spx_qbuf_free(&m.b);
+    free(m.tmem);
+}
 
 /* ---- GEMV ----------------------------------------------------------------- */
 
@@ -243,24 +263,34 @@ static void test_gemv(int n_sm) {
                 check_close(what, down(dy, (size_t)sh.rows).data(), ref.data(), tol.data(), (size_t)sh.rows);
             }
 
-            /* the tiled layout the backend makes at load (cols % 128 == 0): STORE,
-             * each tiled variant, the buffer poisoned first (padding included) */
-            if (spx_gemv_tiled_ok(m.d)) {
-                const size_t tb = spx_gemv_tiled_bytes(sh.rows, sh.cols);
-                uint8_t *tbuf = dev_alloc<uint8_t>(tb);
-                poison(tbuf, tb);
+            /* the tiled layout (cols % 128 == 0): STORE and ADD with each tiled
+             * variant, ARGMAX; other impls and a row-major partner are refused */
+            if (m.dt.codes) {
                 spx_gemv_args at = a;
-                CK(spx_gemv_tiled_make(at.w[0], NULL, tbuf, 0));
-                at.mode = SPX_GEMV_STORE;
+                at.w[0] = m.dt;
                 at.impl = 0;
+                std::vector<float> y0 = rand_vec((size_t)sh.rows, 1.0f);
+                std::vector<double> ref2(ref), tol2(tol);
+                for (size_t i = 0; i < ref2.size(); i++) {
+                    ref2[i] += y0[i];
+                    tol2[i] += 2e-7 * fabs(ref2[i]);
+                }
                 for (int v = 0; v < 2; v++) {
                     spx_gemv_q4_force_tiled_variant(v);
+                    at.mode = SPX_GEMV_STORE;
                     poison(dy, (size_t)sh.rows * 4);
                     CK(spx_gemv_q4(at, n_sm, 0));
                     CK(cudaDeviceSynchronize());
                     snprintf(what, sizeof what, "gemv tiled store %lldx%lld out %lld norm %d variant %d", (long long)sh.rows,
                              (long long)sh.cols, (long long)sh.n_out, norm, v);
                     check_close(what, down(dy, (size_t)sh.rows).data(), ref.data(), tol.data(), (size_t)sh.rows);
+                    at.mode = SPX_GEMV_ADD;
+                    CK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
+                    CK(spx_gemv_q4(at, n_sm, 0));
+                    CK(cudaDeviceSynchronize());
+                    snprintf(what, sizeof what, "gemv tiled add %lldx%lld norm %d variant %d", (long long)sh.rows,
+                             (long long)sh.cols, norm, v);
+                    check_close(what, down(dy, (size_t)sh.rows).data(), ref2.data(), tol2.data(), (size_t)sh.rows);
                 }
                 spx_gemv_q4_force_tiled_variant(-1);
                 /* ARGMAX through the tiled path: the same index as the host's argmax of its logits */
@@ -280,7 +310,14 @@ static void test_gemv(int n_sm) {
                 CHECK(key && (int64_t)(0xffffffffu - (unsigned)(key & 0xffffffffu)) == bi,
                       "gemv tiled argmax %lldx%lld: key index %lld, host argmax %lld", (long long)sh.rows, (long long)sh.cols,
                       (long long)(0xffffffffu - (unsigned)(key & 0xffffffffu)), (long long)bi);
-                cudaFree(tbuf);
+                at.mode = SPX_GEMV_STORE;
+                at.impl = 1;
+                CHECK(spx_gemv_q4(at, n_sm, 0) == cudaErrorInvalidValue, "gemv tiled with impl 1 not refused");
+                at.impl = 0;
+                at.w[1] = m.d;
+                at.o[1].y = dy;
+                at.n_mats = 2;
+                CHECK(spx_gemv_q4(at, n_sm, 0) == cudaErrorInvalidValue, "gemv tiled + row-major launch not refused");
             }
 
             /* ADD onto random y0 */
@@ -350,19 +387,26 @@ static void test_gemv(int n_sm) {
         a.x = dev_up(x.data(), x.size());
         a.gain = dev_up(gain.data(), gain.size());
         a.eps = 1e-6f;
-        CK(spx_gemv_q4(a, n_sm, 0));
-        CK(cudaDeviceSynchronize());
-        for (int i = 0; i < 3; i++) {
-            std::vector<double> ref, tol;
-            gemv_ref(m[i], xr.data(), i == 1 ? NULL : bias[i].data(), ref, tol);
-            char what[64];
-            snprintf(what, sizeof what, "gemv merged qkv, matrix %d", i);
-            check_close(what, down(dys[i], (size_t)rows[i]).data(), ref.data(), tol.data(), (size_t)rows[i]);
-            free_qmat(m[i]);
+        for (int tl = 0; tl < 2; tl++) { /* row-major, then tiled (tiles of the three numbered in turn) */
+            for (int i = 0; i < 3; i++) {
+                a.w[i] = tl ? m[i].dt : m[i].d;
+                poison(dys[i], (size_t)rows[i] * 4);
+            }
+            CK(spx_gemv_q4(a, n_sm, 0));
+            CK(cudaDeviceSynchronize());
+            for (int i = 0; i < 3; i++) {
+                std::vector<double> ref, tol;
+                gemv_ref(m[i], xr.data(), i == 1 ? NULL : bias[i].data(), ref, tol);
+                char what[64];
+                snprintf(what, sizeof what, "gemv merged qkv%s, matrix %d", tl ? " tiled" : "", i);
+                check_close(what, down(dys[i], (size_t)rows[i]).data(), ref.data(), tol.data(), (size_t)rows[i]);
+            }
+            n_cases++;
         }
-        n_cases++;
+        for (int i = 0; i < 3; i++) free_qmat(m[i]);
     }
-    /* SWIGLU: gate and up in one launch */
+    /* SWIGLU: gate and up in one launch (row-major); the tiled pair is a
+     * two-matrix STORE (refused as SWIGLU) */
     for (int tc = 0; tc < 4; tc++) {
         const int64_t rows = tc & 1 ? 353 : 14336;
         const bool tiled = tc >= 2;
@@ -374,39 +418,73 @@ static void test_gemv(int n_sm) {
                            bu = rand_vec((size_t)rows, 0.1f);
         spx_gemv_args a;
         memset(&a, 0, sizeof a);
-        float *dy = dev_alloc<float>((size_t)rows);
+        float *dy = dev_alloc<float>((size_t)rows), *dy2 = dev_alloc<float>((size_t)rows);
         poison(dy, (size_t)rows * 4);
-        a.w[0] = g.d;
-        a.w[1] = u.d;
+        poison(dy2, (size_t)rows * 4);
+        a.w[0] = tiled ? g.dt : g.d;
+        a.w[1] = tiled ? u.dt : u.d;
         a.o[0].y = dy;
         a.o[0].bias = dev_up(bg.data(), bg.size());
         a.o[1].bias = dev_up(bu.data(), bu.size());
         a.n_mats = 2;
         a.mode = SPX_GEMV_SWIGLU;
         a.x = dev_up(x.data(), x.size());
-        uint8_t *tbuf = NULL;
-        if (tiled) { /* the gate/up pair in the tiled layout */
-            const size_t tb = spx_gemv_tiled_bytes(2 * rows, cols);
-            tbuf = dev_alloc<uint8_t>(tb);
-            poison(tbuf, tb);
-            CK(spx_gemv_tiled_make(a.w[0], &a.w[1], tbuf, 0));
+        if (tiled) {
+            CHECK(spx_gemv_q4(a, n_sm, 0) == cudaErrorInvalidValue, "gemv tiled SWIGLU not refused");
+            a.mode = SPX_GEMV_STORE;
+            a.o[1].y = dy2;
         }
         CK(spx_gemv_q4(a, n_sm, 0));
         CK(cudaDeviceSynchronize());
-        if (tbuf) cudaFree(tbuf);
         std::vector<double> rg, tg, ru, tu, ref((size_t)rows), tol((size_t)rows);
         gemv_ref(g, x.data(), bg.data(), rg, tg);
         gemv_ref(u, x.data(), bu.data(), ru, tu);
-        for (int64_t r = 0; r < rows; r++) {
-            double gg = rg[r], sg = gg / (1 + exp(-gg));
-            ref[r] = sg * ru[r];
-            /* d(silu(g) u) = silu'(g) u dg + silu(g) du, silu' <= 1.1 */
-            tol[r] = 1.1 * fabs(ru[r]) * tg[r] + fabs(sg) * tu[r] + 1e-6 * fabs(ref[r]) + 1e-7;
+        if (tiled) {
+            check_close("gemv gate+up tiled, gate", down(dy, (size_t)rows).data(), rg.data(), tg.data(), (size_t)rows);
+            check_close("gemv gate+up tiled, up", down(dy2, (size_t)rows).data(), ru.data(), tu.data(), (size_t)rows);
+        } else {
+            for (int64_t r = 0; r < rows; r++) {
+                double gg = rg[r], sg = gg / (1 + exp(-gg));
+                ref[r] = sg * ru[r];
+                /* d(silu(g) u) = silu'(g) u dg + silu(g) du, silu' <= 1.1 */
+                tol[r] = 1.1 * fabs(ru[r]) * tg[r] + fabs(sg) * tu[r] + 1e-6 * fabs(ref[r]) + 1e-7;
+            }
+            check_close("gemv swiglu", down(dy, (size_t)rows).data(), ref.data(), tol.data(), (size_t)rows);
         }
-        check_close(tiled ? "gemv swiglu tiled" : "gemv swiglu", down(dy, (size_t)rows).data(), ref.data(), tol.data(),
-                    (size_t)rows);
         free_qmat(g);
         free_qmat(u);
+        n_cases++;
+    }
+    /* x2: the down projection's input silu(gate) * up (after a tiled gate/up
+     * launch), both layouts, with outliers, against the CPU's silu_mul */
+    for (int tl = 0; tl < 2; tl++) {
+        const int64_t rows = 1000, cols = 2048;
+        qmat d;
+        make_qmat(d, rows, cols, 30);
+        std::vector<float> gv = rand_vec((size_t)cols, 2.0f), uv = rand_vec((size_t)cols, 1.0f), xs(gv);
+        spx_cpu_silu_mul(xs.data(), uv.data(), cols);
+        std::vector<float> bias = rand_vec((size_t)rows, 0.1f);
+        spx_gemv_args a;
+        memset(&a, 0, sizeof a);
+        float *dy = dev_alloc<float>((size_t)rows);
+        poison(dy, (size_t)rows * 4);
+        a.w[0] = tl ? d.dt : d.d;
+        a.o[0].y = dy;
+        a.o[0].bias = dev_up(bias.data(), bias.size());
+        a.n_mats = 1;
+        a.mode = SPX_GEMV_STORE;
+        a.x = dev_up(gv.data(), gv.size());
+        a.x2 = dev_up(uv.data(), uv.size());
+        CK(spx_gemv_q4(a, n_sm, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<double> ref, tol;
+        gemv_ref(d, xs.data(), bias.data(), ref, tol);
+        for (int64_t r = 0; r < rows; r++) tol[r] *= 1.01; /* expf's last ulp on either side */
+        check_close(tl ? "gemv x2 (silu(gate) * up) tiled" : "gemv x2 (silu(gate) * up)", down(dy, (size_t)rows).data(),
+                    ref.data(), tol.data(), (size_t)rows);
+        a.impl = 1;
+        CHECK(spx_gemv_q4(a, n_sm, 0) == cudaErrorInvalidValue, "gemv x2 with impl 1 not refused");
+        free_qmat(d);
         n_cases++;
     }
     printf("gemv: %d cases\n", n_cases);
@@ -415,7 +493,8 @@ static void test_gemv(int n_sm) {
 /* ---- GEMM ----------------------------------------------------------------- */
 
 static void test_gemm(int n_sm) {
-    struct { int64_t rows, cols, n_out; } shapes[] = {{100, 352, 5}, {300, 4096, 41}, {1000, 1536, 20}, {129, 64, 0}, {256, 2048, 100}};
+    struct { int64_t rows, cols, n_out; } shapes[] = {{100, 352, 5}, {300, 4096, 41}, {1000, 1536, 20}, {129, 64, 0}, {256, 2048, 100},
+                                                      {37, 384, 3}};
     int Ms[] = {2, 5, 64, 65, 128};
     int n_cases = 0;
     double worst_rel = 0;
@@ -426,6 +505,7 @@ static void test_gemm(int n_sm) {
         std::vector<float> W((size_t)(sh.rows * sh.cols));
         for (int64_t r = 0; r < sh.rows; r++) spx_q_dequant_row_f32(&m.b.q, r, W.data() + r * sh.cols);
         for (int M : Ms) {
+          for (int tl = 0; tl < (m.dt.codes ? 2 : 1); tl++) { /* the row-major, then the tiled matrix */
             for (int variant = 0; variant < 6; variant++) { /* 4, 5: through cuBLAS, rows in chunks of 64 */
                 int accumulate = variant & 1, split = (variant >> 1) == 1, cublas = (variant >> 1) == 2;
                 if (cublas && !spx_gemm_cublas_ready()) continue;
@@ -441,7 +521,7 @@ static void test_gemm(int n_sm) {
                 else poison(dy, y0.size() * 4);
                 spx_gemm_args a;
                 memset(&a, 0, sizeof a);
-                a.w = m.d;
+                a.w = tl ? m.dt : m.d;
                 a.x = (const __half *)dev_up(xh.data(), xh.size());
                 a.ldx = sh.cols;
                 a.y = dy;
@@ -482,11 +562,12 @@ static void test_gemm(int n_sm) {
                         if (rel > worst_rel) worst_rel = rel;
                     }
                 char what[96];
-                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d", (long long)sh.rows,
-                         (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas);
+                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d tiled %d",
+                         (long long)sh.rows, (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas, tl);
                 check_close(what, y.data(), ref.data(), tol.data(), y.size());
                 n_cases++;
             }
+          }
         }
         free_qmat(m);
     }
@@ -553,21 +634,26 @@ static void test_sampler(void) {
 static void test_small_ops(int n_sm) {
     /* embedding: bit-exact */
     {
-        qmat m;
-        make_qmat(m, 300, 352, 9);
-        int32_t ids[5] = {0, 299, 17, 17, 150};
-        float *dh = dev_alloc<float>(5 * 352);
-        poison(dh, 5 * 352 * 4);
-        CK(spx_embed_q4(m.d, dev_up(ids, 5), 5, dh, 0));
-        CK(cudaDeviceSynchronize());
-        std::vector<float> h = down(dh, 5 * 352), r(352);
-        int bad = 0;
-        for (int t = 0; t < 5; t++) {
-            spx_q_dequant_row_f32(&m.b.q, ids[t], r.data());
-            for (int c = 0; c < 352; c++) bad += memcmp(&h[t * 352 + c], &r[c], 4) != 0;
+        for (int64_t C : {352, 384}) { /* 384: also tiled */
+            qmat m;
+            make_qmat(m, 300, C, 9);
+            int32_t ids[5] = {0, 299, 17, 17, 150};
+            float *dh = dev_alloc<float>(5 * C);
+            for (int tl = 0; tl < (m.dt.codes ? 2 : 1); tl++) {
+                poison(dh, 5 * C * 4);
+                CK(spx_embed_q4(tl ? m.dt : m.d, dev_up(ids, 5), 5, dh, 0));
+                CK(cudaDeviceSynchronize());
+                std::vector<float> h = down(dh, 5 * C), r(C);
+                int bad = 0;
+                for (int t = 0; t < 5; t++) {
+                    spx_q_dequant_row_f32(&m.b.q, ids[t], r.data());
+                    for (int64_t c = 0; c < C; c++) bad += memcmp(&h[t * C + c], &r[c], 4) != 0;
+                }
+                CHECK(bad == 0, "embed cols %lld tiled %d: %d elements differ from spx_q_dequant_row_f32", (long long)C, tl,
+                      bad);
+            }
+            free_qmat(m);
         }
-        CHECK(bad == 0, "embed: %d elements differ from spx_q_dequant_row_f32", bad);
-        free_qmat(m);
     }
     /* rmsnorm f32 + f16 */
     {

@@ -16,6 +16,8 @@ int cli_fail(const spx_err *e);
  * on failure print "spectra: --flag: ..." and return 0. */
 int cli_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int cli_float(const char *flag, const char *s, double lo, double hi, double *out);
+/* --layout tiled|rows: *row_major = 0 / 1. */
+int cli_layout(const char *s, int *row_major);
 /* Returns the value after argv[*i] or prints an error if missing. */
 const char *cli_value(int argc, char **argv, int *i);
 

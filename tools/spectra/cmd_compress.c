@@ -26,6 +26,10 @@ static void usage(FILE *f) {
                "                       K-quants do (default off: it raised KL on docllama-58m)\n"
                "  --keep SUBSTR        keep tensors whose name contains SUBSTR at source precision\n"
                "                       (repeatable, up to 8; e.g. --keep lm_head)\n"
+               "  --layout L           matrix storage: tiled (default: 4-bit G32 matrices whose width is a\n"
+               "                       multiple of 128 in 16x128 tiles, read fastest by the CUDA GEMV;\n"
+               "                       a version 2 .trdc) or rows (row-major only: a version 1 .trdc\n"
+               "                       that older spectra builds read)\n"
                "  --threads N          worker threads (int, 1..1024; default: all CPUs)\n"
                "  -q, --quiet          no progress bar\n");
 }
@@ -93,6 +97,8 @@ int cmd_compress(int argc, char **argv) {
             if (!strcmp(v, "gamma")) o.importance = SPX_IMP_GAMMA;
             else if (!strcmp(v, "none")) o.importance = SPX_IMP_NONE;
             else { cli_error("--importance: expected gamma or none, got '%s'", v); return 2; }
+        } else if (!strcmp(a, "--layout")) {
+            if (!cli_layout(v, &o.row_major)) return 2;
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             if (!cli_int(a, v, 1, 1024, &iv)) return 2;
             o.n_threads = (int)iv;

@@ -6,20 +6,22 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: spectra synth --shape NAME -o OUT.trdc [--hf DIR] [--outliers R] [--seed S]\n"
+    fprintf(f, "usage: spectra synth --shape NAME -o OUT.trdc [--hf DIR] [--outliers R] [--seed S] [--layout tiled|rows]\n"
                "  --shape NAME    one of:");
     for (const spx_synth_shape *s = spx_synth_shapes(); s->name; s++) fprintf(f, " %s", s->name);
     fprintf(f, "\n"
                "  -o OUT.trdc     a .trdc of that shape with random valid 4-bit codes (G32) and scales\n"
                "  --hf DIR        also (or only, without -o) write an HF folder of random bf16 weights\n"
                "  --outliers R    fraction of fp16 outlier columns per matrix (float in [0, 0.25]; default 0.01)\n"
-               "  --seed S        random seed (uint64; default 1)\n");
+               "  --seed S        random seed (uint64; default 1)\n"
+               "  --layout L      tiled (default) or rows: the matrices' storage, as for compress\n");
 }
 
 int cmd_synth(int argc, char **argv) {
     const char *shape = NULL, *out = NULL, *hf = NULL;
     double ratio = 0.01;
     int64_t seed = 1;
+    int row_major = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -29,6 +31,7 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--hf")) hf = v;
         else if (!strcmp(a, "--outliers")) { if (!cli_float(a, v, 0, 0.25, &ratio)) return 2; }
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
+        else if (!strcmp(a, "--layout")) { if (!cli_layout(v, &row_major)) return 2; }
         else { cli_error("synth: unknown option '%s'", a); usage(stderr); return 2; }
     }
     const spx_synth_shape *s = shape ? spx_synth_find(shape) : NULL;
@@ -37,7 +40,7 @@ int cmd_synth(int argc, char **argv) {
     spx_err e;
     spx_err_clear(&e);
     if (out) {
-        if (spx_synth_write_trdc(s, out, ratio, (uint64_t)seed, &e) != SPX_OK) return cli_fail(&e);
+        if (spx_synth_write_trdc(s, out, ratio, (uint64_t)seed, row_major, &e) != SPX_OK) return cli_fail(&e);
         fprintf(stderr, "wrote %s (%s shape)\n", out, s->name);
     }
     if (hf) {

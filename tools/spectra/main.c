@@ -82,6 +82,16 @@ int cli_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *ou
     return 1;
 }
 
+int cli_layout(const char *s, int *row_major) {
+    if (!strcmp(s, "tiled")) *row_major = 0;
+    else if (!strcmp(s, "rows")) *row_major = 1;
+    else {
+        cli_error("--layout: expected tiled or rows, got '%s'", s);
+        return 0;
+    }
+    return 1;
+}
+
 int cli_float(const char *flag, const char *s, double lo, double hi, double *out) {
     char *end;
     errno = 0;
