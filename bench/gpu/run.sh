@@ -36,12 +36,13 @@ if [ "${1:-}" = pack ]; then
     cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/bench/gpu/bench_gemv $D/bin/ || exit 1
     cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
     if [ "${MODELS:-1}" != 0 ]; then
-        # docllama-58m twice: tiled (the default layout) and row-major (--layout rows)
+        # tiny-llama3 also row-major (--layout rows): both layouts end to end
         for m in tiny-llama3 tiny-qwen2 tiny-qwen3 tiny-mistral docllama-58m; do
             [ $D/models/$m.trdc -nt "$BUILD"/spectra ] || "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc -q || exit 1
         done
-        [ $D/models/docllama-58m-rows.trdc -nt "$BUILD"/spectra ] ||
-            "$BUILD"/spectra compress -m "$SHARED/models/docllama-58m" -o $D/models/docllama-58m-rows.trdc --layout rows -q || exit 1
+        rm -f $D/models/docllama-58m-rows.trdc
+        [ $D/models/tiny-llama3-rows.trdc -nt "$BUILD"/spectra ] ||
+            "$BUILD"/spectra compress -m "$SHARED/models/tiny-llama3" -o $D/models/tiny-llama3-rows.trdc --layout rows -q || exit 1
     fi
     cp "$SHARED/tools/make_random_gguf.py" $D/ || exit 1
     if [ -n "${LLAMA_BENCH:-}" ]; then
@@ -74,12 +75,12 @@ if [ "${CHECKS:-1}" != 0 ]; then
     echo "test_cuda exit $?" >> "$OUT/test.log"
     { grep -v '^FAIL' "$OUT/test.log" | tail -n 16; grep '^FAIL' "$OUT/test.log" | head -n 20; } | tee /dev/fd/3
 
-    echo "== text: docllama-58m greedy, cpu (scalar kernels) vs cuda: resident, ping-pong (0 layers resident), the row-major file" | tee /dev/fd/3
+    echo "== text: docllama-58m greedy, cpu (scalar kernels, then avx2) vs cuda: resident, ping-pong (0 layers resident)" | tee /dev/fd/3
     SPECTRA_KERNELS=scalar timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cpu -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_cpu.txt 2> $T/run_cpu.err
     timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cuda -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_cuda.txt 2> $T/run_cuda.err
     SPECTRA_CUDA_RESIDENT_LAYERS=0 timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cuda -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_pp.txt 2> $T/run_pp.err
-    timeout 60 $B/spectra run -m $D/models/docllama-58m-rows.trdc --backend cuda -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_rows.txt 2> $T/run_rows.err
-    for v in cuda pp rows; do
+    timeout 60 $B/spectra run -m $D/models/docllama-58m.trdc --backend cpu -p "The Linux kernel" -n 48 --temp 0 -q > $T/run_avx2.txt 2> $T/run_avx2.err
+    for v in cuda pp avx2; do
         if cmp -s $T/run_cpu.txt $T/run_$v.txt; then echo "cpu vs $v: same text" | tee /dev/fd/3; else
             { echo "cpu vs $v: texts differ:"; cat $T/run_cpu.txt $T/run_cpu.err; echo; cat $T/run_$v.txt $T/run_$v.err; } | tee /dev/fd/3; fi
     done

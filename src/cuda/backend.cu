@@ -852,11 +852,12 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         }
         /* MLP block */
         if (n == 1) {
-            /* row-major: one fused SwiGLU launch; tiled: gate and up stored
-             * by one launch, silu(gate) * up formed by the down GEMV's input */
+            /* row-major: one fused SwiGLU launch; tiled: silu(gate) and up
+             * stored by one launch, their product formed by the down GEMV's input */
             const bool tl = L->wg.tiled;
             spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, tl ? SPX_GEMV_STORE : SPX_GEMV_SWIGLU);
             g.w[1] = L->wu;
+            g.o[0].silu = tl;
             g.o[1].y = tl ? cs->up : NULL;
             g.o[1].bias = L->bu;
             g.n_mats = 2;

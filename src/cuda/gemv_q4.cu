@@ -479,10 +479,8 @@ __device__ __forceinline__ uint32_t gm_digits_hi(uint32_t u0, uint32_t u1, uint3
     return __byte_perm(t01, t23, 0x7632); /* d1 = (X + 128) >> 8 */
 }
 __device__ __forceinline__ unsigned gm_absbits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-__device__ __forceinline__ float gm_silu1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-__device__ __forceinline__ float4 gm_silu_mul(float4 g, float4 u) {
-    return make_float4(gm_silu1(g.x, u.x), gm_silu1(g.y, u.y), gm_silu1(g.z, u.z), gm_silu1(g.w, u.w));
-}
+/* silu(g) * u with the CPU's operations in its order (spx_cpu_silu_mul) */
+__device__ __forceinline__ float gm_silu(float g) { return g / (1.0f + expf(-g)); }
 
 /* The input image (see the top), the outlier input table, and the rmsnorm
  * factor (1 without gain). Threads take (group g, word w) slots: columns
@@ -500,10 +498,11 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         if (i < nslots && g < ng) {
             lo = __ldg(x4 + g * 8 + w);
             hi = __ldg(x4 + g * 8 + 4 + w);
-            if (a.x2) { /* silu(gate) * up, as spx_cpu_silu_mul */
+            if (a.x2) { /* silu(gate) * up, as spx_cpu_silu_mul (silu applied by the gate's GEMV) */
                 const float4 *u4 = reinterpret_cast<const float4 *>(a.x2);
-                lo = gm_silu_mul(lo, __ldg(u4 + g * 8 + w));
-                hi = gm_silu_mul(hi, __ldg(u4 + g * 8 + 4 + w));
+                const float4 ul = __ldg(u4 + g * 8 + w), uh = __ldg(u4 + g * 8 + 4 + w);
+                lo = make_float4(lo.x * ul.x, lo.y * ul.y, lo.z * ul.z, lo.w * ul.w);
+                hi = make_float4(hi.x * uh.x, hi.y * uh.y, hi.z * uh.z, hi.w * uh.w);
             }
             if (a.gain) {
                 ss += (double)lo.x * lo.x + (double)lo.y * lo.y + (double)lo.z * lo.z + (double)lo.w * lo.w;
@@ -541,7 +540,7 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         for (int j = tid; j < wm.n_out; j += blockDim.x) {
             const int c = __ldg(wm.oidx + j);
             float v = __ldg(a.x + c);
-            if (a.x2) v = gm_silu1(v, __ldg(a.x2 + c));
+            if (a.x2) v *= __ldg(a.x2 + c);
             if (a.gain) v *= __ldg(a.gain + c);
             xo[k.out_off[m] + j] = v;
         }
@@ -602,7 +601,7 @@ __device__ __forceinline__ void gm_store(const gemv_kargs &k, int m, int64_t rr,
     if (a.mode == SPX_GEMV_ADD) {
         o.y[rr] += v;
     } else {
-        if (o.y) o.y[rr] = v;
+        if (o.y) o.y[rr] = o.silu ? gm_silu(v) : v;
         if (a.mode == SPX_GEMV_ARGMAX) {
             const unsigned long long key = spx_argmax_key(v, (int)(k.start[m] + rr));
             best = key > best ? key : best;
@@ -629,7 +628,7 @@ __device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, in
             float gt = v;
             if (a.o[0].bias) gt += a.o[0].bias[rr];
             if (a.o[1].bias) up += a.o[1].bias[rr];
-            a.o[0].y[rr] = gm_silu1(gt, up);
+            a.o[0].y[rr] = gm_silu(gt) * up;
         }
     } else if (ok) {
         gm_store(k, m, rr, v, best);
@@ -1088,6 +1087,9 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         if ((a.w[i].tiled != 0) != tl) return cudaErrorInvalidValue;
     if (tl && (a.impl != 0 || a.mode == SPX_GEMV_SWIGLU || k.cols % 128)) return cudaErrorInvalidValue;
     if (a.x2 && (a.impl == 1 || a.gain || (reinterpret_cast<uintptr_t>(a.x2) & 15))) return cudaErrorInvalidValue;
+    bool silu = false; /* the tensor-core kernels only, STORE */
+    for (int i = 0; i < a.n_mats; i++) silu |= a.o[i].silu != 0;
+    if (silu && (a.mode != SPX_GEMV_STORE || a.impl == 1)) return cudaErrorInvalidValue;
     for (int i = 0; i <= SPX_GEMV_MAX_MATS; i++) k.tstart[i] = INT64_MAX;
     k.tstart[0] = 0;
     for (int i = 0; i < a.n_mats; i++) k.tstart[i + 1] = k.tstart[i] + (a.w[i].rows + 15) / 16;
@@ -1097,7 +1099,7 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     k.niw += k.niw & 1; /* the kernel takes items in pairs */
     const size_t smem = tc_smem(k.cols, k.n_out_tot);
     cudaError_t err;
-    if ((tl || a.x2) && smem > GM_SMEM_MAX) return cudaErrorInvalidValue; /* see spx_gemv_q4_fits */
+    if ((tl || a.x2 || silu) && smem > GM_SMEM_MAX) return cudaErrorInvalidValue; /* see spx_gemv_q4_fits */
     if (a.impl == 1 || smem > GM_SMEM_MAX) {
         err = launch_pipe(k, n_sm, st, pdl);
     } else {

@@ -11,8 +11,9 @@
  *   ADD     y += dot + bias                (residual add: h += W x)
  *   SWIGLU  mats[0] = gate, mats[1] = up (same rows); o[0].y =
  *           silu(g + bg) * (u + bu), the CPU's spx_cpu_silu_mul (rows
- *           layout only; for tiled matrices store gate and up with one
- *           two-matrix launch and give the next GEMV x = gate, x2 = up)
+ *           layout only; for tiled matrices store silu(gate) (o[0].silu)
+ *           and up with one two-matrix launch and give the next GEMV
+ *           x = silu(gate), x2 = up)
  *   ARGMAX  STORE, and the packed (value, index) maximum of y is
  *           max-reduced into *best (the caller zeroes it first)
  * Arithmetic (impl 0, the default): the input is written per group of 32
@@ -41,6 +42,7 @@ enum { SPX_GEMV_STORE = 0, SPX_GEMV_ADD = 1, SPX_GEMV_SWIGLU = 2, SPX_GEMV_ARGMA
 struct spx_gemv_out {
     float *y;           /* [rows] (SWIGLU: o[0].y only) */
     const float *bias;  /* [rows] or NULL */
+    int silu;           /* STORE: y = silu(dot + bias) (the gate of a tiled gate/up launch) */
 };
 
 struct spx_gemv_args {
@@ -50,8 +52,9 @@ struct spx_gemv_args {
     int mode;                   /* SPX_GEMV_* */
     const float *x;             /* [cols] */
     const float *gain;          /* [cols]: fuse rmsnorm(x) * gain; NULL: x as is */
-    const float *x2;            /* [cols] or NULL: the input is silu(x) * x2 (after a tiled gate/up
-                                 * launch; not with gain; 16-byte aligned; impl != 1) */
+    const float *x2;            /* [cols] or NULL: the input is x * x2 (x = silu(gate) stored by a tiled
+                                 * gate/up launch, x2 = up: the CPU's silu_mul; not with gain;
+                                 * 16-byte aligned; impl != 1) */
     float eps;                  /* rmsnorm epsilon */
     unsigned long long *best;   /* ARGMAX only */
     int impl;                   /* 0: the int8 tensor-core kernel (default); 1: the previous float32 one;
