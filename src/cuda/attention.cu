@@ -105,15 +105,14 @@ __device__ __forceinline__ float attn_combine_d(const spx_attn_args &a, int t, i
     const int hd = a.hd, S = a.n_splits;
     const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
     float M = -INFINITY;
-    /* __ldcg: written by other blocks of the same kernel when the last split block merges */
-    for (int s = 0; s < S; s++) M = fmaxf(M, __ldcg(pp + s * (hd + 2)));
+    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
     float L = 0.0f, O = 0.0f;
     for (int s = 0; s < S; s++) {
-        float ms = __ldcg(pp + s * (hd + 2));
+        float ms = pp[s * (hd + 2)];
         if (ms != -INFINITY) {
             float f = expf(ms - M);
-            L += __ldcg(pp + s * (hd + 2) + 1) * f;
-            O += __ldcg(pp + s * (hd + 2) + 2 + d) * f;
+            L += pp[s * (hd + 2) + 1] * f;
+            O += pp[s * (hd + 2) + 2 + d] * f;
         }
     }
     return O / L;
@@ -185,32 +184,21 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
         if (valid) {
             const __half *kr = kbase + key * kvd;
             if (vec8) {
-                /* the row's 16-byte pieces loaded before any is used (up to 16
-                 * in flight per lane), then the dot in ascending d */
-                constexpr int NC = ND * 4 < 16 ? ND * 4 : 16;
-                for (int d0 = 0; d0 < hd; d0 += NC * 8) {
-                    uint4 u[NC];
+                for (int d = 0; d < hd; d += 8) {
+                    uint4 u = *reinterpret_cast<const uint4 *>(kr + d);
+                    const __half2 *h2 = reinterpret_cast<const __half2 *>(&u);
+                    float kf[8];
 #pragma unroll
-                    for (int i = 0; i < NC; i++)
-                        if (d0 + i * 8 < hd) u[i] = __ldg(reinterpret_cast<const uint4 *>(kr + d0 + i * 8));
+                    for (int e = 0; e < 4; e++) {
+                        float2 f = __half22float2(h2[e]);
+                        kf[2 * e] = f.x;
+                        kf[2 * e + 1] = f.y;
+                    }
 #pragma unroll
-                    for (int i = 0; i < NC; i++) {
-                        if (d0 + i * 8 < hd) {
-                            const __half2 *h2 = reinterpret_cast<const __half2 *>(&u[i]);
-                            float kf[8];
+                    for (int hh = 0; hh < AT_HB; hh++) {
+                        const float *qq = qs + hh * hd + d;
 #pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                float2 f = __half22float2(h2[e]);
-                                kf[2 * e] = f.x;
-                                kf[2 * e + 1] = f.y;
-                            }
-#pragma unroll
-                            for (int hh = 0; hh < AT_HB; hh++) {
-                                const float *qq = qs + hh * hd + d0 + i * 8;
-#pragma unroll
-                                for (int e = 0; e < 8; e++) s[hh] = fmaf(qq[e], kf[e], s[hh]);
-                            }
-                        }
+                        for (int e = 0; e < 8; e++) s[hh] = fmaf(qq[e], kf[e], s[hh]);
                     }
                 }
             } else {
@@ -223,30 +211,20 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
         }
         float ps[AT_HB];
         attn_softmax_tile<ND>(valid, s, scale, m, l, acc, ps);
-        /* values: 8 keys' rows loaded before they are used, then each key's
-         * probability broadcast (keys in ascending order, as before) */
         const int nvalid = (int)min((int64_t)32, k_end - k0);
-        for (int j0 = 0; j0 < nvalid; j0 += 8) {
-            float vv[8][ND];
+        for (int j = 0; j < nvalid; j++) {
+            const __half *vr = vbase + (k0 + j) * kvd;
+            float vv[ND];
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++) {
-                const __half *vr = vbase + (k0 + j0 + jj) * kvd;
-#pragma unroll
-                for (int dd = 0; dd < ND; dd++) {
-                    const int d = lane + 32 * dd;
-                    vv[jj][dd] = j0 + jj < nvalid && d < hd ? __half2float(__ldg(vr + d)) : 0.0f;
-                }
+            for (int dd = 0; dd < ND; dd++) {
+                int d = lane + 32 * dd;
+                vv[dd] = d < hd ? __half2float(vr[d]) : 0.0f;
             }
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++) {
-                if (j0 + jj < nvalid) { /* uniform over the warp */
+            for (int hh = 0; hh < AT_HB; hh++) {
+                float pj = __shfl_sync(0xffffffffu, ps[hh], j);
 #pragma unroll
-                    for (int hh = 0; hh < AT_HB; hh++) {
-                        float pj = __shfl_sync(0xffffffffu, ps[hh], j0 + jj);
-#pragma unroll
-                        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = fmaf(pj, vv[jj][dd], acc[hh][dd]);
-                    }
-                }
+                for (int dd = 0; dd < ND; dd++) acc[hh][dd] = fmaf(pj, vv[dd], acc[hh][dd]);
             }
         }
     }
@@ -255,24 +233,6 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
         if (gridDim.y == 1) a.out[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] = O / L;
         else attn_part_store(a, t, h0 + hh, split, d, M, L, O);
     });
-    if (gridDim.y > 1 && a.count) { /* the last split block of (t, head group) merges (as attn_combine_kernel) */
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned *c = a.count + (size_t)t * gridDim.x + blockIdx.x;
-            last = atomicAdd(c, 1u) == gridDim.y - 1;
-            if (last) *c = 0; /* zero again for the next launch */
-        }
-        __syncthreads();
-        if (last) {
-            __threadfence();
-            for (int i = threadIdx.x; i < nhb * hd; i += blockDim.x) {
-                const int hh = i / hd, d = i - hh * hd;
-                a.out[(int64_t)t * qd + (int64_t)(h0 + hh) * hd + d] = attn_combine_d(a, t, h0 + hh, d);
-            }
-        }
-    }
 }
 
 __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
@@ -455,7 +415,7 @@ cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl) {
                                                  : attn_split_kernel<8>;
     cudaError_t err = spx_launch(kern, grid, dim3(AT_WARPS * 32), smem, st, pdl, a);
     if (err == cudaSuccess) err = cudaGetLastError();
-    if (err != cudaSuccess || a.n_splits == 1 || a.count) return err;
+    if (err != cudaSuccess || a.n_splits == 1) return err;
     err = spx_launch(attn_combine_kernel, dim3((unsigned)a.nh, (unsigned)a.n_tok), dim3(128), 0, st, pdl, a);
     return err != cudaSuccess ? err : cudaGetLastError();
 }

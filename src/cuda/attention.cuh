@@ -3,9 +3,8 @@
  * query at position p (start > 0 only with a sliding window) are cut into
  * n_splits chunks of whole 32-key tiles; each block runs an online softmax
  * over its chunk for up to 4 query heads sharing one KV head (K and V rows
- * are read once for all of them), and the chunks are merged (max, sum,
- * weighted values) by the last block to finish (fp16 with count) or a
- * second kernel. Positions come from device memory (*pos is
+ * are read once for all of them), and a second kernel merges the chunks
+ * (max, sum, weighted values). Positions come from device memory (*pos is
  * the position of query 0), so the launch shape depends only on n_tok and
  * n_splits and a decode graph replays at any context length.
  *
@@ -40,9 +39,6 @@ struct spx_attn_args {
     const int32_t *pos;         /* device: position of query 0 */
     spx_kvq4 kq, vq;            /* --kv q4: this layer's caches instead (kq.codes NULL: fp16) */
     int rot;                    /* q4: Hadamard block, spx_kvq4_rot(hd, nkv * hd) */
-    unsigned *count;            /* fp16, n_splits > 1: spx_attention_blocks_per_split(n_tok, nh, nkv)
-                                 * counters, zero (left zero): the last block of each (token, head
-                                 * group) to finish merges the splits; NULL: a second kernel does */
 };
 
 cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl = false);

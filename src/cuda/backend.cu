@@ -467,7 +467,6 @@ struct cu_sess {
     cudaStream_t st;
     __half *kc, *vc;                 /* [n_layers, n_ctx, kvd]; --kv q4: the bytes of kvq4_math.h's layout */
     float *h, *x, *q, *k, *v, *att, *gate, *up, *logits, *part;
-    unsigned *attn_count;     /* the fp16 attention's split counters (zero between launches) */
     float *ws;                       /* split-K workspace of the GEMM */
     size_t ws_floats;
     __half *x16;                     /* [B, max(H, qd, I)] */
@@ -587,9 +586,6 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->up, B * I * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, (size_t)SPX_BATCH_MAX * V * 4)); /* LM_ALL goes in chunks */
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->part, (size_t)CU_PART_TOK_SPLITS * (size_t)c->n_heads * (hd + 2) * 4));
-    const size_t n_count = (size_t)spx_attention_blocks_per_split(CU_PART_TOK_SPLITS, (int)c->n_heads, (int)c->n_kv_heads);
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_count, n_count * sizeof(unsigned)));
-    SPX_CUDA_TRY(e, cudaMemset(cs->attn_count, 0, n_count * sizeof(unsigned)));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x16, B * wide * 2));
     cs->ws_floats = 4 * (size_t)SPX_BATCH_MAX * wide; /* split-K partials: large M needs few splits */
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ws, cs->ws_floats * 4));
@@ -839,7 +835,6 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         aa.vc = vc;
         aa.out = cs->att;
         aa.part = cs->part;
-        aa.count = cs->attn_count;
         aa.n_tok = n;
         aa.nh = nh;
         aa.nkv = nkv;
