@@ -105,8 +105,10 @@ __device__ __forceinline__ float attn_combine_d(const spx_attn_args &a, int t, i
     const int hd = a.hd, S = a.n_splits;
     const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
     float M = -INFINITY;
+#pragma unroll 4
     for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
     float L = 0.0f, O = 0.0f;
+#pragma unroll 4
     for (int s = 0; s < S; s++) {
         float ms = pp[s * (hd + 2)];
         if (ms != -INFINITY) {

@@ -546,11 +546,21 @@ static void cu_session_free(spx_session *s) {
     s->be_state = NULL;
 }
 
+/* Key splits of the attention (flash-decoding). A prompt: enough blocks
+ * for two per SM. One token (the decode graph, sized for the session's
+ * context): one split per 16 key tiles (4 per warp), at least one; on the
+ * H200 fewer, longer splits beat one tile per block (8B tg128 at 641 keys:
+ * 1 split 412 tok/s, 4: 400, 21: 396; at 8K keys 16 splits 398 against 33:
+ * 393), the combine pass and the blocks' fixed costs being what a short
+ * split pays for. SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
 static int splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
+    const char *env = getenv("SPECTRA_CUDA_ATTN_SPLITS");
     int bps = spx_attention_blocks_per_split(n_tok, (int)c->n_heads, (int)c->n_kv_heads);
     int64_t S = (2 * (int64_t)cm->n_sm + bps - 1) / bps;
     int64_t tiles = (max_keys + 31) / 32;
     if (S > tiles) S = tiles;
+    if (n_tok == 1 && S > (tiles + 15) / 16) S = (tiles + 15) / 16;
+    if (env && atoi(env) > 0) S = atoi(env);
     if (S * n_tok > CU_PART_TOK_SPLITS) S = CU_PART_TOK_SPLITS / n_tok;
     return S < 1 ? 1 : (int)S;
 }

@@ -993,9 +993,10 @@ static const int64_t g_pipe_cols[] = {8192, 28672, SPX_GEMV_MAX_COLS};
 #define GM_SMEM_MAX (160 * 1024)
 static const gemv_fn g_mma[] = {gemv_q4_mma<4, 2, true>, gemv_q4_mma<4, 2, false>};
 static const int g_mma_maxb[] = {2, 2};
-/* On the tiled layout: two or three blocks per multiprocessor (gemv_q4_tiled;
- * variant 1 = 80 registers). */
-static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<4, 3>};
+/* On the tiled layout: two blocks per multiprocessor with 4 items in flight
+ * per warp (128 registers), or three with 2 (80; <4, 3> spilled); the
+ * launch picks by its tile count. */
+static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<2, 3>};
 static const int g_mma_tl_maxb[] = {2, 3};
 static int g_tl_force = -1; /* benchmarks: spx_gemv_q4_force_tiled_variant */
 
@@ -1027,6 +1028,8 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
     }
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
     if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
+    const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
+    if (tv && (*tv == '0' || *tv == '1') && !tv[1]) g_tl_force = *tv - '0';
     return cudaSuccess;
 }
 
@@ -1105,7 +1108,10 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     } else {
         const int v = a.impl == 0 ? g_default : a.impl - 2;
         k.n_tiles = tl ? k.tstart[a.n_mats] : a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
-        const int tv = g_tl_force >= 0 ? g_tl_force : 0;
+        /* tiled: three blocks per SM with 2 items in flight where each block
+         * has many tiles (the LM head, the 8B gate/up: 96-98 % / 82 % of copy
+         * against 91 / 82 %), else two with 4 (the 8B down: 60 % against 54 %) */
+        const int tv = g_tl_force >= 0 ? g_tl_force : k.n_tiles >= 12 * (int64_t)(n_sm > 0 ? n_sm : 1) ? 1 : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
         const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
         int occ = 0;

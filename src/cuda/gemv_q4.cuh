@@ -62,7 +62,8 @@ struct spx_gemv_args {
 };
 
 /* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3),
- * -1: the default. */
+ * -1: the default choice by tile count (SPECTRA_GEMV_TILED_VARIANT=v at
+ * setup does the same). */
 void spx_gemv_q4_force_tiled_variant(int v);
 /* Whether the tensor-core kernels (the only ones for tiled matrices or
  * x2) take a launch of this width with n_out_total outlier columns over
