@@ -99,6 +99,32 @@ int main(void) {
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 16 -n 8 -r 2 --json", tmp);
     expect(a, 0, "tg_tps_median");
 
+    /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
+     * row-major with --layout rows; both give the same greedy tokens */
+    snprintf(a, sizeof a, "compress -m %s -o %s/t.trdc -q", tl_shared("models/tiny-qwen3"), tmp);
+    expect(a, 0, "bits/weight");
+    snprintf(a, sizeof a, "compress -m %s -o %s/r.trdc -q --layout rows", tl_shared("models/tiny-qwen3"), tmp);
+    expect(a, 0, "bits/weight");
+    snprintf(a, sizeof a, "compress -m %s -o %s/x.trdc -q --layout cols", tl_shared("models/tiny-qwen3"), tmp);
+    expect(a, 2, "--layout: expected tiled or rows");
+    snprintf(a, sizeof a, "inspect %s/t.trdc", tmp);
+    expect(a, 0, "4/g32/t");
+    snprintf(a, sizeof a, "inspect %s/t.trdc", tmp);
+    expect(a, 0, "version 2");
+    snprintf(a, sizeof a, "inspect %s/r.trdc", tmp);
+    expect(a, 0, "version 1");
+    {
+        char *o1 = NULL, *o2 = NULL, cmd[3000];
+        snprintf(cmd, sizeof cmd, "%s run -m %s/t.trdc --ids 1,2,3 -n 12 --temp 0 -q --backend cpu", bin(), tmp);
+        int r1 = sh(cmd, &o1);
+        snprintf(cmd, sizeof cmd, "%s run -m %s/r.trdc --ids 1,2,3 -n 12 --temp 0 -q --backend cpu", bin(), tmp);
+        int r2 = sh(cmd, &o2);
+        CHECK(r1 == 0 && r2 == 0 && strlen(o1) > 0 && strcmp(o1, o2) == 0,
+              "tiled and row-major files generate differently:\n%s\n%s", o1, o2);
+        free(o1);
+        free(o2);
+    }
+
     /* run and bench follow the execution plan and print it (not with -q / --json) */
     snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --temp 0", tmp);
     expect(a, 0, "plan: ");

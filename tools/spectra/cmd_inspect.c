@@ -95,21 +95,22 @@ static void print_table(const spx_trdc *f) {
         if (l > w) w = l;
     }
     if (w > 64) w = 64;
-    printf("%-*s  %-5s  %-16s  %-6s  %8s  %7s  %8s  %14s  %6s\n", w, "name", "kind", "shape",
+    printf("%-*s  %-5s  %-16s  %-7s  %8s  %7s  %8s  %14s  %6s\n", w, "name", "kind", "shape",
            "type", "outliers", "r", "kappa", "bytes", "bpw");
     for (size_t i = 0; i < spx_trdc_count(f); i++) {
         const spx_trdc_tensor *t = spx_trdc_at(f, i);
         char shp[64], type[16], outl[24] = "-", rr[24] = "-", kap[24] = "-";
         shape_text(t, shp, sizeof shp);
         if (t->kind == SPX_TRDC_QUANT) {
-            snprintf(type, sizeof type, "%d/g%d", (int)t->q.bits, (int)t->q.group);
+            snprintf(type, sizeof type, "%d/g%d%s", (int)t->q.bits, (int)t->q.group,
+                     t->q.layout == SPX_Q_TILED ? "/t" : ""); /* /t: tile16x128 (docs/trdc.md 2.4) */
             snprintf(outl, sizeof outl, "%lld", (long long)t->q.n_outliers);
             if (!isnan(t->r)) snprintf(rr, sizeof rr, "%.2f%%", 100.0 * t->r);
             if (!isnan(t->kappa)) snprintf(kap, sizeof kap, "%.2f", t->kappa);
         } else {
             snprintf(type, sizeof type, "%s", spx_dtype_name(t->dtype));
         }
-        printf("%-*.*s  %-5s  %-16s  %-6s  %8s  %7s  %8s  %14s  %6.3f\n", w, w, t->name,
+        printf("%-*.*s  %-5s  %-16s  %-7s  %8s  %7s  %8s  %14s  %6.3f\n", w, w, t->name,
                spx_trdc_kind_name(t->kind), shp, type, outl, rr, kap, grp(t->nbytes, b1, sizeof b1),
                bpw(t->nbytes, (uint64_t)t->numel));
     }
@@ -163,6 +164,7 @@ static int print_json(const spx_trdc *f) {
         if (t->kind == SPX_TRDC_DENSE) {
             cJSON_AddStringToObject(o, "dtype", spx_dtype_name(t->dtype));
         } else {
+            cJSON_AddStringToObject(o, "layout", t->q.layout == SPX_Q_TILED ? "tile16x128" : "rows");
             cJSON_AddNumberToObject(o, "bits", t->q.bits);
             cJSON_AddNumberToObject(o, "group", t->q.group);
             cJSON_AddNumberToObject(o, "n_outliers", (double)t->q.n_outliers);
