@@ -13,7 +13,16 @@
  * The matrices are random bytes (codes, zero points, fp16 scales in
  * [1e-3, 1e-2)): speed does not depend on the values. The scalar table's
  * GEMM is slow (double sums over a dequantized row) and runs only with
- * --scalar-gemm. */
+ * --scalar-gemm.
+ *
+ * Layouts (--layout): the row-major matrix (SPX_Q_ROWS) and its SPX_Q_TILED
+ * copy (spx_q_tile_alloc; G32 and cols % 128 == 0 only). With both, each
+ * measurement is taken in --rounds rounds that alternate the layouts in
+ * ABBA order (rows, tiled, tiled, rows, ...), each block with its own
+ * warm-up, and the median is over all rounds' calls: on a noisy machine
+ * both layouts see the same drift, and each block still runs with its own
+ * matrix warm in the caches as a single-layout run would. The tiled line
+ * adds the ratio of its median time to the row-major one (< 1: faster). */
 #include "core/half.h"
 #include "core/pool.h"
 #include "core/util.h"
@@ -99,18 +108,23 @@ static double cpu_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Median seconds per call of prepare + rows over the pool (wall clock),
- * and in *cpu the median process CPU seconds per call divided by the
- * thread count: on a shared machine, the time the call would take if its
- * threads had the cores to themselves (pool wake-up spins count too). */
-static double time_matmul(spx_pool *pool, const spx_qkernels *k, const spx_qtensor *q,
-                          const float *x, int64_t T, float *y, int runs, int warm, double *cpu) {
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return v[n / 2];
+}
+
+/* Seconds per call of prepare + rows over the pool (wall clock) for `runs`
+ * calls after `warm`, into ts[runs], and in cs[runs] the process CPU
+ * seconds per call divided by the thread count: on a shared machine, the
+ * time the call would take if its threads had the cores to themselves
+ * (pool wake-up spins count too). */
+static void time_matmul(spx_pool *pool, const spx_qkernels *k, const spx_qtensor *q, const float *x,
+                        int64_t T, float *y, int runs, int warm, double *ts, double *cs) {
     size_t ab = k->act_bytes(T, q->cols, q->group), sb = k->scratch_bytes(T, q->cols, q->group);
     sb = (sb + 63) / 64 * 64;
     int nt = spx_pool_size(pool);
     void *act = malloc(ab ? ab : 1);
     char *scratch = malloc(sb * (size_t)nt + 1);
-    double *ts = malloc((size_t)runs * sizeof *ts), *cs = malloc((size_t)runs * sizeof *cs);
     job j = {k, q, act, x, T, y, scratch, sb};
     for (int i = 0; i < warm + runs; i++) {
         double t0 = spx_now(), c0 = cpu_now();
@@ -119,15 +133,27 @@ static double time_matmul(spx_pool *pool, const spx_qkernels *k, const spx_qtens
         double dt = spx_now() - t0, dc = cpu_now() - c0;
         if (i >= warm) ts[i - warm] = dt, cs[i - warm] = dc / nt;
     }
-    qsort(ts, (size_t)runs, sizeof *ts, cmp_d);
-    qsort(cs, (size_t)runs, sizeof *cs, cmp_d);
-    double med = ts[runs / 2];
-    *cpu = cs[runs / 2];
-    free(ts);
-    free(cs);
     free(act);
     free(scratch);
-    return med;
+}
+
+/* Median wall and CPU seconds per call for each of the nl matrices qs[],
+ * rounds x runs calls each, the layouts alternated ABBA by round. */
+static void time_layouts(spx_pool *pool, const spx_qkernels *k, const spx_qtensor *const *qs, int nl,
+                         const float *x, int64_t T, float *y, int runs, int warm, int rounds,
+                         double *wall, double *cpu) {
+    int n = runs * rounds;
+    double *ts = malloc((size_t)(2 * nl * n) * sizeof *ts), *cs = ts + nl * n;
+    for (int rd = 0; rd < rounds; rd++)
+        for (int j = 0; j < nl; j++) {
+            int li = rd & 1 ? nl - 1 - j : j;
+            time_matmul(pool, k, qs[li], x, T, y, runs, warm, ts + li * n + rd * runs, cs + li * n + rd * runs);
+        }
+    for (int li = 0; li < nl; li++) {
+        wall[li] = median(ts + li * n, n);
+        cpu[li] = median(cs + li * n, n);
+    }
+    free(ts);
 }
 
 static void usage(const char *argv0) {
@@ -139,13 +165,16 @@ static void usage(const char *argv0) {
            "  --outliers F    outlier column fraction (float in [0, 0.5], default 0.01)\n"
            "  --threads N     largest thread count; rows for 1..N (int 1..64, default 2)\n"
            "  --shape RxC     only this shape (default: the five Llama shapes)\n"
+           "  --layout L      rows, tiled or both (default both; tiled needs G32)\n"
+           "  --rounds N      rounds alternating the layouts (int >= 1, default 2)\n"
            "  --scalar-gemm   also time the scalar table's GEMM (slow)\n"
            "  --help          this text\n",
            argv0);
 }
 
 int main(int argc, char **argv) {
-    int runs = 20, gemm_runs = 5, group = 32, max_threads = 2, scalar_gemm = 0;
+    int runs = 20, gemm_runs = 5, group = 32, max_threads = 2, scalar_gemm = 0, rounds = 2;
+    int use_rows = 1, use_tiled = 1, layout_set = 0;
     int64_t T = 512;
     double out_frac = 0.01;
     int64_t shapes[8][2] = {{2048, 2048}, {2048, 8192}, {8192, 2048}, {4096, 14336}, {14336, 4096}};
@@ -167,6 +196,17 @@ int main(int argc, char **argv) {
             group = atoi(v), i++;
         } else if (v && !strcmp(a, "--outliers")) {
             out_frac = atof(v), i++;
+        } else if (v && !strcmp(a, "--rounds")) {
+            rounds = atoi(v), i++;
+        } else if (v && !strcmp(a, "--layout")) {
+            use_rows = !strcmp(v, "rows") || !strcmp(v, "both");
+            use_tiled = !strcmp(v, "tiled") || !strcmp(v, "both");
+            layout_set = 1;
+            if (!use_rows && !use_tiled) {
+                fprintf(stderr, "--layout %s: expected rows, tiled or both\n", v);
+                return 2;
+            }
+            i++;
         } else if (v && !strcmp(a, "--threads")) {
             max_threads = atoi(v), i++;
         } else if (v && !strcmp(a, "--shape")) {
@@ -183,16 +223,26 @@ int main(int argc, char **argv) {
         }
     }
     if (runs < 1 || gemm_runs < 0 || T < 2 || !spx_q_group_stored_ok(group) || out_frac < 0 ||
-        out_frac > 0.5 || max_threads < 1 || max_threads > 64) {
+        out_frac > 0.5 || max_threads < 1 || max_threads > 64 || rounds < 1) {
         fprintf(stderr, "bad option value (see --help)\n");
         return 2;
     }
     const spx_qkernels *tables[2] = {spx_qkernels_scalar(), spx_qkernels_get("avx2")};
-    printf("bench_kernels: 4-bit G%d, %.1f%% outliers, GEMV median of %d, GEMM T=%lld median of %d\n",
-           group, 100 * out_frac, runs, (long long)T, gemm_runs);
-    printf("(cpu: the same from process CPU time / threads, for a shared machine)\n");
-    printf("%-12s %-7s %3s | %10s %9s %9s | %10s %9s %9s\n", "shape", "kernel", "thr", "GEMV us",
-           "GB/s", "cpu GB/s", "GEMM ms", "GFLOP/s", "cpu GF/s");
+    if (use_tiled && group != 32) {
+        if (layout_set) {
+            fprintf(stderr, "--layout tiled/both needs --group 32\n");
+            return 2;
+        }
+        use_tiled = 0; /* the default, both, means rows only here */
+    }
+    printf("bench_kernels: 4-bit G%d, %.1f%% outliers, GEMV median of %d x %d rounds, GEMM T=%lld "
+           "median of %d x %d rounds\n",
+           group, 100 * out_frac, runs, rounds, (long long)T, gemm_runs, rounds);
+    printf("(cpu: the same from process CPU time / threads, for a shared machine; t/r: tiled time / "
+           "rows time, wall and cpu)\n");
+    printf("%-12s %-7s %3s %-5s | %10s %9s %9s %11s | %10s %9s %9s %11s\n", "shape", "kernel", "thr",
+           "lay", "GEMV us", "GB/s", "cpu GB/s", "t/r", "GEMM ms", "GFLOP/s", "cpu GF/s",
+           "t/r");
     for (int si = 0; si < n_shapes; si++) {
         int64_t rows = shapes[si][0], cols = shapes[si][1];
         if (cols % group) {
@@ -204,6 +254,25 @@ int main(int argc, char **argv) {
         if (!bmat_init(&m, rows, cols, group, out_frac)) {
             fprintf(stderr, "out of memory\n");
             return 1;
+        }
+        /* the layouts to time: qs[li], names[li] */
+        spx_qtensor tq;
+        void *tmem = NULL;
+        const spx_qtensor *qs[2];
+        const char *names[2];
+        int nl = 0;
+        if (use_rows) qs[nl] = &m.q, names[nl++] = "rows";
+        if (use_tiled) {
+            spx_err e;
+            spx_err_clear(&e);
+            if (spx_q_tile_alloc(&m.q, &tq, &tmem, &e) == SPX_OK)
+                qs[nl] = &tq, names[nl++] = "tiled";
+            else
+                fprintf(stderr, "shape %lldx%lld: no tiled copy: %s\n", (long long)rows, (long long)cols, e.msg);
+        }
+        if (!nl) {
+            bmat_free(&m);
+            continue;
         }
         float *x = malloc((size_t)(T * cols) * sizeof *x);
         float *y = malloc((size_t)(T * rows) * sizeof *y);
@@ -221,17 +290,24 @@ int main(int argc, char **argv) {
             for (int ki = 0; ki < 2; ki++) {
                 const spx_qkernels *k = tables[ki];
                 if (!k) continue;
-                int sc = ki == 0;
-                double cv, cg;
-                double tv = time_matmul(pool, k, &m.q, x, 1, y, runs, sc ? 1 : 3, &cv);
-                printf("%-12s %-7s %3d | %10.1f %9.2f %9.2f |", shape, k->name, nt, tv * 1e6,
-                       (double)m.bytes / tv * 1e-9, (double)m.bytes / cv * 1e-9);
-                if (gemm_runs && (!sc || scalar_gemm)) {
-                    double tg = time_matmul(pool, k, &m.q, x, T, y, gemm_runs, 1, &cg);
-                    double fl = 2.0 * (double)rows * (double)cols * (double)T;
-                    printf(" %10.2f %9.1f %9.1f\n", tg * 1e3, fl / tg * 1e-9, fl / cg * 1e-9);
-                } else {
-                    printf(" %10s %9s %9s\n", "-", "-", "-");
+                int sc = ki == 0, gm = gemm_runs && (!sc || scalar_gemm);
+                double tv[2], cv[2], tg[2], cg[2];
+                time_layouts(pool, k, qs, nl, x, 1, y, runs, sc ? 1 : 3, rounds, tv, cv);
+                if (gm) time_layouts(pool, k, qs, nl, x, T, y, gemm_runs, 1, rounds, tg, cg);
+                double fl = 2.0 * (double)rows * (double)cols * (double)T;
+                for (int li = 0; li < nl; li++) {
+                    /* bytes: the row-major count (the default shapes have no tile padding) */
+                    printf("%-12s %-7s %3d %-5s | %10.1f %9.2f %9.2f", shape, k->name, nt, names[li],
+                           tv[li] * 1e6, (double)m.bytes / tv[li] * 1e-9, (double)m.bytes / cv[li] * 1e-9);
+                    if (li) printf(" %5.3f %5.3f |", tv[1] / tv[0], cv[1] / cv[0]);
+                    else printf(" %11s |", "");
+                    if (gm) {
+                        printf(" %10.2f %9.1f %9.1f", tg[li] * 1e3, fl / tg[li] * 1e-9, fl / cg[li] * 1e-9);
+                        if (li) printf(" %5.3f %5.3f", tg[1] / tg[0], cg[1] / cg[0]);
+                    } else {
+                        printf(" %10s %9s %9s", "-", "-", "-");
+                    }
+                    printf("\n");
                 }
                 fflush(stdout);
             }
@@ -239,6 +315,7 @@ int main(int argc, char **argv) {
         }
         free(x);
         free(y);
+        free(tmem);
         bmat_free(&m);
     }
     return 0;

@@ -9,7 +9,18 @@
  * the int8-activation bound below, and against the scalar table; the
  * scalar table against the double reference. Splitting the rows across
  * calls must not change a single bit. Skipped with a note where the CPU
- * lacks AVX2/FMA/F16C. */
+ * lacks AVX2/FMA/F16C.
+ *
+ * Tiled layout: wherever spx_q_tiled_ok (4-bit G32, cols % 128 == 0), the
+ * same matrix repacked by spx_q_tile must give bit-identical y in both
+ * tables (the same numbers in the same order; only the addresses differ),
+ * on the full range and on ranges that start and end inside a tile. Every
+ * row and group holds different random data, so a wrong code, scale or
+ * zero offset (row within the tile, its half, item, pair) reads another
+ * row's or group's values and changes y. The tiled arrays are separate
+ * allocations of their exact sizes, so a read past one is an ASan error
+ * in the sanitizer build (one block, as spx_q_tile_alloc makes, would hide
+ * a read past the scales in the zeros). */
 #include "testlib.h"
 
 #include "core/half.h"
@@ -162,6 +173,52 @@ static int run_kernel(const spx_qkernels *k, const spx_qtensor *q, const float *
     return ok;
 }
 
+/* y of k on [r0, r1) (in `pieces` calls) of the tiled copy qt must equal
+ * want (the one-call result on the row-major original) bit for bit. */
+static void check_tiled_range(const spx_qkernels *k, const spx_qtensor *qt, const float *x, int64_t T,
+                              const float *want, float *y, int64_t ys, int64_t r0, int64_t r1,
+                              int pieces, const char *what) {
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s: %s tiled rows [%lld, %lld) in %d", what, k->name, (long long)r0,
+             (long long)r1, pieces);
+    if (!run_kernel(k, qt, x, T, y, ys, r0, r1, pieces, w2)) return;
+    int64_t bad = -1;
+    for (int64_t t = 0; t < T && bad < 0; t++)
+        for (int64_t r = r0; r < r1; r++)
+            if (memcmp(&y[t * ys + r], &want[t * ys + r], sizeof(float))) {
+                bad = t * ys + r;
+                break;
+            }
+    CHECK(bad < 0, "%s: differs from the row-major result at t=%lld r=%lld: %.9g vs %.9g", w2,
+          (long long)(bad / ys), (long long)(bad % ys), y[bad], want[bad]);
+}
+
+static void check_tiled(const spx_qkernels *k, const spx_qtensor *q, const float *x, int64_t T,
+                        const float *want, float *y, int64_t ys, const char *what) {
+    spx_qtensor qt;
+    spx_err e;
+    spx_err_clear(&e);
+    uint8_t *codes = malloc((size_t)spx_q_codes_bytes(q->rows, q->cols, 4, SPX_Q_TILED));
+    uint16_t *scales = malloc((size_t)spx_q_scales_bytes(q->rows, q->cols, 32, SPX_Q_TILED));
+    uint8_t *zeros = malloc((size_t)spx_q_zeros_bytes(q->rows, q->cols, 32, SPX_Q_TILED));
+    if (spx_q_tile(q, codes, scales, zeros, &qt, &e) != SPX_OK) {
+        CHECK(0, "%s: spx_q_tile: %s", what, e.msg);
+        free(codes);
+        free(scales);
+        free(zeros);
+        return;
+    }
+    int64_t rows = q->rows;
+    check_tiled_range(k, &qt, x, T, want, y, ys, 0, rows, 1, what);
+    /* 7 pieces: boundaries inside tiles and tile halves for most shapes */
+    if (rows >= 7) check_tiled_range(k, &qt, x, T, want, y, ys, 0, rows, 7, what);
+    /* starts in the second half of a tile, ends inside a later one */
+    if (rows > 11) check_tiled_range(k, &qt, x, T, want, y, ys, 9, rows - 2, 2, what);
+    free(codes);
+    free(scales);
+    free(zeros);
+}
+
 static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t rows, int64_t cols,
                        int group, int bits, int64_t n_out, int64_t T) {
     tcase tc;
@@ -229,6 +286,8 @@ static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t r
               what, worst, (long long)(wi / rows), (long long)(wi % rows),
               ysc[(wi / rows) * ys + wi % rows], ref[wi]);
     }
+    int tiled = spx_q_tiled_ok(bits, group, cols);
+    if (tiled) check_tiled(sc, q, x, T, ysc, ysplit, ys, what);
     if (av) {
         if (run_kernel(av, q, x, T, yav, ys, 0, rows, 1, "avx2")) {
             double worst = 0, se = 0, sr = 0;
@@ -281,6 +340,8 @@ static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t r
                     if (memcmp(&ysplit[t * ys + r], &yav[t * ys + r], sizeof(float))) same = 0;
             CHECK(same, "%s: 3-piece split differs from the one-call result", what);
         }
+        /* yav is within the bounds above, so the tiled copy's y is too */
+        if (tiled) check_tiled(av, q, x, T, yav, ysplit, ys, what);
     }
     free(x);
     free(ref);
@@ -312,10 +373,16 @@ int main(void) {
     const spx_qkernels *av = spx_qkernels_get("avx2");
     if (!av) printf("note: no AVX2+FMA+F16C on this CPU (or build): avx2 table not tested\n");
 
-    /* the last three cross the avx2 GEMM's blocking: row blocks of 64 rows,
-     * column chunks of 4096 (4256 / 32 = 133 blocks: a 5-block odd tail) */
-    static const int64_t shapes[][2] = {{1, 32},    {3, 96},   {7, 160}, {64, 512},
-                                        {33, 2048}, {256, 1536}, {300, 256}, {9, 4256}, {5, 8448}};
+    /* 300x256, 9x4256 and 5x8448 cross the avx2 GEMM's blocking: row
+     * blocks of 64 rows, column chunks of 4096 (4256 / 32 = 133 blocks: a
+     * 5-block odd tail). Tiled (cols % 128 == 0, G32): 128 columns are one
+     * item (a 4-block chunk only), 384 one chunk and a one-item tail, 4224
+     * a one-item tail after a column chunk; 17, 20, 33 and 300 rows end in
+     * a partial tile, 32x640 in a whole one with a one-item tail (its last
+     * scale words are the array's last bytes). */
+    static const int64_t shapes[][2] = {{1, 32},    {3, 96},    {7, 160},   {64, 512},  {33, 2048},
+                                        {256, 1536}, {300, 256}, {9, 4256}, {5, 8448},  {17, 128},
+                                        {20, 384},  {19, 4224}, {32, 640}};
     static const int groups[] = {32, 64, 128};
     static const int64_t Ts[] = {1, 2, 3, 5, 8, 17};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)

@@ -1,7 +1,8 @@
 /* test_quant.c: the quantization math (src/quant/g32, saliency, metrics,
  * experiment): golden bit-exact packing, the fp16 scale rule, Propositions
  * 2 and 3 as oracles, the fused dot products, outliers, the MSE search,
- * kurtosis and the adaptive outlier ratio.
+ * kurtosis and the adaptive outlier ratio, and the tiled layout's repack
+ * (spx_q_tile) against the byte positions qtensor.h documents.
  *
  * Inputs are fresh random data (seeded), never zeros; outputs are poisoned
  * before the call that writes them. Tolerances are the named constants
@@ -671,6 +672,174 @@ static void test_experiment_b(void) {
     CHECK(r.light_row[5] > 0.99, "per-row, m = 64: non-heavy weights all but erased (%.4f)", r.light_row[5]);
 }
 
+/* ======================================================================
+ * Tiled layout: spx_q_tile against qtensor.h's description, restated here
+ * independently of the accessors: for row r (tile T = r / 16, i = r % 16)
+ * and group g (item k = g / 4, t = g % 4), ti = T * items + k:
+ *   codes  + 1024 ti + 64 i + 16 t   (row i < 8 at 64 i, row i + 8 at 512 + 64 i)
+ *   scales + 64 ti + 2 (4 (i % 8) + t) + i / 8   (fp16 units)
+ *   zeros  + 32 ti + 4 (i % 8) + t, nibble i / 8
+ * Padding rows (r >= rows) are zero bytes in all three.
+ * ==================================================================== */
+static int64_t tref_codes(int64_t items, int64_t r, int64_t g) {
+    int64_t ti = (r / 16) * items + g / 4, i = r % 16;
+    return 1024 * ti + (i < 8 ? 64 * i : 512 + 64 * (i - 8)) + 16 * (g % 4);
+}
+static int64_t tref_slot(int64_t items, int64_t r, int64_t g) {
+    return 32 * ((r / 16) * items + g / 4) + 4 * (r % 8) + g % 4;
+}
+
+static void test_tile(void) {
+    uint64_t rs = 0x711ed;
+    static const int64_t shapes[][2] = {{20, 256}, {16, 128}, {33, 384}, {1, 128}, {48, 1024}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si][0], cols = shapes[si][1], ng = cols / 32, items = cols / 128;
+        int64_t sr = (rows + 15) / 16 * 16;
+        int32_t oidx[3] = {5, 77, (int32_t)cols - 1};
+        spx_qbuf b;
+        spx_err e;
+        spx_err_clear(&e);
+        if (spx_qbuf_init(&b, rows, cols, 4, 32, oidx, 3, &e) != SPX_OK) {
+            CHECK(0, "qbuf: %s", e.msg);
+            continue;
+        }
+        float *w = malloc(sizeof(float) * cols);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t c = 0; c < cols; c++) w[c] = tl_rand_normal(&rs) * (1.0f + (float)(r % 7));
+            spx_qbuf_set_row(&b, r, w, SPX_Q_MINMAX, NULL);
+        }
+        free(w);
+        size_t cb = (size_t)spx_q_codes_bytes(rows, cols, 4, SPX_Q_TILED);
+        size_t sb = (size_t)spx_q_scales_bytes(rows, cols, 32, SPX_Q_TILED);
+        size_t zb = (size_t)spx_q_zeros_bytes(rows, cols, 32, SPX_Q_TILED);
+        CHECK(cb == (size_t)(sr * cols / 2) && sb == (size_t)(sr * ng * 2) && zb == (size_t)(sr * ng / 2),
+              "%lldx%lld: tiled sizes %zu %zu %zu", (long long)rows, (long long)cols, cb, sb, zb);
+        /* poisoned: every byte must be written */
+        uint8_t *codes = malloc(cb), *zeros = malloc(zb);
+        uint16_t *scales = malloc(sb);
+        memset(codes, 0xa5, cb);
+        memset(scales, 0xa5, sb);
+        memset(zeros, 0xa5, zb);
+        spx_qtensor t;
+        CHECK(spx_q_tile(&b.q, codes, scales, zeros, &t, &e) == SPX_OK, "spx_q_tile: %s", e.msg);
+        CHECK(t.layout == SPX_Q_TILED && t.rows == rows && t.cols == cols && t.bits == 4 && t.group == 32 &&
+                  t.codes == codes && t.scales == scales && t.zeros == zeros && t.n_outliers == 3 &&
+                  t.outlier_idx == b.q.outlier_idx && t.outlier_val == b.q.outlier_val,
+              "%lldx%lld: dst fields", (long long)rows, (long long)cols);
+        int bad_acc = 0, bad_ref = 0, bad_pad = 0;
+        for (int64_t r = 0; r < sr; r++)
+            for (int64_t g = 0; g < ng; g++) {
+                const uint8_t *tc = codes + tref_codes(items, r, g);
+                int64_t slot = tref_slot(items, r, g);
+                uint16_t ts = scales[2 * slot + (r % 16) / 8];
+                int tz = (zeros[slot] >> (4 * ((r % 16) / 8))) & 15;
+                /* the accessors find the documented positions */
+                if (spx_q_group_codes(&t, r, g) != tc || spx_q_group_scale(&t, r, g) != ts ||
+                    spx_q_group_zero(&t, r, g) != tz)
+                    bad_acc++;
+                if (r < rows) {
+                    if (memcmp(tc, b.codes + r * b.codes_row_bytes + 16 * g, 16) ||
+                        ts != b.scales[r * ng + g] || tz != spx_q_zero_get(b.zeros + r * b.zeros_row_bytes, g))
+                        bad_ref++;
+                } else {
+                    static const uint8_t z16[16];
+                    if (memcmp(tc, z16, 16) || ts != 0 || tz != 0) bad_pad++;
+                }
+            }
+        CHECK(bad_acc == 0, "%lldx%lld: %d (row, group) accessors off the documented positions",
+              (long long)rows, (long long)cols, bad_acc);
+        CHECK(bad_ref == 0, "%lldx%lld: %d (row, group) differ from the row-major original", (long long)rows,
+              (long long)cols, bad_ref);
+        CHECK(bad_pad == 0, "%lldx%lld: %d padding (row, group) not zero", (long long)rows, (long long)cols,
+              bad_pad);
+        /* the scalar reference reads the tiled copy to the same bits */
+        float *d0 = malloc(sizeof(float) * cols), *d1 = malloc(sizeof(float) * cols);
+        float *x = malloc(sizeof(float) * cols);
+        for (int64_t c = 0; c < cols; c++) x[c] = tl_rand_normal(&rs);
+        int bad_dot = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            spx_q_dequant_row_f32(&b.q, r, d0);
+            spx_q_dequant_row_f32(&t, r, d1);
+            float y0 = spx_q_dot_row(&b.q, r, x), y1 = spx_q_dot_row(&t, r, x);
+            if (memcmp(d0, d1, sizeof(float) * cols) || memcmp(&y0, &y1, sizeof y0)) bad_dot++;
+        }
+        CHECK(bad_dot == 0, "%lldx%lld: %d rows dequantize or dot differently tiled", (long long)rows,
+              (long long)cols, bad_dot);
+        if (rows == 20 && cols == 256) {
+            /* hand-computed (items = 2): row 9 group 5 is tile 0, item 1
+             * (ti 1), group 1 of it, row 1 of the tile's second half */
+            CHECK(spx_q_group_codes(&t, 9, 5) == codes + 1024 * 1 + 512 + 64 * 1 + 16 * 1, "row 9 group 5 codes");
+            CHECK(memcmp(codes + 1616, b.codes + 9 * 128 + 5 * 16, 16) == 0, "codes[1616..] = row 9 group 5");
+            CHECK(scales[2 * (32 * 1 + 4 * 1 + 1) + 1] == b.scales[9 * 8 + 5], "scales[75] = row 9 group 5");
+            CHECK((zeros[37] >> 4) == spx_q_zero_get(b.zeros + 9 * 4, 5), "zeros[37] high = row 9 group 5");
+            CHECK((zeros[37] & 15) == spx_q_zero_get(b.zeros + 1 * 4, 5), "zeros[37] low = row 1 group 5");
+            /* row 15 group 7: the last 16 bytes of ti 1, its last scale */
+            CHECK(memcmp(codes + 2032, b.codes + 15 * 128 + 7 * 16, 16) == 0, "codes[2032..] = row 15 group 7");
+            CHECK(scales[127] == b.scales[15 * 8 + 7], "scales[127] = row 15 group 7");
+            /* row 17 group 6: tile 1, item 1 (ti 3), row 1 of the first half */
+            CHECK(memcmp(codes + 3072 + 64 + 32, b.codes + 17 * 128 + 6 * 16, 16) == 0,
+                  "codes[3168..] = row 17 group 6");
+            CHECK(scales[2 * (96 + 4 + 2)] == b.scales[17 * 8 + 6], "scales[204] = row 17 group 6");
+            CHECK((zeros[102] & 15) == spx_q_zero_get(b.zeros + 17 * 4, 6), "zeros[102] low = row 17 group 6");
+            /* rows 20..31 are padding: row 20 group 0 at ti 2, row 4 */
+            CHECK(codes[2048 + 256] == 0 && scales[2 * (64 + 16)] == 0 && (zeros[80] & 15) == 0,
+                  "row 20 (padding) zero");
+        }
+        /* spx_q_tile_alloc: the same bytes in one block */
+        spx_qtensor t2;
+        void *mem = NULL;
+        CHECK(spx_q_tile_alloc(&b.q, &t2, &mem, &e) == SPX_OK && mem, "spx_q_tile_alloc: %s", e.msg);
+        if (mem)
+            CHECK(memcmp(t2.codes, codes, cb) == 0 && memcmp(t2.scales, scales, sb) == 0 &&
+                      memcmp(t2.zeros, zeros, zb) == 0 && t2.layout == SPX_Q_TILED,
+                  "%lldx%lld: spx_q_tile_alloc differs from spx_q_tile", (long long)rows, (long long)cols);
+        free(mem);
+        free(d0);
+        free(d1);
+        free(x);
+        free(codes);
+        free(scales);
+        free(zeros);
+        spx_qbuf_free(&b);
+    }
+    /* what cannot be tiled: SPX_ERR_ARG, nothing allocated */
+    static const struct { int64_t rows, cols; int bits, group; } no[] = {
+        {16, 256, 4, 64}, {16, 96, 4, 32}, {16, 256, 3, 32}, {16, 256, 2, 32}, {16, 128, 4, 128}};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        spx_qbuf b;
+        spx_err e;
+        spx_err_clear(&e);
+        if (spx_qbuf_init(&b, no[i].rows, no[i].cols, no[i].bits, no[i].group, NULL, 0, &e) != SPX_OK) {
+            CHECK(0, "qbuf: %s", e.msg);
+            continue;
+        }
+        uint8_t buf[8192];
+        spx_qtensor t;
+        void *mem = (void *)buf;
+        spx_err_clear(&e);
+        CHECK(spx_q_tile(&b.q, buf, (uint16_t *)buf, buf, &t, &e) == SPX_ERR_ARG && e.code == SPX_ERR_ARG &&
+                  e.msg[0],
+              "bits %d group %d cols %lld: spx_q_tile must refuse", no[i].bits, no[i].group,
+              (long long)no[i].cols);
+        CHECK(spx_q_tile_alloc(&b.q, &t, &mem, &e) == SPX_ERR_ARG && mem == NULL,
+              "bits %d group %d cols %lld: spx_q_tile_alloc must refuse", no[i].bits, no[i].group,
+              (long long)no[i].cols);
+        spx_qbuf_free(&b);
+    }
+    /* nor an already tiled matrix */
+    {
+        spx_qbuf b;
+        spx_err e;
+        spx_err_clear(&e);
+        spx_qbuf_init(&b, 16, 128, 4, 32, NULL, 0, &e);
+        spx_qtensor t = b.q, t2;
+        t.layout = SPX_Q_TILED;
+        void *mem;
+        CHECK(spx_q_tile_alloc(&t, &t2, &mem, &e) == SPX_ERR_ARG && mem == NULL, "tiling a tiled matrix");
+        spx_qbuf_free(&b);
+    }
+}
+
 int main(void) {
     test_golden();
     test_scale_rounded_first();
@@ -681,5 +850,6 @@ int main(void) {
     test_saliency();
     test_experiment_a();
     test_experiment_b();
+    test_tile();
     return tl_finish("test_quant");
 }

@@ -12,6 +12,14 @@
  * for unsupported group sizes (act_bytes() is 0 then) and its int8 output
  * is simply unused for bits 2 and 3.
  *
+ * Layouts: SPX_Q_ROWS, and SPX_Q_TILED (qtensor.h; 4-bit G32 only) read in
+ * place. A chunk of 8 blocks is 2 whole items and a pair's 32-byte code
+ * load lies inside one item, so only the row pointers, the pair offsets and
+ * the scale / zero gathers differ (tiled_scales, tiled_zeros; a
+ * compile-time flag TL): the arithmetic, and y, are bit-identical to the
+ * row-major copy's. A tiled matrix of another group size (never stored)
+ * takes the scalar table.
+ *
  * Activation format. A row's packed codes are cut into 16-byte pieces; the
  * 32 codes of piece b (both nibbles) form block b. With bpg = G / 32 blocks
  * per group, block b = bpg * g + i covers the columns
@@ -52,9 +60,11 @@
  * column chunks of 4096 (a row block's weights of one chunk stay in L2)
  * x token blocks of 8 (their activations stay in L1); 1 row x 8 tokens per
  * micro-kernel (8 code vectors + 8 accumulators in registers); the last
- * column chunk adds the outliers. Tuned on a 2-core AVX2 Xeon: about 4.6
- * cycles per 64 weights for GEMV and 3.3-3.9 per 64 weights and token for
- * GEMM (the sizes below). */
+ * column chunk adds the outliers. Tiled GEMV runs the 4-row micro-kernel
+ * over all 16 rows of a tile per chunk (gemv_tile16), so the tile's bytes
+ * stream forward. Tuned on a 2-core AVX2 Xeon: about 4.6 cycles per 64
+ * weights for GEMV and 3.3-3.9 per 64 weights and token for GEMM (the
+ * sizes below). */
 #include "cpu/qkernels.h"
 #include "quant/g32.h"
 
@@ -196,6 +206,7 @@ typedef struct kmat {
     const uint16_t *scales;
     const uint8_t *zeros;
     int64_t crb, ng, zrb; /* codes bytes, groups, zero bytes per row */
+    int64_t items;        /* SPX_Q_TILED: 128-column items per row */
 } kmat;
 
 /* Per-block scales of chunk [b0, b0 + nbc) of one row in tree order (lane
@@ -255,6 +266,52 @@ AVX2_INLINE __m256 chunk_zeros(const uint8_t *zrow, int64_t b0, int nbc, const i
     return _mm256_cvtepi32_ps(z);
 }
 
+/* SPX_Q_TILED (G32): a chunk of 8 blocks = groups 4k .. 4k + 7 = items k
+ * and k + 1 (b0 = 4k; b0 is a multiple of 8, so a chunk never starts
+ * mid-item; a tail chunk is one item: nbc = 4). Row R of a tile, h =
+ * (R >> 3) & 1, has per item 4 scale words (32-bit, one per group; fp16
+ * half h is row R's) and 4 zero bytes (one per group; nibble h is row R's).
+ * srow = its words in item 0 plus h (fp16 units: 64 per item), zrow = its
+ * zero bytes in item 0 (32 per item). */
+
+/* The chunk's scales in tree order. A 16-byte load at srow (+ h) has the
+ * row's 4 scales of item k in its even fp16 slots; one at 63 fp16 further
+ * has item k + 1's in its odd slots; one blend interleaves them (groups 0
+ * 4 1 5 2 6 3 7), the permute puts them in tree order. For h = 1 the
+ * first load reads one fp16 past item k's words, which after the last item
+ * could be past the array: the tail chunk (one item, the row's last)
+ * shifts the word-aligned load instead. */
+AVX2_INLINE __m256 tiled_scales(const uint16_t *srow, int h, int64_t b0, int nbc) {
+    const uint16_t *s = srow + 16 * b0; /* 64 fp16 per item, 4 blocks per item */
+    /* lane k: group TREE[k] = [0 2 4 6 1 3 5 7][k], in slot 2g (g < 4) or 2 (g - 4) + 1 */
+    const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    if (nbc == CHUNK)
+        return _mm256_permutevar8x32_ps(
+            _mm256_cvtph_ps(_mm_blend_epi16(_mm_loadu_si128((const __m128i *)s),
+                                            _mm_loadu_si128((const __m128i *)(s + 63)), 0xaa)),
+            idx);
+    __m128i v = _mm_srl_epi32(_mm_loadu_si128((const __m128i *)(s - h)), _mm_cvtsi32_si128(16 * h));
+    return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_and_si128(v, _mm_set1_epi32(0xffff))), idx);
+}
+
+/* Per-lane shifts for tiled_zeros: lane k holds the zero word of group
+ * TREE[k]'s item; its byte is TREE[k] % 4, its nibble h. */
+AVX2_INLINE __m256i tiled_zshift(int h) {
+    return _mm256_add_epi32(_mm256_setr_epi32(0, 16, 0, 16, 8, 24, 8, 24), _mm256_set1_epi32(4 * h));
+}
+
+/* The chunk's zero points in tree order: each item's 4 zero bytes
+ * broadcast (a load-port broadcast each), lanes 2, 3, 6, 7 (groups 4 .. 7)
+ * from item k + 1, then shifted per lane (zsh = tiled_zshift(h)). */
+AVX2_INLINE __m256 tiled_zeros(const uint8_t *zrow, __m256i zsh, int64_t b0, int nbc) {
+    const uint8_t *z = zrow + 8 * b0; /* 32 bytes per item */
+    int32_t w0, w1 = 0;
+    memcpy(&w0, z, 4);
+    if (nbc == CHUNK) memcpy(&w1, z + 32, 4);
+    __m256i v = _mm256_blend_epi32(_mm256_set1_epi32(w0), _mm256_set1_epi32(w1), 0xcc);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, zsh), _mm256_set1_epi32(15)));
+}
+
 /* int32 sums of one 32-byte code load (blocks b, b + 1: lanes [4 x b |
  * 4 x b+1]) against x: the low- and high-nibble products added in int16
  * (|sum| <= 2 * 2 * 15 * 127 = 7620), then pairs of int16 in int32. */
@@ -270,17 +327,23 @@ AVX2_INLINE __m256i pair_dot(__m256i lo, __m256i hi, const int8_t *xlo, const in
  * hadds to one vector with lane k = block TREE[k] = [0 2 4 6 1 3 5 7][k],
  * the order in which dx, xsb (act) and the row's scales and zero points
  * (chunk_scales, chunk_zeros) are laid out, so a chunk costs one convert,
- * one multiply and two FMAs per row and token. */
+ * one multiply and two FMAs per row and token. TL (a constant): the matrix
+ * is SPX_Q_TILED (bpg 1); srow, zrow as for tiled_scales, hs[i] = h,
+ * zsh[i] = tiled_zshift(h); block b's 16 code bytes are at crow + 1024
+ * (b / 4) + 16 (b % 4), so a pair's 32 bytes stay inside one item. */
 AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *srow,
-                             const uint8_t *const *zrow, const int8_t *const *q8,
+                             const uint8_t *const *zrow, const int *hs, const __m256i *zsh,
+                             const int8_t *const *q8,
                              const float *const *dx, const float *const *xs, int64_t b0, int nbc,
-                             const int NR, const int TB, const int bpg, __m256 acc[][ACC_N]) {
+                             const int NR, const int TB, const int bpg, const int TL,
+                             __m256 acc[][ACC_N]) {
     const __m256i mask = _mm256_set1_epi8(0x0f);
     const int np = (nbc + 1) / 2; /* pairs, counting an odd last block (G32) as one */
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++) {
-        __m256 sv = chunk_scales(srow[i], b0, nbc, bpg);
-        __m256 sz = _mm256_mul_ps(sv, chunk_zeros(zrow[i], b0, nbc, bpg));
+        __m256 sv = TL ? tiled_scales(srow[i], hs[i], b0, nbc) : chunk_scales(srow[i], b0, nbc, bpg);
+        __m256 sz = _mm256_mul_ps(sv, TL ? tiled_zeros(zrow[i], zsh[i], b0, nbc)
+                                         : chunk_zeros(zrow[i], b0, nbc, bpg));
         __m256i lo[CHUNK / 2], hi[CHUNK / 2];
         #pragma GCC unroll 4
         for (int p = 0; p < CHUNK / 2; p++) {
@@ -288,7 +351,10 @@ AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *
                 lo[p] = hi[p] = _mm256_setzero_si256();
                 continue;
             }
-            const uint8_t *cp = crow[i] + 16 * (b0 + 2 * p);
+            /* tiled: blocks b0 + 2p, b0 + 2p + 1 (b0 % 8 == 0) are item
+             * b0 / 4 + p / 2, bytes 32 (p % 2) .. + 32 */
+            const uint8_t *cp = TL ? crow[i] + 256 * b0 + 1024 * (p >> 1) + 32 * (p & 1)
+                                   : crow[i] + 16 * (b0 + 2 * p);
             /* an odd last block loads 16 bytes: its upper lanes are 0 codes */
             __m256i c = 2 * p + 1 < nbc ? _mm256_loadu_si256((const __m256i *)cp)
                                         : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)cp));
@@ -318,17 +384,36 @@ AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *
 }
 
 /* acc[i][t] (8 lanes each) += rows r..r+NR-1 of the matrix times tokens
- * t of act (base, stride) over blocks [kb0, kb1). */
+ * t of act (base, stride) over blocks [kb0, kb1) (kb0 a multiple of 8).
+ * TL: the matrix is SPX_Q_TILED; row R's pointers are into item 0 of its
+ * tile, ti = (R / 16) * items, h = (R / 8) % 2: codes + 1024 ti + 512 h +
+ * 64 (R % 8) (= + 64 (R % 16)), scales + 64 ti + 8 (R % 8) + h, zeros +
+ * 32 ti + 4 (R % 8). */
 AVX2_INLINE void micro(const kmat *m, int64_t r, const uint8_t *abase, int64_t astride,
                        int64_t cols, int64_t nb8, int64_t kb0, int64_t kb1, const int NR,
-                       const int TB, const int bpg, __m256 acc[][ACC_N]) {
+                       const int TB, const int bpg, const int TL, __m256 acc[][ACC_N]) {
     const uint8_t *crow[GEMV_NR], *zrow[GEMV_NR];
     const uint16_t *srow[GEMV_NR];
+    int hs[GEMV_NR];
+    __m256i zsh[GEMV_NR];
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++) {
-        crow[i] = m->codes + (r + i) * m->crb;
-        srow[i] = m->scales + (r + i) * m->ng;
-        zrow[i] = m->zeros + (r + i) * m->zrb;
+        int64_t R = r + i;
+        if (TL) {
+            int64_t ti = (R >> 4) * m->items, lr = R & 7;
+            int h = (int)((R >> 3) & 1);
+            crow[i] = m->codes + 1024 * ti + 512 * h + 64 * lr;
+            srow[i] = m->scales + 64 * ti + 8 * lr + h;
+            zrow[i] = m->zeros + 32 * ti + 4 * lr;
+            hs[i] = h;
+            zsh[i] = tiled_zshift(h);
+        } else {
+            hs[i] = 0;
+            zsh[i] = _mm256_setzero_si256();
+            crow[i] = m->codes + R * m->crb;
+            srow[i] = m->scales + R * m->ng;
+            zrow[i] = m->zeros + R * m->zrb;
+        }
     }
     const int8_t *q8[ACC_N];
     const float *dx[ACC_N], *xs[ACC_N];
@@ -340,8 +425,9 @@ AVX2_INLINE void micro(const kmat *m, int64_t r, const uint8_t *abase, int64_t a
     }
     int64_t kfull = kb0 + (kb1 - kb0) / CHUNK * CHUNK;
     for (int64_t b0 = kb0; b0 < kfull; b0 += CHUNK)
-        micro_chunk(crow, srow, zrow, q8, dx, xs, b0, CHUNK, NR, TB, bpg, acc);
-    if (kfull < kb1) micro_chunk(crow, srow, zrow, q8, dx, xs, kfull, (int)(kb1 - kfull), NR, TB, bpg, acc);
+        micro_chunk(crow, srow, zrow, hs, zsh, q8, dx, xs, b0, CHUNK, NR, TB, bpg, TL, acc);
+    if (kfull < kb1)
+        micro_chunk(crow, srow, zrow, hs, zsh, q8, dx, xs, kfull, (int)(kb1 - kfull), NR, TB, bpg, TL, acc);
 }
 
 /* fp16 p[0..n) as floats, 0 < n < 8, zeros after. When the 16-byte read
@@ -391,11 +477,11 @@ typedef struct kargs {
 #define ACC_T __m256 acc[GEMV_NR][ACC_N] /* [rows][tokens] */
 
 /* NR rows of one token over the whole row, outliers added, y written. */
-AVX2_INLINE void gemv_tile(const kargs *a, int64_t r, const int NR, const int bpg) {
+AVX2_INLINE void gemv_tile(const kargs *a, int64_t r, const int NR, const int bpg, const int TL) {
     ACC_T;
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++) acc[i][0] = _mm256_setzero_ps();
-    micro(&a->m, r, a->act, a->l.stride, a->q->cols, a->l.nb8, 0, a->l.nb, NR, 1, bpg, acc);
+    micro(&a->m, r, a->act, a->l.stride, a->q->cols, a->l.nb8, 0, a->l.nb, NR, 1, bpg, TL, acc);
     int64_t no = a->q->n_outliers;
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++) {
@@ -406,17 +492,74 @@ AVX2_INLINE void gemv_tile(const kargs *a, int64_t r, const int NR, const int bp
     }
 }
 
-AVX2_INLINE void gemv(const kargs *a, int64_t r0, int64_t r1, const int bpg) {
+AVX2_INLINE void gemv(const kargs *a, int64_t r0, int64_t r1, const int bpg, const int TL) {
     int64_t no = a->q->n_outliers;
     for (int64_t j = 0; j < no; j++) a->scratch[j] = a->x[a->q->outlier_idx[j]];
     for (int64_t j = no; j < ((no + 7) & ~(int64_t)7); j++) a->scratch[j] = 0.0f;
     int64_t r = r0;
-    for (; r + GEMV_NR <= r1; r += GEMV_NR) gemv_tile(a, r, GEMV_NR, bpg);
+    for (; r + GEMV_NR <= r1; r += GEMV_NR) gemv_tile(a, r, GEMV_NR, bpg, TL);
     switch (r1 - r) {
-    case 3: gemv_tile(a, r, 3, bpg); break;
-    case 2: gemv_tile(a, r, 2, bpg); break;
-    case 1: gemv_tile(a, r, 1, bpg); break;
+    case 3: gemv_tile(a, r, 3, bpg, TL); break;
+    case 2: gemv_tile(a, r, 2, bpg, TL); break;
+    case 1: gemv_tile(a, r, 1, bpg, TL); break;
     default: break;
+    }
+}
+
+/* One chunk [b0, b0 + nbc) of the 16 rows of a tile (bases cb, sb, zb
+ * of its item 0) for one token: the 4 micro-kernels of 4 rows. Every
+ * pointer is rebased to the chunk (micro_chunk sees b0 = 0), so each
+ * address is one base plus a constant: no per-row pointers to keep. */
+AVX2_INLINE void tile16_chunk(const uint8_t *cb, const uint16_t *sb, const uint8_t *zb, const int8_t *q8,
+                              const float *dx, const float *xs, int64_t b0, int nbc,
+                              __m256 acc[][ACC_N]) {
+    const int8_t *q8c[1] = {q8 + 32 * b0};
+    const float *dxc[1] = {dx + b0}, *xsc[1] = {xs + b0};
+    #pragma GCC unroll 4
+    for (int g = 0; g < SPX_Q_TILE_ROWS; g += GEMV_NR) {
+        const uint8_t *crow[GEMV_NR], *zrow[GEMV_NR];
+        const uint16_t *srow[GEMV_NR];
+        int hs[GEMV_NR];
+        __m256i zsh[GEMV_NR];
+        #pragma GCC unroll 4
+        for (int i = 0; i < GEMV_NR; i++) {
+            int lr = (g + i) & 7;
+            hs[i] = (g + i) >> 3;
+            crow[i] = cb + 256 * b0 + 64 * (g + i);
+            srow[i] = sb + 16 * b0 + 8 * lr + hs[i];
+            zrow[i] = zb + 8 * b0 + 4 * lr;
+            zsh[i] = tiled_zshift(hs[i]);
+        }
+        micro_chunk(crow, srow, zrow, hs, zsh, q8c, dxc, xsc, 0, nbc, GEMV_NR, 1, 1, 1, acc + g);
+    }
+}
+
+/* GEMV of the 16 rows of tile T (all inside the matrix), chunk by chunk:
+ * per chunk the 16 rows read 2 whole items (16 rows x 64 bytes each), so
+ * the tile streams forward like a row-major row. gemv()'s 4-row passes
+ * would each read 256 of every 1024 bytes: 7% slower than row-major in L2
+ * (more instructions) and 15-25% from L3 (the prefetchers follow them
+ * poorly); this is as fast in L2 and 5-20% faster from L3 (bench/results/
+ * 2026-11-30-cpu-tiled-layout.md). The accumulators live in memory, but
+ * the rows need no pointers of their own. */
+AVX2_INLINE void gemv_tile16(const kargs *a, int64_t T) {
+    const int64_t ti = T * a->m.items, nb = a->l.nb, no = a->q->n_outliers;
+    const uint8_t *cb = a->m.codes + 1024 * ti, *zb = a->m.zeros + 32 * ti;
+    const uint16_t *sb = a->m.scales + 64 * ti;
+    const int8_t *q8 = (const int8_t *)a->act;
+    const float *dx = (const float *)(a->act + a->q->cols), *xs = dx + a->l.nb8;
+    __m256 acc[SPX_Q_TILE_ROWS][ACC_N];
+    #pragma GCC unroll 16
+    for (int i = 0; i < SPX_Q_TILE_ROWS; i++) acc[i][0] = _mm256_setzero_ps();
+    int64_t b0 = 0;
+    for (; b0 + CHUNK <= nb; b0 += CHUNK) tile16_chunk(cb, sb, zb, q8, dx, xs, b0, CHUNK, acc);
+    if (b0 < nb) tile16_chunk(cb, sb, zb, q8, dx, xs, b0, (int)(nb - b0), acc);
+    const int64_t r = T * SPX_Q_TILE_ROWS;
+    for (int i = 0; i < SPX_Q_TILE_ROWS; i++) {
+        if (no)
+            acc[i][0] = outlier_dot8(a->q->outlier_val + (r + i) * no, a->scratch, no, acc[i][0],
+                                     a->q->outlier_val + a->q->rows * no);
+        a->y[r + i] = hsum_ps(acc[i][0]);
     }
 }
 
@@ -425,14 +568,14 @@ AVX2_INLINE void gemv(const kargs *a, int64_t r0, int64_t r1, const int bpg) {
  * also adds the outlier columns (x gathered into scratch, a->xg_stride
  * floats per token) before the horizontal sums. */
 AVX2_INLINE void gemm_tile(const kargs *a, int64_t r, int64_t t0, int64_t kb0, int64_t kb1,
-                           const int NR, const int TB, const int bpg) {
+                           const int NR, const int TB, const int bpg, const int TL) {
     ACC_T;
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) acc[i][t] = _mm256_setzero_ps();
     micro(&a->m, r, a->act + t0 * a->l.stride, a->l.stride, a->q->cols, a->l.nb8, kb0, kb1, NR, TB,
-          bpg, acc);
+          bpg, TL, acc);
     const int64_t no = a->q->n_outliers;
     if (no && kb1 == a->l.nb) {
         const uint16_t *end = a->q->outlier_val + a->q->rows * no;
@@ -459,25 +602,29 @@ AVX2_INLINE void gemm_tile(const kargs *a, int64_t r, int64_t t0, int64_t kb0, i
     }
 }
 
-#define GEMM_TILE_FN(TB, BPG)                                                                  \
-    AVX2_FN __attribute__((noinline)) static void gemm_tile_##TB##_##BPG(                       \
+/* One function per (tokens, bpg, layout); V names the variant: 1, 2, 4
+ * row-major with that bpg, t tiled (bpg 1). */
+#define GEMM_TILE_FN(TB, V, BPG, TL)                                                            \
+    AVX2_FN __attribute__((noinline)) static void gemm_tile_##TB##_##V(                         \
         const kargs *a, int64_t r, int64_t t0, int64_t kb0, int64_t kb1) {                      \
-        gemm_tile(a, r, t0, kb0, kb1, 1, TB, BPG);                                              \
+        gemm_tile(a, r, t0, kb0, kb1, 1, TB, BPG, TL);                                          \
     }
-#define GEMM_TILE_FNS(BPG)                                                                      \
-    GEMM_TILE_FN(1, BPG) GEMM_TILE_FN(2, BPG) GEMM_TILE_FN(3, BPG) GEMM_TILE_FN(4, BPG)         \
-    GEMM_TILE_FN(5, BPG) GEMM_TILE_FN(6, BPG) GEMM_TILE_FN(7, BPG) GEMM_TILE_FN(8, BPG)
-GEMM_TILE_FNS(1)
-GEMM_TILE_FNS(2)
-GEMM_TILE_FNS(4)
+#define GEMM_TILE_FNS(V, BPG, TL)                                                               \
+    GEMM_TILE_FN(1, V, BPG, TL) GEMM_TILE_FN(2, V, BPG, TL) GEMM_TILE_FN(3, V, BPG, TL)         \
+    GEMM_TILE_FN(4, V, BPG, TL) GEMM_TILE_FN(5, V, BPG, TL) GEMM_TILE_FN(6, V, BPG, TL)         \
+    GEMM_TILE_FN(7, V, BPG, TL) GEMM_TILE_FN(8, V, BPG, TL)
+GEMM_TILE_FNS(1, 1, 0)
+GEMM_TILE_FNS(2, 2, 0)
+GEMM_TILE_FNS(4, 4, 0)
+GEMM_TILE_FNS(t, 1, 1)
 
 typedef void (*gemm_tile_fn)(const kargs *, int64_t, int64_t, int64_t, int64_t);
-#define GEMM_TILE_ROW(BPG)                                                                      \
-    {gemm_tile_1_##BPG, gemm_tile_2_##BPG, gemm_tile_3_##BPG, gemm_tile_4_##BPG,                \
-     gemm_tile_5_##BPG, gemm_tile_6_##BPG, gemm_tile_7_##BPG, gemm_tile_8_##BPG}
-/* [bpg index][tokens - 1] */
-static const gemm_tile_fn g_gemm_tiles[3][GEMM_TB] = {GEMM_TILE_ROW(1), GEMM_TILE_ROW(2),
-                                                       GEMM_TILE_ROW(4)};
+#define GEMM_TILE_ROW(V)                                                                        \
+    {gemm_tile_1_##V, gemm_tile_2_##V, gemm_tile_3_##V, gemm_tile_4_##V,                        \
+     gemm_tile_5_##V, gemm_tile_6_##V, gemm_tile_7_##V, gemm_tile_8_##V}
+/* [variant index: bpg 1, 2, 4, tiled][tokens - 1] */
+static const gemm_tile_fn g_gemm_tiles[4][GEMM_TB] = {GEMM_TILE_ROW(1), GEMM_TILE_ROW(2),
+                                                       GEMM_TILE_ROW(4), GEMM_TILE_ROW(t)};
 
 AVX2_FN static void gemm(const kargs *a, int64_t r0, int64_t r1, int bpi) {
     const int64_t nb = a->l.nb, no = a->q->n_outliers;
@@ -500,13 +647,38 @@ AVX2_FN static void gemm(const kargs *a, int64_t r0, int64_t r1, int bpi) {
     }
 }
 
-AVX2_FN __attribute__((noinline)) static void gemv_b1(const kargs *a, int64_t r0, int64_t r1) { gemv(a, r0, r1, 1); }
-AVX2_FN __attribute__((noinline)) static void gemv_b2(const kargs *a, int64_t r0, int64_t r1) { gemv(a, r0, r1, 2); }
-AVX2_FN __attribute__((noinline)) static void gemv_b4(const kargs *a, int64_t r0, int64_t r1) { gemv(a, r0, r1, 4); }
+AVX2_FN __attribute__((noinline)) static void gemv_b1(const kargs *a, int64_t r0, int64_t r1) {
+    gemv(a, r0, r1, 1, 0);
+}
+AVX2_FN __attribute__((noinline)) static void gemv_b2(const kargs *a, int64_t r0, int64_t r1) {
+    gemv(a, r0, r1, 2, 0);
+}
+AVX2_FN __attribute__((noinline)) static void gemv_b4(const kargs *a, int64_t r0, int64_t r1) {
+    gemv(a, r0, r1, 4, 0);
+}
+
+/* Tiled GEMV: whole tiles by gemv_tile16, the rows of partial tiles (a
+ * range starting or ending mid-tile, the last tile of the matrix) by the
+ * 4-row micro-kernels. */
+AVX2_FN __attribute__((noinline)) static void gemv_tl(const kargs *a, int64_t r0, int64_t r1) {
+    const int64_t tr = SPX_Q_TILE_ROWS;
+    int64_t t0 = (r0 + tr - 1) / tr, t1 = r1 / tr;
+    if (t0 >= t1) {
+        gemv(a, r0, r1, 1, 1);
+        return;
+    }
+    gemv(a, r0, t0 * tr, 1, 1); /* also gathers the outlier x */
+    for (int64_t T = t0; T < t1; T++) gemv_tile16(a, T);
+    if (t1 * tr < r1) gemv(a, t1 * tr, r1, 1, 1);
+}
 
 static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
                       int64_t y_stride, int64_t r0, int64_t r1, void *scratch) {
-    if (!fast_ok(q)) {
+    /* a tiled matrix is always 4-bit G32 with cols % 128 == 0 (the format
+     * checks it); anything else tiled takes the scalar table, which reads
+     * through the qtensor.h accessors */
+    int tl = q->layout == SPX_Q_TILED;
+    if (!fast_ok(q) || (tl && !spx_q_tiled_ok(q->bits, q->group, q->cols))) {
         spx_qkernels_scalar()->rows(q, act, x, T, y, y_stride, r0, r1, scratch);
         return;
     }
@@ -519,6 +691,7 @@ static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int
     a.m.crb = spx_q_codes_row_bytes(q->cols, q->bits);
     a.m.ng = spx_q_groups(q->cols, q->group);
     a.m.zrb = spx_q_zeros_row_bytes(q->cols, q->group);
+    a.m.items = q->cols / SPX_Q_TILE_COLS;
     a.act = (const uint8_t *)act;
     a.l = layout_of(q->cols);
     a.x = x;
@@ -527,9 +700,10 @@ static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int
     a.ys = y_stride;
     a.scratch = (float *)scratch;
     a.xg_stride = (q->n_outliers + 7) & ~(int64_t)7;
-    int bpg = q->group / BLK, bpi = bpg == 1 ? 0 : bpg == 2 ? 1 : 2;
+    int bpg = q->group / BLK, bpi = tl ? 3 : bpg == 1 ? 0 : bpg == 2 ? 1 : 2;
     if (T == 1) {
-        if (bpg == 1) gemv_b1(&a, r0, r1);
+        if (tl) gemv_tl(&a, r0, r1);
+        else if (bpg == 1) gemv_b1(&a, r0, r1);
         else if (bpg == 2) gemv_b2(&a, r0, r1);
         else gemv_b4(&a, r0, r1);
     } else {
