@@ -81,7 +81,7 @@ static void rows_one(const matmul_job *j, int k, int64_t r0, int64_t r1, void *s
 static void matmul_task(void *arg, int tid, int nth) {
     const matmul_job *j = arg;
     int64_t g0, g1;
-    spx_pool_range(j->total, tid, nth, 4, &g0, &g1);
+    spx_pool_range(j->total, tid, nth, 16, &g0, &g1); /* whole 16-row tiles (SPX_Q_TILED) per thread */
     void *scratch = j->c->scratch + (size_t)tid * j->c->scratch_stride;
     int64_t base = 0;
     for (int k = 0; k < j->n && g0 < g1; k++) {
