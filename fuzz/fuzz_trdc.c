@@ -46,7 +46,12 @@ static void check_tensor(const spx_trdc *f, const spx_trdc_tensor *t, const uint
     const spx_qtensor *q = &t->q;
     if (t->ndim != 2 || q->rows != t->shape[0] || q->cols != t->shape[1] || q->cols % q->group)
         __builtin_trap();
-    if ((uint64_t)(q->rows * spx_q_codes_row_bytes(q->cols, q->bits)) != t->comp[SPX_TRDC_C_CODES].size)
+    if (q->layout != SPX_Q_ROWS && (q->layout != SPX_Q_TILED || !spx_q_tiled_ok(q->bits, q->group, q->cols) ||
+                                    spx_trdc_version(f) < 2))
+        __builtin_trap();
+    if ((uint64_t)spx_q_codes_bytes(q->rows, q->cols, q->bits, q->layout) != t->comp[SPX_TRDC_C_CODES].size ||
+        (uint64_t)spx_q_scales_bytes(q->rows, q->cols, q->group, q->layout) != t->comp[SPX_TRDC_C_SCALES].size ||
+        (uint64_t)spx_q_zeros_bytes(q->rows, q->cols, q->group, q->layout) != t->comp[SPX_TRDC_C_ZEROS].size)
         __builtin_trap();
     if (q->codes != base + t->comp[SPX_TRDC_C_CODES].offset) __builtin_trap();
     if ((const uint8_t *)q->scales != base + t->comp[SPX_TRDC_C_SCALES].offset) __builtin_trap();
@@ -107,11 +112,11 @@ static void *rnd_buf(size_t n) {
 }
 
 static int add_quant(spx_trdc_writer *w, const char *name, int64_t rows, int64_t cols, int bits,
-                     int group, int64_t n_out, spx_err *e) {
-    spx_qtensor q = {rows, cols, bits, group, n_out, NULL, NULL, NULL, NULL, NULL, SPX_Q_ROWS};
-    uint8_t *codes = rnd_buf((size_t)(rows * spx_q_codes_row_bytes(cols, bits)));
-    uint16_t *scales = rnd_buf((size_t)(rows * spx_q_groups(cols, group) * 2));
-    uint8_t *zeros = rnd_buf((size_t)(rows * spx_q_zeros_row_bytes(cols, group)));
+                     int group, int64_t n_out, int layout, spx_err *e) {
+    spx_qtensor q = {rows, cols, bits, group, n_out, NULL, NULL, NULL, NULL, NULL, layout};
+    uint8_t *codes = rnd_buf((size_t)spx_q_codes_bytes(rows, cols, bits, layout));
+    uint16_t *scales = rnd_buf((size_t)spx_q_scales_bytes(rows, cols, group, layout));
+    uint8_t *zeros = rnd_buf((size_t)spx_q_zeros_bytes(rows, cols, group, layout));
     int32_t *idx = malloc((size_t)(n_out ? n_out : 1) * sizeof *idx);
     uint16_t *val = rnd_buf((size_t)(rows * n_out * 2));
     for (int64_t j = 0; j < n_out; j++) idx[j] = (int32_t)(j * (cols / n_out));
@@ -153,15 +158,18 @@ static int seed(const char *dir, const char *name, int variant) {
     case 0: /* no tensors: the manifest alone */
         break;
     case 1: /* one of each kind, outliers, tokenizer */
-        ok = add_dense(w, "norm", SPX_DT_F32, 1, s1, &e) && add_quant(w, "w", 2, 32, 4, 32, 2, &e);
+        ok = add_dense(w, "norm", SPX_DT_F32, 1, s1, &e) && add_quant(w, "w", 2, 32, 4, 32, 2, SPX_Q_ROWS, &e);
         tok = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"\\u00e9\":1},\"merges\":[]}}";
         tcfg = "{\"add_bos_token\":true}";
         src = "{\"bytes\":1024,\"params\":72}";
         break;
     case 2: /* bits 2 and 3, groups 64 and 128, one outlier; F16 and BF16 */
-        ok = add_quant(w, "q2", 1, 64, 2, 64, 0, &e) && add_quant(w, "q3", 1, 128, 3, 128, 1, &e) &&
+        ok = add_quant(w, "q2", 1, 64, 2, 64, 0, SPX_Q_ROWS, &e) && add_quant(w, "q3", 1, 128, 3, 128, 1, SPX_Q_ROWS, &e) &&
              add_dense(w, "h", SPX_DT_F16, 2, s2, &e) && add_dense(w, "b", SPX_DT_BF16, 3, s3, &e);
         src = "{\"bytes\":4096}";
+        break;
+    case 3: /* version 2: a tiled matrix (rows not a multiple of 16) beside a row-major one */
+        ok = add_quant(w, "t", 3, 128, 4, 32, 1, SPX_Q_TILED, &e) && add_quant(w, "r", 1, 32, 4, 32, 0, SPX_Q_ROWS, &e);
         break;
     }
     if (!ok) goto fail;
@@ -184,7 +192,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     return seed(argv[1], "seed_manifest_only.trdc", 0) | seed(argv[1], "seed_dense_quant.trdc", 1) |
-           seed(argv[1], "seed_bits23.trdc", 2);
+           seed(argv[1], "seed_bits23.trdc", 2) | seed(argv[1], "seed_tiled.trdc", 3);
 }
 
 #endif

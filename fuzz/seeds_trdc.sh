@@ -4,7 +4,7 @@
 # plain cc, linked with only the writer and core sources it needs) and runs
 # it: valid .trdc files made by the real writer (manifest only; dense +
 # quantized with outliers + tokenizer; bits 2/3 with groups 64/128 and
-# F16/BF16). Works from any directory. If the
+# F16/BF16; a version 2 file with a tiled matrix). Works from any directory. If the
 # generator cannot be built the corpus simply starts empty (a warning, not
 # a failure): libFuzzer still finds its way from the format's magic.
 set -u
