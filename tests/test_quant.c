@@ -793,6 +793,21 @@ static void test_tile(void) {
             CHECK(memcmp(t2.codes, codes, cb) == 0 && memcmp(t2.scales, scales, sb) == 0 &&
                       memcmp(t2.zeros, zeros, zb) == 0 && t2.layout == SPX_Q_TILED,
                   "%lldx%lld: spx_q_tile_alloc differs from spx_q_tile", (long long)rows, (long long)cols);
+        /* spx_q_untile_alloc: back to the original row-major bytes (spectra convert --layout rows) */
+        if (mem) {
+            spx_qtensor r2;
+            void *m2 = NULL;
+            CHECK(spx_q_untile_alloc(&t2, &r2, &m2, &e) == SPX_OK && m2, "spx_q_untile_alloc: %s", e.msg);
+            if (m2)
+                CHECK(memcmp(r2.codes, b.codes, (size_t)spx_q_codes_bytes(rows, cols, 4, SPX_Q_ROWS)) == 0 &&
+                          memcmp(r2.scales, b.scales, (size_t)spx_q_scales_bytes(rows, cols, 32, SPX_Q_ROWS)) == 0 &&
+                          memcmp(r2.zeros, b.zeros, (size_t)spx_q_zeros_bytes(rows, cols, 32, SPX_Q_ROWS)) == 0 &&
+                          r2.layout == SPX_Q_ROWS,
+                      "%lldx%lld: untiling does not give the original bytes back", (long long)rows, (long long)cols);
+            free(m2);
+            CHECK(spx_q_untile_alloc(&b.q, &r2, &m2, &e) == SPX_ERR_ARG && m2 == NULL,
+                  "spx_q_untile_alloc must refuse a row-major matrix");
+        }
         free(mem);
         free(d0);
         free(d1);

@@ -53,4 +53,16 @@ typedef struct spx_compress_stats {
 
 spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, spx_err *e);
 
+/* Rewrites a .trdc with its matrices in another layout, no recompression:
+ * row_major 0 tiles every 4-bit G32 matrix the tiled layout can hold
+ * (version 2 when one is), 1 makes every matrix row-major (version 1).
+ * Dense tensors, codes, scales, zero points and outliers, the config,
+ * tokenizer, settings and source facts are kept. The input's checksums
+ * are verified first (a bad file is refused, not copied); the output is
+ * written to a temporary name and renamed when complete. progress (may be
+ * NULL): after each tensor. *n_changed: matrices whose layout changed. */
+spx_status spx_relayout(const char *in_path, const char *out_path, int row_major,
+                        void (*progress)(void *user, size_t done, size_t total, const char *name), void *user,
+                        size_t *n_changed, spx_err *e);
+
 #endif

@@ -414,6 +414,34 @@ spx_status spx_q_tile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem
     return SPX_OK;
 }
 
+spx_status spx_q_untile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e) {
+    *mem = NULL;
+    if (src->layout != SPX_Q_TILED || !spx_q_tiled_ok(src->bits, src->group, src->cols) || src->rows < 1)
+        return spx_fail(e, SPX_ERR_ARG, "spx_q_untile_alloc: the [%lld, %lld] matrix is not tiled",
+                        (long long)src->rows, (long long)src->cols);
+    size_t cb = (size_t)spx_q_codes_bytes(src->rows, src->cols, 4, SPX_Q_ROWS);
+    size_t sb = (size_t)spx_q_scales_bytes(src->rows, src->cols, 32, SPX_Q_ROWS);
+    size_t zb = (size_t)spx_q_zeros_bytes(src->rows, src->cols, 32, SPX_Q_ROWS);
+    uint8_t *m = calloc(1, cb + sb + zb); /* zeroed: the zero nibbles are or-ed in */
+    if (!m)
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory untiling a [%lld, %lld] matrix (%zu bytes)",
+                        (long long)src->rows, (long long)src->cols, cb + sb + zb);
+    *dst = *src;
+    dst->codes = m;
+    dst->scales = (const uint16_t *)(m + cb);
+    dst->zeros = m + cb + sb;
+    dst->layout = SPX_Q_ROWS;
+    int64_t ng = spx_q_groups(src->cols, 32), zrb = spx_q_zeros_row_bytes(src->cols, 32);
+    for (int64_t r = 0; r < src->rows; r++)
+        for (int64_t g = 0; g < ng; g++) {
+            memcpy(m + r * (src->cols / 2) + g * 16, spx_q_group_codes(src, r, g), 16);
+            ((uint16_t *)(m + cb))[r * ng + g] = spx_q_group_scale(src, r, g);
+            m[cb + sb + r * zrb + (g >> 1)] |= (uint8_t)(spx_q_group_zero(src, r, g) << ((g & 1) * 4));
+        }
+    *mem = m;
+    return SPX_OK;
+}
+
 void spx_q_dequant_row_f32(const spx_qtensor *q, int64_t row, float *out) {
     for (int64_t g = 0; g < q->cols / q->group; g++)
         dequant_group(spx_q_group_codes(q, row, g), q->bits, q->group, spx_q_group_zero(q, row, g),

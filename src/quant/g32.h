@@ -121,6 +121,10 @@ spx_status spx_q_tile(const spx_qtensor *src, uint8_t *codes, uint16_t *scales, 
  * SPX_ERR_NOMEM on failure. */
 spx_status spx_q_tile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e);
 
+/* The inverse: src (SPX_Q_TILED) into row-major arrays allocated in one
+ * block (*mem, for free()); *dst as src with them and layout SPX_Q_ROWS. */
+spx_status spx_q_untile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e);
+
 /* Dense dequantization of one row from raw arrays (outlier slots give 0):
  * out[cols] = (q - z) * s. */
 void spx_q_dequantize_row(const uint8_t *codes, const uint16_t *scales, const uint8_t *zeros,

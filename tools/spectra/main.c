@@ -20,6 +20,7 @@ int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 int cmd_experiment(int argc, char **argv);
 int cmd_compress(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
@@ -36,6 +37,7 @@ static const command commands[] = {
     {"perplexity", cmd_perplexity, "perplexity over a text file in windows"},
     {"inspect", cmd_inspect, "list the tensors, sizes and bits per weight of a .trdc"},
     {"verify", cmd_verify, "check every CRC32 of a .trdc"},
+    {"convert", cmd_convert, "rewrite a .trdc with its matrices tiled or row-major (no recompression)"},
     {"compress", cmd_compress, "compress a Hugging Face model into a 4-bit .trdc (no calibration data)"},
     {"kl", cmd_kl, "KL divergence, PPL and top-1 agreement of a model against a reference"},
     {"audit", cmd_audit, "per-tensor quantization error of a .trdc against its source"},
