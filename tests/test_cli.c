@@ -141,6 +141,10 @@ int main(void) {
     snprintf(a, sizeof a, "inspect %s/rtr.trdc", tmp);
     expect(a, 0, "version 1");
     same_tokens(tmp, "t.trdc", "rt.trdc");
+    snprintf(a, sizeof a, "plan -m %s/r.trdc", tmp); /* the plan points a row-major file at convert */
+    expect(a, 0, "`spectra convert` tiles the rest");
+    snprintf(a, sizeof a, "plan -m %s/rt.trdc --json", tmp);
+    expect(a, 0, "\"row_major_tileable_matrices\":\t0\n");
     snprintf(a, sizeof a, "head -c 20000 %s/r.trdc > %s/cut.trdc", tmp, tmp);
     CHECK(system(a) == 0, "truncate");
     snprintf(a, sizeof a, "convert %s/cut.trdc -o %s/cut2.trdc -q", tmp, tmp);
