@@ -153,15 +153,11 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, doub
         for (int64_t k = 0; k < n_out; k++) oi[k] = (int32_t)((k * cols) / n_out + (int64_t)(rnd(&rng) % (uint64_t)(cols / n_out > 1 ? cols / n_out : 1)));
         for (int64_t k = 0; k < rows * n_out; k++) ov[k] = spx_f32_to_f16(0.1f * rnd_normal(&rng));
         spx_qtensor q = {rows, cols, 4, 32, n_out, codes, scales, zeros, n_out ? oi : NULL, n_out ? ov : NULL, SPX_Q_ROWS};
-        if (!row_major && spx_q_tiled_ok(4, 32, cols)) {
-            spx_qtensor tq;
-            void *mem;
-            st = spx_q_tile_alloc(&q, &tq, &mem, e);
-            if (st == SPX_OK) st = spx_trdc_writer_add_quant(w, t->name, &tq, NAN, (double)n_out / (double)cols, e);
-            free(mem);
-        } else {
-            st = spx_trdc_writer_add_quant(w, t->name, &q, NAN, (double)n_out / (double)cols, e);
-        }
+        spx_qtensor lq;
+        void *mem;
+        st = spx_q_as_layout(&q, row_major, &lq, &mem, e);
+        if (st == SPX_OK) st = spx_trdc_writer_add_quant(w, t->name, &lq, NAN, (double)n_out / (double)cols, e);
+        free(mem);
         free(codes); free(zeros); free(scales); free(ov); free(oi);
     }
     free(td);

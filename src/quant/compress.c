@@ -166,16 +166,11 @@ static spx_status quantize_tensor(const spx_compress_opts *o, const spx_config *
     SPX_TRY(spx_qbuf_init(&qb, rows, cols, o->bits, o->group, n ? w->idx : NULL, n, e));
     j.qb = &qb;
     spx_pool_run(w->pool, quant_task, &j);
-    spx_status s;
-    if (!o->row_major && spx_q_tiled_ok(qb.q.bits, qb.q.group, qb.q.cols)) {
-        spx_qtensor tq;
-        void *mem;
-        s = spx_q_tile_alloc(&qb.q, &tq, &mem, e);
-        if (s == SPX_OK) s = spx_trdc_writer_add_quant(wr, t->name, &tq, kappa, r, e);
-        free(mem);
-    } else {
-        s = spx_trdc_writer_add_quant(wr, t->name, &qb.q, kappa, r, e);
-    }
+    spx_qtensor lq;
+    void *mem;
+    spx_status s = spx_q_as_layout(&qb.q, o->row_major, &lq, &mem, e);
+    if (s == SPX_OK) s = spx_trdc_writer_add_quant(wr, t->name, &lq, kappa, r, e);
+    free(mem);
     spx_qbuf_free(&qb);
     *n_out = n;
     return s;

@@ -442,6 +442,15 @@ spx_status spx_q_untile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **m
     return SPX_OK;
 }
 
+spx_status spx_q_as_layout(const spx_qtensor *src, int row_major, spx_qtensor *dst, void **mem, spx_err *e) {
+    if (!row_major && src->layout == SPX_Q_ROWS && spx_q_tiled_ok(src->bits, src->group, src->cols))
+        return spx_q_tile_alloc(src, dst, mem, e);
+    if (row_major && src->layout == SPX_Q_TILED) return spx_q_untile_alloc(src, dst, mem, e);
+    *dst = *src;
+    *mem = NULL;
+    return SPX_OK;
+}
+
 void spx_q_dequant_row_f32(const spx_qtensor *q, int64_t row, float *out) {
     for (int64_t g = 0; g < q->cols / q->group; g++)
         dequant_group(spx_q_group_codes(q, row, g), q->bits, q->group, spx_q_group_zero(q, row, g),

@@ -125,6 +125,12 @@ spx_status spx_q_tile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem
  * block (*mem, for free()); *dst as src with them and layout SPX_Q_ROWS. */
 spx_status spx_q_untile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e);
 
+/* src in the layout a writer wants: row_major 0 tiles a row-major matrix
+ * the tiled layout can hold, 1 untiles a tiled one (into *mem, allocated,
+ * for free()); any other matrix is *dst = *src with *mem NULL. So *mem
+ * != NULL says the layout changed. */
+spx_status spx_q_as_layout(const spx_qtensor *src, int row_major, spx_qtensor *dst, void **mem, spx_err *e);
+
 /* Dense dequantization of one row from raw arrays (outlier slots give 0):
  * out[cols] = (q - z) * s. */
 void spx_q_dequantize_row(const uint8_t *codes, const uint16_t *scales, const uint8_t *zeros,

@@ -26,15 +26,9 @@ spx_status spx_relayout(const char *in_path, const char *out_path, int row_major
         if (t->kind == SPX_TRDC_DENSE) {
             st = spx_trdc_writer_add_dense(w, t->name, t->dtype, t->ndim, t->shape, t->data, (size_t)t->nbytes, e);
         } else {
-            const spx_qtensor *q = &t->q;
             spx_qtensor nq;
-            void *mem = NULL;
-            if (!row_major && q->layout == SPX_Q_ROWS && spx_q_tiled_ok(q->bits, q->group, q->cols))
-                st = spx_q_tile_alloc(q, &nq, &mem, e);
-            else if (row_major && q->layout == SPX_Q_TILED)
-                st = spx_q_untile_alloc(q, &nq, &mem, e);
-            else
-                nq = *q;
+            void *mem;
+            st = spx_q_as_layout(&t->q, row_major, &nq, &mem, e);
             if (st == SPX_OK && mem && n_changed) ++*n_changed;
             if (st == SPX_OK) st = spx_trdc_writer_add_quant(w, t->name, &nq, t->kappa, t->r, e);
             free(mem);
