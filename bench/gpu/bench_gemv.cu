@@ -290,34 +290,31 @@ int main(int argc, char **argv) {
             sets.push_back(s);
         }
         CK(cudaDeviceSynchronize());
-        for (int impl = 0; impl < (ncu ? 1 : n_impls); impl++) {
-        if (ncu) { /* one plain launch per case for the profiler */
+        /* one launch over the matrices of set s: outputs from out (k and v
+         * rows after q's), the input x (times x2 when with_x2) */
+        auto args = [&](const std::vector<spx_dqmat> &s, float *out, int mode, bool with_x2) {
             spx_gemv_args ga;
             memset(&ga, 0, sizeof ga);
-            for (int k = 0; k < n_mats; k++) {
-                ga.w[k] = sets[0][k];
-                ga.o[k].y = y + (k == 2 ? 4096 + 1024 : k * rows[0]);
+            for (int kk = 0; kk < n_mats; kk++) {
+                ga.w[kk] = s[kk];
+                ga.o[kk].y = out + (kk == 2 ? 4096 + 1024 : kk * rows[0]);
             }
             ga.n_mats = n_mats;
-            ga.mode = c.mode == -1 ? SPX_GEMV_STORE : c.mode;
+            ga.mode = mode;
             ga.x = x;
+            ga.x2 = with_x2 ? x : NULL;
             ga.best = best;
-            CK(spx_gemv_q4(ga, n_sm, st));
+            return ga;
+        };
+        const int mode = c.mode == -1 ? SPX_GEMV_STORE : c.mode;
+        for (int impl = 0; impl < (ncu ? 1 : n_impls); impl++) {
+        if (ncu) { /* one plain launch per case for the profiler */
+            CK(spx_gemv_q4(args(sets[0], y, mode, false), n_sm, st));
             CK(cudaStreamSynchronize(st));
             continue;
         }
         const double tm = time_launches(st, e0, e1, [&](int i) {
-            const std::vector<spx_dqmat> &s = sets[i % sets.size()];
-            spx_gemv_args ga;
-            memset(&ga, 0, sizeof ga);
-            for (int k = 0; k < n_mats; k++) {
-                ga.w[k] = s[k];
-                ga.o[k].y = y + (k == 2 ? 4096 + 1024 : k * rows[0]);
-            }
-            ga.n_mats = n_mats;
-            ga.mode = c.mode == -1 ? SPX_GEMV_STORE : c.mode;
-            ga.x = x;
-            ga.best = best;
+            spx_gemv_args ga = args(sets[i % sets.size()], y, mode, false);
             ga.impl = impl;
             CK(spx_gemv_q4(ga, n_sm, st));
         });
@@ -344,20 +341,6 @@ int main(int argc, char **argv) {
             }
             const int tmode = c.mode == SPX_GEMV_SWIGLU || c.mode == -1 ? SPX_GEMV_STORE : c.mode;
             const bool x2 = c.cols == 14336; /* the down projection: also with x2 */
-            auto args = [&](const std::vector<spx_dqmat> &s, float *out, int mode, bool with_x2) {
-                spx_gemv_args ga;
-                memset(&ga, 0, sizeof ga);
-                for (int kk = 0; kk < n_mats; kk++) {
-                    ga.w[kk] = s[kk];
-                    ga.o[kk].y = out + (kk == 2 ? 4096 + 1024 : kk * rows[0]);
-                }
-                ga.n_mats = n_mats;
-                ga.mode = mode;
-                ga.x = x;
-                ga.x2 = with_x2 ? x : NULL;
-                ga.best = best;
-                return ga;
-            };
             for (int run = 0; run < (x2 ? 6 : 4); run++) {
                 const int v = run & 1;
                 const bool pdl = (run >> 1) & 1, wx2 = run >= 4;
