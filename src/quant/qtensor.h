@@ -89,14 +89,15 @@ static inline int64_t spx_q_zeros_bytes(int64_t rows, int64_t cols, int group, i
 
 /* Group g of row r, in either layout: its codes (group / cpb bytes), its
  * fp16 scale and its zero point. */
+static inline int64_t spx_q__tiled_item(const spx_qtensor *q, int64_t r, int64_t g) {
+    return (r >> 4) * (q->cols / SPX_Q_TILE_COLS) + (g >> 2); /* ti = tile * items + item */
+}
 static inline int64_t spx_q__tiled_slot(const spx_qtensor *q, int64_t r, int64_t g) {
-    /* (tile, item) index * 32 + lane */
-    return (((r >> 4) * (q->cols / SPX_Q_TILE_COLS) + (g >> 2)) << 5) + ((r & 7) << 2) + (g & 3);
+    return (spx_q__tiled_item(q, r, g) << 5) + ((r & 7) << 2) + (g & 3); /* 32 ti + lane */
 }
 static inline const uint8_t *spx_q_group_codes(const spx_qtensor *q, int64_t r, int64_t g) {
-    if (q->layout == SPX_Q_TILED)
-        return q->codes + ((((r >> 4) * (q->cols / SPX_Q_TILE_COLS) + (g >> 2)) << 10) + ((r & 8) << 6) +
-                           ((r & 7) << 6) + ((g & 3) << 4));
+    if (q->layout == SPX_Q_TILED) /* 1024 ti + 512 (r / 8 % 2) + 64 (r % 8) + 16 (g % 4) */
+        return q->codes + (spx_q__tiled_item(q, r, g) << 10) + ((r & 15) << 6) + ((g & 3) << 4);
     return q->codes + r * spx_q_codes_row_bytes(q->cols, q->bits) + g * (q->group / spx_q_codes_per_byte(q->bits));
 }
 static inline uint16_t spx_q_group_scale(const spx_qtensor *q, int64_t r, int64_t g) {

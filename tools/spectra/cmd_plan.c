@@ -104,23 +104,21 @@ int cmd_probe(int argc, char **argv) {
 
 /* Quantized matrices stored tiled (docs/trdc.md 2.4) and those that could
  * be (4-bit G32, width a multiple of 128) but are row-major. */
+static void count_layout(const spx_wmat *w, int64_t *tiled, int64_t *could) {
+    if (w->kind != SPX_WM_QUANT) return;
+    if (w->q.layout == SPX_Q_TILED) ++*tiled;
+    else if (spx_q_tiled_ok(w->q.bits, w->q.group, w->q.cols)) ++*could;
+}
+
 static void count_layouts(const spx_model *m, int64_t *tiled, int64_t *could) {
     *tiled = *could = 0;
-    const spx_wmat *g[2] = {&m->embed, &m->lm_head};
-    for (int64_t l = -1; l < m->cfg.n_layers; l++) {
-        const spx_layer *L = l >= 0 ? &m->layers[l] : NULL;
-        const spx_wmat *w[7] = {g[0], g[1]};
-        int n = 2;
-        if (L) {
-            const spx_wmat *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            for (n = 0; n < 7; n++) w[n] = lw[n];
-        }
-        for (int i = 0; i < n; i++) {
-            if (w[i]->kind != SPX_WM_QUANT || (l < 0 && i == 1 && w[1]->q.codes == w[0]->q.codes)) continue;
-            const spx_qtensor *q = &w[i]->q;
-            if (q->layout == SPX_Q_TILED) ++*tiled;
-            else if (spx_q_tiled_ok(q->bits, q->group, q->cols)) ++*could;
-        }
+    count_layout(&m->embed, tiled, could);
+    if (!(m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes)) /* not tied */
+        count_layout(&m->lm_head, tiled, could);
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        const spx_layer *L = &m->layers[l];
+        const spx_wmat *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) count_layout(w[i], tiled, could);
     }
 }
 
