@@ -10,6 +10,8 @@
  * (coalesced across lanes). The 4 warps merge through shared memory. */
 #include "cuda/attention.cuh"
 
+#include <stdlib.h>
+
 #define AT_WARPS 4
 #define AT_HB 4 /* q heads per block */
 
@@ -52,7 +54,7 @@ __device__ __forceinline__ void attn_softmax_tile(bool valid, const float (&s)[A
  * (head hh < nhb, dimension d), i = hh * hd + d, emit(hh, d, i, M, L, O)
  * gets the block's max, sum and output sum. Starts with a barrier (the
  * caller's q in shared memory may be overwritten). */
-template <int ND, typename F>
+template <int ND, bool CONTIG = false, typename F>
 __device__ __forceinline__ void attn_merge(float *sm, const float (&m)[AT_HB], const float (&l)[AT_HB],
                                            const float (&acc)[AT_HB][ND], int hd, int nhb, F emit) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -68,7 +70,7 @@ __device__ __forceinline__ void attn_merge(float *sm, const float (&m)[AT_HB], c
     for (int hh = 0; hh < AT_HB; hh++)
 #pragma unroll
         for (int dd = 0; dd < ND; dd++) {
-            int d = lane + 32 * dd;
+            int d = CONTIG ? ND * lane + dd : lane + 32 * dd; /* CONTIG: lane l owns ND * l .. ND * l + ND - 1 */
             if (d < hd) wacc[(warp * AT_HB + hh) * hd + d] = acc[hh][dd];
         }
     __syncthreads();
@@ -100,21 +102,23 @@ __device__ __forceinline__ void attn_part_store(const spx_attn_args &a, int t, i
     pp[2 + d] = O;
 }
 
-/* The splits of (token t, head h) combined: dimension d of the output. */
+/* The splits of (token t, head h) combined: dimension d of the output.
+ * Loads through L2 (__ldcg): the decode kernel's last block reads what
+ * other blocks of its own grid wrote. */
 __device__ __forceinline__ float attn_combine_d(const spx_attn_args &a, int t, int h, int d) {
     const int hd = a.hd, S = a.n_splits;
     const float *pp = a.part + ((int64_t)t * a.nh + h) * S * (hd + 2);
     float M = -INFINITY;
 #pragma unroll 4
-    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2)]);
+    for (int s = 0; s < S; s++) M = fmaxf(M, __ldcg(pp + s * (hd + 2)));
     float L = 0.0f, O = 0.0f;
 #pragma unroll 4
     for (int s = 0; s < S; s++) {
-        float ms = pp[s * (hd + 2)];
+        float ms = __ldcg(pp + s * (hd + 2));
         if (ms != -INFINITY) {
             float f = expf(ms - M);
-            L += pp[s * (hd + 2) + 1] * f;
-            O += pp[s * (hd + 2) + 2 + d] * f;
+            L += __ldcg(pp + s * (hd + 2) + 1) * f;
+            O += __ldcg(pp + s * (hd + 2) + 2 + d) * f;
         }
     }
     return O / L;
@@ -263,6 +267,388 @@ __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) a.out[(int64_t)t * a.nh * hd + (int64_t)h * hd + d] = attn_combine_d(a, t, h, d);
 }
 
+/* ---- decode: one token over the fp16 cache -----------------------------
+ * attn_decode_kernel, for n_tok == 1 and hd = 32 * ND, ND in {1, 2, 4, 8}.
+ * Here latency, not bandwidth, is the cost: 8 KV heads x a few hundred
+ * keys are ~1 us of memory traffic, and the split kernel above spent
+ * ~10 us per layer in each warp's chain of dependent loads over several
+ * tiles, plus a combine launch. So:
+ *  - one 32-key tile per warp and pass (AD_WARPS warps: 128 keys per pass),
+ *    splits sized so that one pass is the usual case (the backend's
+ *    splits_for, SPX_ATTN_DECODE_KEYS);
+ *  - each warp's first K and V tile is copied into shared memory
+ *    (cp.async) before the PDL wait, i.e. under the previous kernel: rows
+ *    before position p were written by earlier steps. Row p is never read
+ *    from the cache here: with a.k_new set (rope fused) the block computes
+ *    it from the raw k and v rows as rope_store does (q/k RMSNorm, RoPE,
+ *    fp16 rounding) and the block of the group's first q heads stores it;
+ *    without, it is copied from the cache after the wait;
+ *  - q (RMSNorm and RoPE when fused) is prepared one warp per head;
+ *  - scores: lane i owns key k0 + i and reads its K row from shared memory
+ *    in 16-byte chunks, XOR-swizzled by row (conflict-free), q broadcast;
+ *    values: lane l owns dimensions ND l .. ND l + ND - 1 (one contiguous
+ *    load per key), the probabilities broadcast from shared memory;
+ *  - splits meet in the last block of their head group to finish (an
+ *    atomic counter per group, a.cnt, which that block resets), not in a
+ *    second kernel. */
+#define AD_WARPS 4
+static_assert(AD_WARPS * 32 == SPX_ATTN_DECODE_KEYS, "keys per block pass");
+static_assert(AT_HB == 4, "the probabilities travel as float4");
+
+template <int ND> struct ad_layout {
+    static constexpr int HD = 32 * ND, CPR = HD / 8 /* 16-byte chunks per row */, SWM = (CPR < 8 ? CPR : 8) - 1;
+    static constexpr int TILE_H = 32 * HD;                           /* halfs in one K (or V) tile */
+    static constexpr int TILES = 0;                                  /* [AD_WARPS][K, V][32][HD] halfs */
+    static constexpr int Q = TILES + AD_WARPS * 2 * TILE_H * 2;      /* [AT_HB][HD] floats */
+    static constexpr int KP = Q + AT_HB * HD * 4;                    /* [K, V][HD] halfs: row p */
+    static constexpr int PR = KP + 2 * HD * 2;                       /* [AD_WARPS][32] float4 */
+    static constexpr int FLAG = PR + AD_WARPS * 32 * 16;
+    static constexpr int BYTES = FLAG + 16;
+    static_assert(AT_HB * (128 + 1) * 4 <= Q, "the last block's split weights (n_splits <= 128)");
+    /* attn_merge's scratch (after the key loop) reuses the tiles */
+    static_assert((2 * AD_WARPS * AT_HB + AD_WARPS * AT_HB * HD) * 4 <= Q, "merge scratch");
+};
+
+/* Keys [k0, min(k0 + 32, lim)) of one KV head into a warp's tiles. */
+template <int ND>
+__device__ __forceinline__ void ad_load_tile(__half *ks, __half *vs, const __half *kg, const __half *vg, int64_t kvd,
+                                             int64_t k0, int64_t lim, int lane) {
+    typedef ad_layout<ND> L;
+    const int nk = (int)min((int64_t)32, lim - k0);
+    for (int c = lane; c < nk * L::CPR; c += 32) {
+        const int r = c / L::CPR, cc = c % L::CPR;
+        const int64_t off = (k0 + r) * kvd + cc * 8;
+        cp_async16(ks + r * L::HD + ((cc ^ (r & L::SWM)) << 3), kg + off);
+        cp_async16(vs + r * L::HD + (cc << 3), vg + off);
+    }
+}
+
+/* One head's row src[HD] in lane l's ND elements (ND l ..): with gain, the
+ * RMSNorm of rope_store (double sum); with rope, RoPE at position p
+ * (element i pairs with i + HD/2, i.e. lane l with lane l ^ 16). */
+template <int ND>
+__device__ __forceinline__ void ad_row(const float *src, const float *gain, float eps, const float *inv_freq, int64_t p,
+                                       bool rope, float (&v)[ND]) {
+    constexpr int HD = 32 * ND;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int e = 0; e < ND; e++) v[e] = src[ND * lane + e];
+    if (gain) {
+        double ss = 0;
+#pragma unroll
+        for (int e = 0; e < ND; e++) ss += (double)v[e] * v[e];
+        ss = spx_warp_sum_d(ss);
+        const float inv = (float)(1.0 / sqrt(ss / (double)HD + (double)eps));
+#pragma unroll
+        for (int e = 0; e < ND; e++) v[e] = v[e] * inv * gain[ND * lane + e];
+    }
+    if (rope) {
+        const bool lo = lane < 16;
+#pragma unroll
+        for (int e = 0; e < ND; e++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[e], 16);
+            const float ang = (float)p * inv_freq[ND * lane + e - (lo ? 0 : HD / 2)];
+            const float c = cosf(ang), sn = sinf(ang);
+            v[e] = lo ? v[e] * c - o * sn : v[e] * c + o * sn;
+        }
+    }
+}
+
+/* ND contiguous halfs (ND l ..) of a V row in shared memory, as floats. */
+template <int ND> __device__ __forceinline__ void ad_load_v(const __half *src, float (&v)[ND]) {
+    if constexpr (ND == 8) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(src);
+        const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 f = __half22float2(h[e]);
+            v[2 * e] = f.x;
+            v[2 * e + 1] = f.y;
+        }
+    } else if constexpr (ND == 4) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(src);
+        const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float2 f = __half22float2(h[e]);
+            v[2 * e] = f.x;
+            v[2 * e + 1] = f.y;
+        }
+    } else if constexpr (ND == 2) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(src));
+        v[0] = f.x;
+        v[1] = f.y;
+    } else {
+        v[0] = __half2float(src[0]);
+    }
+}
+
+template <int ND, bool FUSE>
+__global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid_constant__ spx_attn_args a) {
+    typedef ad_layout<ND> L;
+    constexpr int HD = L::HD;
+    extern __shared__ __align__(16) unsigned char ad_sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const attn_block b = attn_block_of(a);
+    const int64_t p = a.pos[0]; /* written before this forward began */
+    const int64_t kvd = (int64_t)a.nkv * HD;
+    int64_t kb, ke;
+    attn_keys(a, 0, b.split, &kb, &ke);
+    __half *ks = reinterpret_cast<__half *>(ad_sm + L::TILES) + warp * 2 * L::TILE_H, *vs = ks + L::TILE_H;
+    __half *kg = a.kc + (int64_t)b.kvh * HD, *vg = a.vc + (int64_t)b.kvh * HD;
+    const int64_t old_end = min(ke, p); /* rows an earlier step wrote */
+    spx_pdl_trigger();
+    ad_load_tile<ND>(ks, vs, kg, vg, kvd, kb + warp * 32, old_end, lane);
+    cp_commit();
+    { /* the block's later passes (long contexts): into L2 meanwhile */
+        constexpr int LPR = (HD * 2 + 127) / 128; /* 128-byte lines per row */
+        const int64_t k1 = kb + AD_WARPS * 32;
+        for (int64_t i = threadIdx.x; i < (old_end - k1) * 2 * LPR; i += blockDim.x) {
+            const int64_t key = k1 + i / (2 * LPR);
+            const int r = (int)(i % (2 * LPR));
+            const __half *line = (r >= LPR ? vg : kg) + key * kvd + (r % LPR) * 64;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+        }
+    }
+    spx_pdl_wait();
+
+    float *qs = reinterpret_cast<float *>(ad_sm + L::Q);
+    __half *kp = reinterpret_cast<__half *>(ad_sm + L::KP), *vp = kp + HD;
+    const bool has_p = kb <= p && p < ke;
+    for (int job = warp; job < AT_HB + (has_p ? 1 : 0); job += AD_WARPS) {
+        float v[ND];
+        if (job < AT_HB) { /* q head h0 + job (zero past nhb) */
+            if (job < b.nhb) ad_row<ND>(a.q + (int64_t)(b.h0 + job) * HD, FUSE ? a.q_norm : nullptr, a.eps, a.inv_freq, p, FUSE, v);
+            else
+#pragma unroll
+                for (int e = 0; e < ND; e++) v[e] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < ND; e++) qs[job * HD + ND * lane + e] = v[e];
+        } else if (FUSE) { /* row p from the raw k and v; the group's first block stores it */
+            const bool store = b.h0 == b.kvh * (a.nh / a.nkv);
+            ad_row<ND>(a.k_new + (int64_t)b.kvh * HD, a.k_norm, a.eps, a.inv_freq, p, true, v);
+#pragma unroll
+            for (int e = 0; e < ND; e++) {
+                const int d = ND * lane + e;
+                const __half hk = __float2half_rn(v[e]), hv = __float2half_rn(a.v_new[(int64_t)b.kvh * HD + d]);
+                kp[d] = hk;
+                vp[d] = hv;
+                if (store) {
+                    kg[p * kvd + d] = hk;
+                    vg[p * kvd + d] = hv;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < ND; e++) {
+                const int d = ND * lane + e;
+                kp[d] = kg[p * kvd + d];
+                vp[d] = vg[p * kvd + d];
+            }
+        }
+    }
+    __syncthreads();
+
+    float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
+    }
+    float4 *pr = reinterpret_cast<float4 *>(ad_sm + L::PR) + warp * 32;
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int64_t k0 = kb + warp * 32; k0 < ke; k0 += AD_WARPS * 32) {
+        if (k0 != kb + warp * 32) { /* a later pass: this warp's previous tile is consumed */
+            __syncwarp();
+            ad_load_tile<ND>(ks, vs, kg, vg, kvd, k0, old_end, lane);
+            cp_commit();
+        }
+        cp_wait<0>();
+        if (k0 <= p && p < k0 + 32) {
+            const int r = (int)(p - k0);
+            for (int c = lane; c < L::CPR; c += 32) {
+                *reinterpret_cast<uint4 *>(ks + r * HD + ((c ^ (r & L::SWM)) << 3)) = *reinterpret_cast<const uint4 *>(kp + c * 8);
+                *reinterpret_cast<uint4 *>(vs + r * HD + (c << 3)) = *reinterpret_cast<const uint4 *>(vp + c * 8);
+            }
+        }
+        __syncwarp();
+        const bool valid = k0 + lane < ke;
+        float s[AT_HB];
+#pragma unroll
+        for (int hh = 0; hh < AT_HB; hh++) s[hh] = 0.0f;
+        if (valid) {
+            const __half *kr = ks + lane * HD;
+#pragma unroll
+            for (int c = 0; c < L::CPR; c++) {
+                const uint4 u = *reinterpret_cast<const uint4 *>(kr + ((c ^ (lane & L::SWM)) << 3));
+                const __half2 *h2 = reinterpret_cast<const __half2 *>(&u);
+                float kf[8];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __half22float2(h2[e]);
+                    kf[2 * e] = f.x;
+                    kf[2 * e + 1] = f.y;
+                }
+#pragma unroll
+                for (int hh = 0; hh < AT_HB; hh++) {
+                    const float4 q0 = *reinterpret_cast<const float4 *>(qs + hh * HD + c * 8);
+                    const float4 q1 = *reinterpret_cast<const float4 *>(qs + hh * HD + c * 8 + 4);
+                    float t = s[hh];
+                    t = fmaf(q0.x, kf[0], t);
+                    t = fmaf(q0.y, kf[1], t);
+                    t = fmaf(q0.z, kf[2], t);
+                    t = fmaf(q0.w, kf[3], t);
+                    t = fmaf(q1.x, kf[4], t);
+                    t = fmaf(q1.y, kf[5], t);
+                    t = fmaf(q1.z, kf[6], t);
+                    t = fmaf(q1.w, kf[7], t);
+                    s[hh] = t;
+                }
+            }
+        }
+        float ps[AT_HB];
+        attn_softmax_tile<ND>(valid, s, scale, m, l, acc, ps);
+        pr[lane] = make_float4(ps[0], ps[1], ps[2], ps[3]);
+        __syncwarp();
+        const int nvalid = (int)min((int64_t)32, ke - k0);
+#pragma unroll 4
+        for (int j = 0; j < nvalid; j++) {
+            const float4 pj = pr[j];
+            float vv[ND];
+            ad_load_v<ND>(vs + j * HD + ND * lane, vv);
+#pragma unroll
+            for (int dd = 0; dd < ND; dd++) {
+                acc[0][dd] = fmaf(pj.x, vv[dd], acc[0][dd]);
+                acc[1][dd] = fmaf(pj.y, vv[dd], acc[1][dd]);
+                acc[2][dd] = fmaf(pj.z, vv[dd], acc[2][dd]);
+                acc[3][dd] = fmaf(pj.w, vv[dd], acc[3][dd]);
+            }
+        }
+    }
+
+    float *out = a.out + (int64_t)b.h0 * HD;
+    attn_merge<ND, true>(reinterpret_cast<float *>(ad_sm + L::TILES), m, l, acc, HD, b.nhb,
+                         [&](int hh, int d, int i, float M, float Ls, float O) {
+                             if (gridDim.y == 1) out[i] = O / Ls;
+                             else attn_part_store(a, 0, b.h0 + hh, b.split, d, M, Ls, O);
+                         });
+    if (gridDim.y == 1) return;
+    /* the group's last block to finish merges its splits (threadFenceReduction) */
+    int *last = reinterpret_cast<int *>(ad_sm + L::FLAG);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *last = atomicAdd(a.cnt + blockIdx.x, 1) == (int)gridDim.y - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    /* one warp per head: the splits' weights exp(M_s - M) into shared memory
+     * (w, AT_HB x S floats, over the tiles) and the total sum; then every
+     * thread sums the splits for its outputs, 4 at a time (independent
+     * loads: the merge is a few L2 round trips, not S of them) */
+    const int S = gridDim.y, n_out = b.nhb * HD;
+    float *w = reinterpret_cast<float *>(ad_sm + L::TILES), *lt = w + AT_HB * S;
+    const float *part = a.part + (int64_t)b.h0 * S * (HD + 2);
+    /* the first 4 outputs' values of the first AD_PRE splits: loads issued
+     * now, under the weights' round trip */
+    constexpr int AD_PRE = 8, NT = AD_WARPS * 32;
+    const float *pp[4];
+    float po[4][AD_PRE];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int i = min((int)threadIdx.x + u * NT, n_out - 1), hh = i / HD;
+        pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
+#pragma unroll
+        for (int sp = 0; sp < AD_PRE; sp++) po[u][sp] = sp < S ? __ldcg(pp[u] + (int64_t)sp * (HD + 2)) : 0.0f;
+    }
+    for (int hh = warp; hh < b.nhb; hh += AD_WARPS) {
+        const float *pp = part + (int64_t)hh * S * (HD + 2);
+        float mx = -INFINITY;
+        for (int sp = lane; sp < S; sp += 32) mx = fmaxf(mx, __ldcg(pp + (int64_t)sp * (HD + 2)));
+        mx = spx_warp_max(mx);
+        float ls = 0.0f;
+        for (int sp = lane; sp < S; sp += 32) {
+            const float ms = __ldcg(pp + (int64_t)sp * (HD + 2));
+            const float f = ms == -INFINITY ? 0.0f : expf(ms - mx);
+            w[hh * S + sp] = f;
+            ls += f * __ldcg(pp + (int64_t)sp * (HD + 2) + 1);
+        }
+        ls = spx_warp_sum(ls);
+        if (lane == 0) lt[hh] = ls;
+    }
+    __syncthreads();
+    for (int i0 = threadIdx.x; i0 < n_out; i0 += 4 * NT) {
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float *wr[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = min(i0 + u * NT, n_out - 1), hh = i / HD;
+            pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
+            wr[u] = w + hh * S;
+        }
+        int sp = 0;
+        if (i0 == (int)threadIdx.x) { /* the preloaded splits (fully unrolled: po stays in registers) */
+#pragma unroll
+            for (int q = 0; q < AD_PRE; q++)
+                if (q < S)
+#pragma unroll
+                    for (int u = 0; u < 4; u++) o[u] = fmaf(wr[u][q], po[u][q], o[u]);
+            sp = min(S, AD_PRE);
+        }
+#pragma unroll 4
+        for (; sp < S; sp++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) o[u] = fmaf(wr[u][sp], __ldcg(pp[u] + (int64_t)sp * (HD + 2)), o[u]);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * NT;
+            if (i < n_out) out[i] = o[u] / lt[i / HD];
+        }
+    }
+    if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0; /* for the next layer; it runs after this grid completes */
+}
+
+template <int ND, bool FUSE> static cudaError_t ad_launch(const spx_attn_args &a, cudaStream_t st, bool pdl) {
+    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
+    cudaError_t err = spx_launch(attn_decode_kernel<ND, FUSE>, dim3((unsigned)(a.nkv * HBn), (unsigned)a.n_splits),
+                                 dim3(AD_WARPS * 32), (size_t)ad_layout<ND>::BYTES, st, pdl, a);
+    return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+template <int ND> static cudaError_t ad_setup(void) {
+    cudaError_t err = cudaFuncSetAttribute(attn_decode_kernel<ND, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           ad_layout<ND>::BYTES);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(attn_decode_kernel<ND, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   ad_layout<ND>::BYTES);
+    return err;
+}
+
+cudaError_t spx_attention_setup(void) {
+    cudaError_t err = ad_setup<1>();
+    if (err == cudaSuccess) err = ad_setup<2>();
+    if (err == cudaSuccess) err = ad_setup<4>();
+    if (err == cudaSuccess) err = ad_setup<8>();
+    return err;
+}
+
+bool spx_attention_decode_fast(int hd, bool kv_q4) {
+    return !kv_q4 && (hd == 32 || hd == 64 || hd == 128 || hd == 256) && !getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL");
+}
+
+static cudaError_t attention_decode(const spx_attn_args &a, cudaStream_t st, bool pdl) {
+    const bool f = a.k_new != nullptr;
+    if (f && (!a.v_new || !a.inv_freq)) return cudaErrorInvalidValue;
+    if ((a.n_splits > 1 && !a.cnt) || a.n_splits > 128) return cudaErrorInvalidValue;
+    switch (a.hd) {
+    case 32: return f ? ad_launch<1, true>(a, st, pdl) : ad_launch<1, false>(a, st, pdl);
+    case 64: return f ? ad_launch<2, true>(a, st, pdl) : ad_launch<2, false>(a, st, pdl);
+    case 128: return f ? ad_launch<4, true>(a, st, pdl) : ad_launch<4, false>(a, st, pdl);
+    default: return f ? ad_launch<8, true>(a, st, pdl) : ad_launch<8, false>(a, st, pdl);
+    }
+}
+
 /* ---- --kv q4 (kvq4.cuh) ------------------------------------------------
  * The same blocks, warps, tiles and merges as attn_split_kernel. Scores:
  * lane i owns key k0 + i and reads its K row's code groups (16-byte loads,
@@ -277,6 +663,25 @@ template <int ND>
 __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __grid_constant__ spx_attn_args a) {
     extern __shared__ float at_sm[];
     spx_pdl_trigger();
+    if (a.n_tok == 1) {
+        /* as attn_split_kernel: the block's rows of earlier steps (codes,
+         * scales and zero bytes of K and V) into L2 before the wait */
+        const attn_block b0 = attn_block_of(a);
+        int64_t kb, ke;
+        attn_keys(a, b0.t, b0.split, &kb, &ke);
+        ke = min(ke, (int64_t)a.pos[0]);
+        const int64_t kvd0 = (int64_t)a.nkv * a.hd, crow0 = kvd0 / 2, srow0 = kvd0 / SPX_KVQ4_GROUP;
+        const int64_t zrow0 = (srow0 + 1) / 2, g0 = (int64_t)b0.kvh * (a.hd / SPX_KVQ4_GROUP);
+        for (int64_t i = threadIdx.x; i < (ke - kb) * 6; i += blockDim.x) {
+            const int64_t key = kb + i / 6;
+            const int r = (int)(i % 6);
+            const spx_kvq4 &c = r & 1 ? a.vq : a.kq;
+            const void *line = r < 2   ? (const void *)(c.codes + key * crow0 + (int64_t)b0.kvh * (a.hd / 2))
+                               : r < 4 ? (const void *)(c.scales + key * srow0 + g0)
+                                       : (const void *)(c.zeros + key * zrow0 + g0 / 2);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+        }
+    }
     spx_pdl_wait();
     const attn_block b = attn_block_of(a);
     const int kvh = b.kvh, h0 = b.h0, nhb = b.nhb, split = b.split, t = b.t;
@@ -424,6 +829,9 @@ cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     if (a.n_tok <= 0) return cudaSuccess;
     if (a.hd <= 0 || a.hd > SPX_ATTN_MAX_HD || a.nkv <= 0 || a.nh % a.nkv || a.n_splits < 1)
         return cudaErrorInvalidValue;
+    const bool fast = a.n_tok == 1 && spx_attention_decode_fast(a.hd, a.kq.codes != nullptr);
+    if (a.k_new && !fast) return cudaErrorInvalidValue; /* rope is fused only there */
+    if (fast) return attention_decode(a, st, pdl);
     if (a.kq.codes) return attention_q4(a, st, pdl);
     const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
     int q_f = AT_HB * a.hd, m_f = 2 * AT_WARPS * AT_HB + AT_WARPS * AT_HB * a.hd;

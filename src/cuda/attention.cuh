@@ -19,7 +19,15 @@
  * scores are taken on the codes, per group s * (sum_k q_k c_k - z sum_k
  * q_k); the values are dequantized in registers, s * (c - z), and the
  * merged output is rotated back (H is its own inverse) before it is
- * written. q4 needs hd a multiple of 32 and rot = spx_kvq4_rot(hd, nkv * hd). */
+ * written. q4 needs hd a multiple of 32 and rot = spx_kvq4_rot(hd, nkv * hd).
+ *
+ * Decode (n_tok == 1, fp16 cache, spx_attention_decode_fast): one kernel
+ * whose blocks read their first keys before the PDL wait and whose last
+ * block per head group merges the splits (cnt). With k_new set it also
+ * does rope_store's work for the token: q (raw in q) and k_new get the
+ * q/k RMSNorm (q_norm, k_norm, eps; NULL: none) and RoPE (inv_freq) at
+ * *pos, and k and v_new go to cache row *pos in fp16, so the decode step
+ * needs no spx_rope_store. */
 #ifndef SPX_CUDA_ATTENTION_CUH
 #define SPX_CUDA_ATTENTION_CUH
 
@@ -29,8 +37,8 @@
 #define SPX_ATTN_MAX_HD 256
 
 struct spx_attn_args {
-    const float *q;             /* [n_tok, nh * hd] (rotated) */
-    const __half *kc, *vc;      /* this layer's cache [n_ctx, nkv * hd] */
+    const float *q;             /* [n_tok, nh * hd] (rotated; raw when k_new is set) */
+    __half *kc, *vc;            /* this layer's cache [n_ctx, nkv * hd] */
     float *out;                 /* [n_tok, nh * hd] */
     float *part;                /* scratch, see above */
     int n_tok, nh, nkv, hd;
@@ -39,9 +47,22 @@ struct spx_attn_args {
     const int32_t *pos;         /* device: position of query 0 */
     spx_kvq4 kq, vq;            /* --kv q4: this layer's caches instead (kq.codes NULL: fp16) */
     int rot;                    /* q4: Hadamard block, spx_kvq4_rot(hd, nkv * hd) */
+    /* decode (spx_attention_decode_fast) only: */
+    int *cnt;                   /* [nh] zeroed once; needed when n_splits > 1 (left zeroed) */
+    const float *k_new, *v_new; /* set: RoPE fused, see below; [nkv * hd] raw k and v of the token */
+    const float *inv_freq;      /* [hd / 2] */
+    const float *q_norm, *k_norm; /* [hd] or NULL (Qwen3) */
+    float eps;
 };
 
 cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl = false);
+/* Shared-memory limits of the decode kernels; once per process, before use. */
+cudaError_t spx_attention_setup(void);
+/* Whether one token (n_tok == 1) takes the decode kernel: fp16 cache, hd
+ * 32, 64, 128 or 256 (SPECTRA_CUDA_ATTN_SPLIT_KERNEL set: never, for
+ * measurements). Its blocks cover SPX_ATTN_DECODE_KEYS keys per pass. */
+bool spx_attention_decode_fast(int hd, bool kv_q4);
+#define SPX_ATTN_DECODE_KEYS 128
 /* Blocks of the split kernel per split (for choosing n_splits). */
 int spx_attention_blocks_per_split(int n_tok, int nh, int nkv);
 

@@ -431,6 +431,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
                 mib(cm->host_bytes), mib(cm->slot_bytes));
     }
     SPX_CUDA_TRY(e, spx_gemv_q4_setup(m->max_cols));
+    SPX_CUDA_TRY(e, spx_attention_setup());
     cm->cublas = spx_gemm_cublas_create(); /* NULL: prefill stays on gemm_q4.cu's kernel */
     return SPX_OK;
 }
@@ -474,6 +475,7 @@ struct cu_sess {
     size_t w16_elems;
     int32_t *d_ids, *d_pos;
     unsigned long long *d_best;
+    int *attn_cnt;                   /* [n_heads] the decode attention's split counters (spx_attn_args.cnt) */
     spx_sample_dev *d_samp, *pin_samp; /* sampling parameters and RNG state (device, pinned) */
     cudaGraphExec_t graph_s;           /* the decode step ending with the device sampler */
     int have_graph_s;
@@ -552,14 +554,23 @@ static void cu_session_free(spx_session *s) {
  * H200 fewer, longer splits beat one tile per block (8B tg128 at 641 keys:
  * 1 split 412 tok/s, 4: 400, 21: 396; at 8K keys 16 splits 398 against 33:
  * 393), the combine pass and the blocks' fixed costs being what a short
- * split pays for. SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
-static int splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
+ * split pays for. The decode kernel (spx_attention_decode_fast: fp16
+ * cache) instead takes one pass of SPX_ATTN_DECODE_KEYS keys per split up
+ * to 64 blocks in all, then more passes per block: its last block merges
+ * the splits, and that grows with their count (8B, 8 KV heads, same H200
+ * run: 640 keys 2 splits 446.6 tok/s, 3: 450.8, 5: 457.4, 8: 457.4; 8K
+ * keys 8 splits 455.3, 12: 447.0, 16: 435.8, 24: 415.0).
+ * SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
+static int splits_for(const cu_model *cm, const spx_config *c, bool kv_q4, int n_tok, int64_t max_keys) {
     const char *env = getenv("SPECTRA_CUDA_ATTN_SPLITS");
     int bps = spx_attention_blocks_per_split(n_tok, (int)c->n_heads, (int)c->n_kv_heads);
     int64_t S = (2 * (int64_t)cm->n_sm + bps - 1) / bps;
     int64_t tiles = (max_keys + 31) / 32;
     if (S > tiles) S = tiles;
-    if (n_tok == 1 && S > (tiles + 15) / 16) S = (tiles + 15) / 16;
+    if (n_tok == 1 && spx_attention_decode_fast((int)c->head_dim, kv_q4)) {
+        S = (max_keys + SPX_ATTN_DECODE_KEYS - 1) / SPX_ATTN_DECODE_KEYS;
+        if (S > 64 / bps) S = 64 / bps;
+    } else if (n_tok == 1 && S > (tiles + 15) / 16) S = (tiles + 15) / 16;
     if (env && atoi(env) > 0) S = atoi(env);
     if (S * n_tok > CU_PART_TOK_SPLITS) S = CU_PART_TOK_SPLITS / n_tok;
     return S < 1 ? 1 : (int)S;
@@ -610,6 +621,8 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_ids, B * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_cnt, (size_t)c->n_heads * 4));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->attn_cnt, 0, (size_t)c->n_heads * 4, cs->st));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
@@ -617,7 +630,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_pos, 0, 4, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
-    cs->dec_splits = splits_for(cm, c, 1, s->n_ctx);
+    cs->dec_splits = splits_for(cm, c, s->kv.type == SPX_KV_Q4, 1, s->n_ctx);
     return SPX_OK;
 }
 
@@ -787,6 +800,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     const float eps = c->rms_eps;
     const int nsm = cm->n_sm;
     const bool pdl = cm->pdl && n == 1; /* the decode chain only */
+    const bool fuse_rope = n == 1 && spx_attention_decode_fast((int)hd, s->kv.type == SPX_KV_Q4);
 
     SPX_TRY(pp_begin(m, cm, cs, e));
     SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));
@@ -837,7 +851,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         ra.kc = kc;
         ra.vc = vc;
         kv_q4_layer(s, cs, l, &ra.kq, &ra.vq, &ra.rot);
-        SPX_CUDA_TRY(e, spx_rope_store(ra, st, pdl));
+        if (!fuse_rope) SPX_CUDA_TRY(e, spx_rope_store(ra, st, pdl));
         spx_attn_args aa;
         memset(&aa, 0, sizeof aa);
         aa.q = cs->q;
@@ -853,6 +867,15 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         aa.n_splits = n_splits;
         aa.pos = cs->d_pos;
         kv_q4_layer(s, cs, l, &aa.kq, &aa.vq, &aa.rot);
+        aa.cnt = cs->attn_cnt;
+        if (fuse_rope) { /* the decode kernel does rope_store's work */
+            aa.k_new = cs->k;
+            aa.v_new = cs->v;
+            aa.inv_freq = cm->inv_freq;
+            aa.q_norm = L->q_norm;
+            aa.k_norm = L->k_norm;
+            aa.eps = eps;
+        }
         SPX_CUDA_TRY(e, spx_attention(aa, st, pdl));
         if (n == 1) {
             SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD), nsm, st, pdl));
@@ -923,7 +946,7 @@ static spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int 
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     cs->dev_known = 0;
     int lmode = want_logits == SPX_LOGITS_ALL ? LM_ALL : want_logits == SPX_LOGITS_LAST ? LM_LAST : LM_NONE;
-    int splits = splits_for(cm, c, (int)n, s->pos + n);
+    int splits = splits_for(cm, c, s->kv.type == SPX_KV_Q4, (int)n, s->pos + n);
     SPX_TRY(enqueue_forward(s, (int)n, lmode, splits, e));
     if (lmode == LM_LAST || (lmode == LM_ALL && n == 1)) /* LM_ALL with n > 1 copied its chunks already */
         SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits, cs->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, cs->st));

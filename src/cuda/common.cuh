@@ -101,6 +101,20 @@ __device__ __forceinline__ int spx_argmax_key_index(unsigned long long k) {
 __device__ __forceinline__ void spx_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void spx_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
+/* Asynchronous global -> shared copies (sm_80+): 16 bytes through L2 only,
+ * 4 bytes through L1; commit closes a group, cp_wait<N> waits until at
+ * most N groups are in flight. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
 template <typename... Params, typename... Args>
 static inline cudaError_t spx_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                      bool pdl, Args... args) {

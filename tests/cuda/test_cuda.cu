@@ -275,6 +275,7 @@ static void test_gemv(int n_sm) {
                     ref2[i] += y0[i];
                     tol2[i] += 2e-7 * fabs(ref2[i]);
                 }
+                std::vector<float> yv[2];
                 for (int v = 0; v < 2; v++) {
                     spx_gemv_q4_force_tiled_variant(v);
                     at.mode = SPX_GEMV_STORE;
@@ -283,7 +284,11 @@ static void test_gemv(int n_sm) {
                     CK(cudaDeviceSynchronize());
                     snprintf(what, sizeof what, "gemv tiled store %lldx%lld out %lld norm %d variant %d", (long long)sh.rows,
                              (long long)sh.cols, (long long)sh.n_out, norm, v);
-                    check_close(what, down(dy, (size_t)sh.rows).data(), ref.data(), tol.data(), (size_t)sh.rows);
+                    yv[v] = down(dy, (size_t)sh.rows);
+                    check_close(what, yv[v].data(), ref.data(), tol.data(), (size_t)sh.rows);
+                    /* every variant sums in one order: the same bits */
+                    CHECK(v == 0 || memcmp(yv[v].data(), yv[0].data(), yv[0].size() * 4) == 0,
+                          "%s: rows differ from variant 0's", what);
                     at.mode = SPX_GEMV_ADD;
                     CK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
                     CK(spx_gemv_q4(at, n_sm, 0));
@@ -788,27 +793,39 @@ static void test_small_ops(int n_sm) {
 
 /* ---- attention -------------------------------------------------------------- */
 
+/* Cases with n_tok == 1 and hd 32/64/128/256 take the decode kernel
+ * (spx_attention_decode_fast); fuse: it also does rope_store's work (q
+ * and k_new raw; RMSNorm when qkn, RoPE, row pos0 stored), checked against
+ * the CPU's rmsnorm/rope, the stored row and the rows around it. Every
+ * case runs twice: the split counters must be back at zero for the second. */
 static void test_attention(void) {
-    struct { int n_tok, nh, nkv, hd, window, splits, pos0; } cs[] = {
-        {1, 32, 8, 128, 0, 1, 700},  {1, 32, 8, 128, 0, 33, 700}, {1, 32, 8, 128, 0, 33, 3},  {1, 4, 2, 48, 0, 5, 90},
-        {5, 8, 2, 64, 0, 1, 40},     {5, 8, 2, 64, 0, 7, 40},     {3, 12, 2, 64, 50, 4, 300}, {128, 8, 8, 32, 0, 1, 0},
-        {2, 16, 1, 256, 0, 3, 130},  {1, 6, 6, 96, 0, 2, 64},
+    struct { int n_tok, nh, nkv, hd, window, splits, pos0, fuse, qkn; } cs[] = {
+        {1, 32, 8, 128, 0, 1, 700, 0, 0},  {1, 32, 8, 128, 0, 33, 700, 0, 0}, {1, 32, 8, 128, 0, 33, 3, 0, 0},
+        {1, 4, 2, 48, 0, 5, 90, 0, 0},     {5, 8, 2, 64, 0, 1, 40, 0, 0},     {5, 8, 2, 64, 0, 7, 40, 0, 0},
+        {3, 12, 2, 64, 50, 4, 300, 0, 0},  {128, 8, 8, 32, 0, 1, 0, 0, 0},    {2, 16, 1, 256, 0, 3, 130, 0, 0},
+        {1, 6, 6, 96, 0, 2, 64, 0, 0},     {1, 32, 8, 128, 0, 6, 700, 1, 0},  {1, 32, 8, 128, 0, 1, 100, 1, 0},
+        {1, 32, 8, 128, 0, 49, 8000, 1, 0}, {1, 12, 2, 64, 0, 3, 300, 1, 1},  {1, 12, 2, 64, 40, 2, 300, 1, 0},
+        {1, 16, 2, 256, 0, 4, 129, 1, 1},  {1, 4, 4, 32, 0, 2, 33, 1, 0},     {1, 8, 8, 64, 0, 3, 0, 1, 1},
+        {1, 32, 8, 128, 0, 4, 700, 0, 0},  {1, 16, 2, 64, 0, 2, 500, 0, 0},
     };
     int n_cases = 0;
     for (auto &c : cs) {
         int qd = c.nh * c.hd, kvd = c.nkv * c.hd, nctx = c.pos0 + c.n_tok + 5, G = c.nh / c.nkv;
-        std::vector<float> q = rand_vec((size_t)(c.n_tok * qd), 1.0f);
+        std::vector<float> q = rand_vec((size_t)(c.n_tok * qd), 1.0f), kn = rand_vec((size_t)kvd, 1.0f),
+                           vn = rand_vec((size_t)kvd, 1.0f), qg = rand_vec((size_t)c.hd, 0.2f),
+                           kg = rand_vec((size_t)c.hd, 0.2f), inv((size_t)(c.hd / 2));
+        for (int i = 0; i < c.hd / 2; i++) inv[i] = (float)(1.0 / pow(10000.0, 2.0 * i / c.hd));
         std::vector<uint16_t> kc((size_t)(nctx * kvd)), vc((size_t)(nctx * kvd));
         for (auto &x : kc) x = spx_f32_to_f16(tl_rand_normal(&g_rng));
         for (auto &x : vc) x = spx_f32_to_f16(tl_rand_normal(&g_rng));
+        std::vector<uint16_t> kc0(kc), vc0(vc);
         float *dout = dev_alloc<float>(q.size());
-        poison(dout, q.size() * 4);
         spx_attn_args a;
         memset(&a, 0, sizeof a);
         int32_t p0 = c.pos0;
         a.q = dev_up(q.data(), q.size());
-        a.kc = (const __half *)dev_up(kc.data(), kc.size());
-        a.vc = (const __half *)dev_up(vc.data(), vc.size());
+        a.kc = (__half *)dev_up(kc.data(), kc.size());
+        a.vc = (__half *)dev_up(vc.data(), vc.size());
         a.out = dout;
         a.part = dev_alloc<float>((size_t)(c.n_tok * c.nh * c.splits * (c.hd + 2)));
         a.n_tok = c.n_tok;
@@ -818,36 +835,96 @@ static void test_attention(void) {
         a.window = c.window;
         a.n_splits = c.splits;
         a.pos = dev_up(&p0, 1);
-        CK(spx_attention(a, 0));
-        CK(cudaDeviceSynchronize());
-        std::vector<float> out = down(dout, q.size());
+        a.cnt = dev_alloc<int>((size_t)c.nh);
+        CK(cudaMemset(a.cnt, 0, (size_t)c.nh * 4));
+        if (c.fuse) {
+            a.k_new = dev_up(kn.data(), kn.size());
+            a.v_new = dev_up(vn.data(), vn.size());
+            a.inv_freq = dev_up(inv.data(), inv.size());
+            a.q_norm = c.qkn ? dev_up(qg.data(), qg.size()) : NULL;
+            a.k_norm = c.qkn ? dev_up(kg.data(), kg.size()) : NULL;
+            a.eps = 1e-6f;
+            /* the reference: q and k as rope_store leaves them, row pos0 in the cache */
+            for (int h = 0; h < c.nh && c.qkn; h++) spx_cpu_rmsnorm(&q[(size_t)h * c.hd], &q[(size_t)h * c.hd], qg.data(), c.hd, 1e-6f);
+            for (int h = 0; h < c.nkv && c.qkn; h++) spx_cpu_rmsnorm(&kn[(size_t)h * c.hd], &kn[(size_t)h * c.hd], kg.data(), c.hd, 1e-6f);
+            spx_cpu_rope(q.data(), c.nh, c.hd, c.pos0, inv.data());
+            spx_cpu_rope(kn.data(), c.nkv, c.hd, c.pos0, inv.data());
+        }
+        std::vector<float> outs[2];
+        for (int run = 0; run < 2; run++) {
+            poison(dout, q.size() * 4);
+            CK(spx_attention(a, 0));
+            CK(cudaDeviceSynchronize());
+            outs[run] = down(dout, q.size());
+        }
+        char what[160];
+        snprintf(what, sizeof what, "attention n_tok %d nh %d nkv %d hd %d window %d splits %d pos %d fuse %d qkn %d",
+                 c.n_tok, c.nh, c.nkv, c.hd, c.window, c.splits, c.pos0, c.fuse, c.qkn);
+        if (c.fuse) { /* row pos0 written (k within the rope test's tolerance, v exact), every other row as it was;
+                       * the reference then reads the device's row pos0 (fp16 rounding of a last-ulp difference) */
+            std::vector<uint16_t> gk(kc.size()), gv(vc.size());
+            CK(cudaMemcpy(gk.data(), a.kc, gk.size() * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(gv.data(), a.vc, gv.size() * 2, cudaMemcpyDeviceToHost));
+            int badrow = 0, other = 0;
+            for (int r = 0; r < nctx; r++)
+                for (int i = 0; i < kvd; i++) {
+                    size_t o = (size_t)r * kvd + i;
+                    if (r == c.pos0) {
+                        float kr = spx_f16_to_f32(gk[o]);
+                        badrow += !(fabs(kr - kn[i]) <= 1e-3 * fabs(kn[i]) + 1e-4) || gv[o] != spx_f32_to_f16(vn[i]);
+                        kc[o] = gk[o];
+                        vc[o] = gv[o];
+                    } else
+                        other += gk[o] != kc0[o] || gv[o] != vc0[o];
+                }
+            CHECK(badrow == 0 && other == 0, "%s: row %d: %d values off, %d values changed in other rows", what, c.pos0,
+                  badrow, other);
+        }
         std::vector<double> ref(q.size()), tol(q.size(), ATTN_TOL_ABS);
         double scale = 1.0 / sqrt((double)c.hd);
         for (int t = 0; t < c.n_tok; t++)
             for (int h = 0; h < c.nh; h++) {
                 int p = c.pos0 + t, kvh = h / G, start = 0;
                 if (c.window > 0 && p - c.window + 1 > 0) start = p - c.window + 1;
-                std::vector<double> s((size_t)(p + 1 - start));
+                std::vector<double> sc((size_t)(p + 1 - start));
                 double mx = -1e300, sum = 0;
                 for (int i = start; i <= p; i++) {
                     double d = 0;
                     for (int j = 0; j < c.hd; j++)
                         d += (double)q[(size_t)t * qd + h * c.hd + j] * spx_f16_to_f32(kc[(size_t)i * kvd + kvh * c.hd + j]);
-                    s[i - start] = d * scale;
-                    mx = fmax(mx, s[i - start]);
+                    sc[i - start] = d * scale;
+                    mx = fmax(mx, sc[i - start]);
                 }
-                for (auto &x : s) sum += (x = exp(x - mx));
+                for (auto &x : sc) sum += (x = exp(x - mx));
                 for (int j = 0; j < c.hd; j++) {
                     double o = 0;
-                    for (int i = start; i <= p; i++) o += s[i - start] * spx_f16_to_f32(vc[(size_t)i * kvd + kvh * c.hd + j]);
+                    for (int i = start; i <= p; i++) o += sc[i - start] * spx_f16_to_f32(vc[(size_t)i * kvd + kvh * c.hd + j]);
                     ref[(size_t)t * qd + h * c.hd + j] = o / sum;
                 }
             }
-        char what[128];
-        snprintf(what, sizeof what, "attention n_tok %d nh %d nkv %d hd %d window %d splits %d pos %d", c.n_tok, c.nh,
-                 c.nkv, c.hd, c.window, c.splits, c.pos0);
-        check_close(what, out.data(), ref.data(), tol.data(), out.size());
+        for (int run = 0; run < 2; run++) {
+            char w2[200];
+            snprintf(w2, sizeof w2, "%s run %d", what, run);
+            check_close(w2, outs[run].data(), ref.data(), tol.data(), outs[run].size());
+        }
+        std::vector<int> cnt((size_t)c.nh);
+        CK(cudaMemcpy(cnt.data(), a.cnt, cnt.size() * 4, cudaMemcpyDeviceToHost));
+        int nz = 0;
+        for (int x : cnt) nz += x != 0;
+        CHECK(nz == 0, "%s: %d split counters left non-zero", what, nz);
         n_cases++;
+    }
+    /* rope fused where the decode kernel does not apply: refused */
+    {
+        spx_attn_args a;
+        memset(&a, 0, sizeof a);
+        a.n_tok = 2;
+        a.nh = a.nkv = 1;
+        a.hd = 64;
+        a.n_splits = 1;
+        a.k_new = a.v_new = (const float *)&a; /* never read */
+        CHECK(spx_attention(a, 0) == cudaErrorInvalidValue, "attention: rope fused with 2 tokens accepted");
+        cudaGetLastError();
     }
     printf("attention: %d cases\n", n_cases);
 }
@@ -1538,6 +1615,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
     CK(spx_gemv_q4_setup(SPX_GEMV_MAX_COLS));
+    CK(spx_attention_setup());
     setenv("SPECTRA_KERNELS", "scalar", 1); /* the CPU side of the end-to-end checks: the scalar reference */
     int only_e2e = argc > 1 && !strcmp(argv[1], "--e2e-only");
     if (!only_e2e) {
