@@ -383,6 +383,89 @@ template <int ND> __device__ __forceinline__ void ad_load_v(const __half *src, f
     }
 }
 
+/* After a split's partial store: whether this block is the last of its
+ * head group to get here (threadFenceReduction; flag: a shared int). */
+__device__ __forceinline__ bool ad_last_block(const spx_attn_args &a, int *flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = atomicAdd(a.cnt + blockIdx.x, 1) == (int)gridDim.y - 1;
+    __syncthreads();
+    if (!*flag) return false;
+    __threadfence();
+    return true;
+}
+
+/* The last block: its group's splits merged, emit(i, value) for output i
+ * < nhb * HD (head i / HD). One warp per head: the splits' weights
+ * exp(M_s - M) into shared memory (w: AT_HB * (n_splits + 1) floats) and
+ * the total sum; then every thread sums the splits for its outputs, 4 at
+ * a time (independent loads: a few L2 round trips, not n_splits of them),
+ * the first AD_PRE splits' values loaded under the weights' round trip.
+ * Resets the group's counter for the next layer (which runs after this
+ * grid completes). */
+template <int HD, typename F>
+__device__ __forceinline__ void ad_merge_splits(const spx_attn_args &a, const attn_block &b, float *w, F emit) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int S = gridDim.y, n_out = b.nhb * HD;
+    float *lt = w + AT_HB * S;
+    const float *part = a.part + (int64_t)b.h0 * S * (HD + 2);
+    constexpr int AD_PRE = 8, NT = AD_WARPS * 32;
+    const float *pp[4];
+    float po[4][AD_PRE];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int i = min((int)threadIdx.x + u * NT, n_out - 1), hh = i / HD;
+        pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
+#pragma unroll
+        for (int sp = 0; sp < AD_PRE; sp++) po[u][sp] = sp < S ? __ldcg(pp[u] + (int64_t)sp * (HD + 2)) : 0.0f;
+    }
+    for (int hh = warp; hh < b.nhb; hh += AD_WARPS) {
+        const float *ph = part + (int64_t)hh * S * (HD + 2);
+        float mx = -INFINITY;
+        for (int sp = lane; sp < S; sp += 32) mx = fmaxf(mx, __ldcg(ph + (int64_t)sp * (HD + 2)));
+        mx = spx_warp_max(mx);
+        float ls = 0.0f;
+        for (int sp = lane; sp < S; sp += 32) {
+            const float ms = __ldcg(ph + (int64_t)sp * (HD + 2));
+            const float f = ms == -INFINITY ? 0.0f : expf(ms - mx);
+            w[hh * S + sp] = f;
+            ls += f * __ldcg(ph + (int64_t)sp * (HD + 2) + 1);
+        }
+        ls = spx_warp_sum(ls);
+        if (lane == 0) lt[hh] = ls;
+    }
+    __syncthreads();
+    for (int i0 = threadIdx.x; i0 < n_out; i0 += 4 * NT) {
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float *wr[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = min(i0 + u * NT, n_out - 1), hh = i / HD;
+            pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
+            wr[u] = w + hh * S;
+        }
+        int sp = 0;
+        if (i0 == (int)threadIdx.x) { /* the preloaded splits (fully unrolled: po stays in registers) */
+#pragma unroll
+            for (int q = 0; q < AD_PRE; q++)
+                if (q < S)
+#pragma unroll
+                    for (int u = 0; u < 4; u++) o[u] = fmaf(wr[u][q], po[u][q], o[u]);
+            sp = min(S, AD_PRE);
+        }
+#pragma unroll 4
+        for (; sp < S; sp++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) o[u] = fmaf(wr[u][sp], __ldcg(pp[u] + (int64_t)sp * (HD + 2)), o[u]);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * NT;
+            if (i < n_out) emit(i, o[u] / lt[i / HD]);
+        }
+    }
+    if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0;
+}
+
 template <int ND, bool FUSE>
 __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid_constant__ spx_attn_args a) {
     typedef ad_layout<ND> L;
@@ -535,78 +618,195 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
                              else attn_part_store(a, 0, b.h0 + hh, b.split, d, M, Ls, O);
                          });
     if (gridDim.y == 1) return;
-    /* the group's last block to finish merges its splits (threadFenceReduction) */
-    int *last = reinterpret_cast<int *>(ad_sm + L::FLAG);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) *last = atomicAdd(a.cnt + blockIdx.x, 1) == (int)gridDim.y - 1;
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    /* one warp per head: the splits' weights exp(M_s - M) into shared memory
-     * (w, AT_HB x S floats, over the tiles) and the total sum; then every
-     * thread sums the splits for its outputs, 4 at a time (independent
-     * loads: the merge is a few L2 round trips, not S of them) */
-    const int S = gridDim.y, n_out = b.nhb * HD;
-    float *w = reinterpret_cast<float *>(ad_sm + L::TILES), *lt = w + AT_HB * S;
-    const float *part = a.part + (int64_t)b.h0 * S * (HD + 2);
-    /* the first 4 outputs' values of the first AD_PRE splits: loads issued
-     * now, under the weights' round trip */
-    constexpr int AD_PRE = 8, NT = AD_WARPS * 32;
-    const float *pp[4];
-    float po[4][AD_PRE];
+    if (ad_last_block(a, reinterpret_cast<int *>(ad_sm + L::FLAG)))
+        ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), [&](int i, float v) { out[i] = v; });
+}
+
+/* ---- decode over the 4-bit cache: attn_decode_q4_kernel --------------------
+ * attn_decode_kernel's structure (a tile per warp and pass, the rows
+ * before p copied in before the PDL wait, the last block merging) on the
+ * --kv q4 cache with attn_split_q4_kernel's arithmetic (kvq4.cuh): q
+ * rotated in shared memory, scores per group s * (sum_k c_k q~_k - z qsum)
+ * in the CPU's order, values s * (c - z), the merged output rotated back.
+ * RoPE and the store of row p stay in rope_store (its quantization), so
+ * row p is read after the wait. Per warp, shared memory holds the K and V
+ * codes of 32 keys (HD / 2 bytes a row; K's 16-byte chunks XOR-swizzled
+ * by row); each lane keeps its key's K scales and zeros in registers and
+ * publishes its V scales and zeros for the value loop. */
+template <int ND> struct adq_layout {
+    static constexpr int HD = 32 * ND, RB = HD / 2 /* code bytes a row */, RPL = 8 / ND /* rows per 128 bytes */;
+    static constexpr int TILE_B = 32 * RB;
+    static constexpr int TILES = 0;                           /* [AD_WARPS][K, V][32][RB] bytes */
+    static constexpr int VSZ = TILES + AD_WARPS * 2 * TILE_B; /* [AD_WARPS][32][ND] float2: V scale, zero */
+    static constexpr int Q = VSZ + AD_WARPS * 32 * ND * 8;    /* [AT_HB][HD] floats: q~, later the output */
+    static constexpr int QS = Q + AT_HB * HD * 4;             /* [AT_HB][ND] floats: q~'s group sums */
+    static constexpr int PR = QS + AT_HB * ND * 4;            /* [AD_WARPS][32] float4 */
+    static constexpr int FLAG = PR + AD_WARPS * 32 * 16;
+    static constexpr int BYTES = FLAG + 16;
+    static_assert((2 * AD_WARPS * AT_HB + AD_WARPS * AT_HB * HD) * 4 <= Q, "merge scratch");
+    static_assert(AT_HB * (128 + 1) * 4 <= Q, "the last block's split weights (n_splits <= 128)");
+};
+
+template <int ND>
+__global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __grid_constant__ spx_attn_args a) {
+    typedef adq_layout<ND> L;
+    constexpr int HD = L::HD, RB = L::RB, NT = AD_WARPS * 32;
+    extern __shared__ __align__(16) unsigned char ad_sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const attn_block b = attn_block_of(a);
+    const int64_t p = a.pos[0]; /* written before this forward began */
+    const int64_t kvd = (int64_t)a.nkv * HD, crow = kvd / 2, srow = kvd / SPX_KVQ4_GROUP, zrow = (srow + 1) / 2;
+    const int G0 = b.kvh * ND; /* the head's first group in a row */
+    int64_t kb, ke;
+    attn_keys(a, 0, b.split, &kb, &ke);
+    uint8_t *kcs = ad_sm + L::TILES + warp * 2 * L::TILE_B, *vcs = kcs + L::TILE_B;
+    float2 *vsz = reinterpret_cast<float2 *>(ad_sm + L::VSZ) + warp * 32 * ND;
+    const uint8_t *kcg = a.kq.codes + (int64_t)b.kvh * RB, *vcg = a.vq.codes + (int64_t)b.kvh * RB;
+    const int64_t old_end = min(ke, p); /* rows an earlier step wrote */
+    const int swz = (lane / L::RPL) & (ND - 1);
+    float ksc[ND], kz[ND], vsc[ND], vz[ND]; /* this lane's key */
+    auto load_key = [&](int64_t key) {
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int i = min((int)threadIdx.x + u * NT, n_out - 1), hh = i / HD;
-        pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
+        for (int c = 0; c < ND; c++) {
+            cp_async16(kcs + lane * RB + ((c ^ swz) << 4), kcg + key * crow + c * 16);
+            cp_async16(vcs + lane * RB + (c << 4), vcg + key * crow + c * 16);
+        }
 #pragma unroll
-        for (int sp = 0; sp < AD_PRE; sp++) po[u][sp] = sp < S ? __ldcg(pp[u] + (int64_t)sp * (HD + 2)) : 0.0f;
+        for (int g = 0; g < ND; g++) {
+            const int Gz = G0 + g, sh = (Gz & 1) * 4;
+            ksc[g] = __half2float(a.kq.scales[key * srow + Gz]);
+            vsc[g] = __half2float(a.vq.scales[key * srow + Gz]);
+            kz[g] = (float)((a.kq.zeros[key * zrow + (Gz >> 1)] >> sh) & 15);
+            vz[g] = (float)((a.vq.zeros[key * zrow + (Gz >> 1)] >> sh) & 15);
+        }
+    };
+    auto publish_v = [&]() {
+#pragma unroll
+        for (int g = 0; g < ND; g++) vsz[lane * ND + g] = make_float2(vsc[g], vz[g]);
+    };
+    spx_pdl_trigger();
+    const int64_t k0f = kb + warp * 32;
+    if (k0f + lane < old_end) load_key(k0f + lane);
+    cp_commit();
+    { /* the block's later passes (long contexts): into L2 meanwhile */
+        const int64_t k1 = kb + AD_WARPS * 32;
+        for (int64_t i = threadIdx.x; i < (old_end - k1) * 6; i += blockDim.x) {
+            const int64_t key = k1 + i / 6;
+            const int r = (int)(i % 6);
+            const spx_kvq4 &c = r & 1 ? a.vq : a.kq;
+            const void *line = r < 2   ? (const void *)(c.codes + key * crow + (int64_t)b.kvh * RB)
+                               : r < 4 ? (const void *)(c.scales + key * srow + G0)
+                                       : (const void *)(c.zeros + key * zrow + G0 / 2);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+        }
     }
-    for (int hh = warp; hh < b.nhb; hh += AD_WARPS) {
-        const float *pp = part + (int64_t)hh * S * (HD + 2);
-        float mx = -INFINITY;
-        for (int sp = lane; sp < S; sp += 32) mx = fmaxf(mx, __ldcg(pp + (int64_t)sp * (HD + 2)));
-        mx = spx_warp_max(mx);
-        float ls = 0.0f;
-        for (int sp = lane; sp < S; sp += 32) {
-            const float ms = __ldcg(pp + (int64_t)sp * (HD + 2));
-            const float f = ms == -INFINITY ? 0.0f : expf(ms - mx);
-            w[hh * S + sp] = f;
-            ls += f * __ldcg(pp + (int64_t)sp * (HD + 2) + 1);
-        }
-        ls = spx_warp_sum(ls);
-        if (lane == 0) lt[hh] = ls;
+    spx_pdl_wait();
+    if (k0f + lane == p && p < ke) load_key(p); /* rope_store wrote it */
+    cp_commit();
+    if (k0f + lane < ke) publish_v();
+
+    float *qs = reinterpret_cast<float *>(ad_sm + L::Q), *qsum = reinterpret_cast<float *>(ad_sm + L::QS);
+    for (int i = threadIdx.x; i < AT_HB * HD; i += NT) {
+        const int hh = i / HD;
+        qs[i] = hh < b.nhb ? a.q[(int64_t)b.h0 * HD + i] : 0.0f;
     }
     __syncthreads();
-    for (int i0 = threadIdx.x; i0 < n_out; i0 += 4 * NT) {
-        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const float *wr[4];
+    spx_kvq4_fwht_smem(qs, AT_HB * HD, a.rot);
+    for (int i = threadIdx.x; i < AT_HB * ND; i += NT) {
+        const float *qq = qs + (i / ND) * HD + (i % ND) * SPX_KVQ4_GROUP;
+        float sm = 0.0f;
+        for (int k = 0; k < SPX_KVQ4_GROUP; k++) sm = SPX_KQ_ADD(sm, qq[k]); /* the CPU's order */
+        qsum[i] = sm;
+    }
+    __syncthreads();
+
+    float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int i = min(i0 + u * NT, n_out - 1), hh = i / HD;
-            pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
-            wr[u] = w + hh * S;
+    for (int hh = 0; hh < AT_HB; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
+    }
+    float4 *pr = reinterpret_cast<float4 *>(ad_sm + L::PR) + warp * 32;
+    const float scale = 1.0f / sqrtf((float)HD);
+    /* this lane's value dimensions ND l ..: group gl, bytes from vb, high nibbles or low */
+    const int d0 = ND * lane, gl = d0 >> 5, vb = 16 * gl + (d0 & 15), vsh = (d0 & 16) ? 4 : 0;
+    for (int64_t k0 = k0f; k0 < ke; k0 += NT) {
+        if (k0 != k0f) { /* a later pass: this warp's previous tile is consumed */
+            __syncwarp();
+            if (k0 + lane < ke) {
+                load_key(k0 + lane);
+                publish_v();
+            }
+            cp_commit();
         }
-        int sp = 0;
-        if (i0 == (int)threadIdx.x) { /* the preloaded splits (fully unrolled: po stays in registers) */
+        cp_wait<0>();
+        __syncwarp();
+        const bool valid = k0 + lane < ke;
+        float s[AT_HB];
 #pragma unroll
-            for (int q = 0; q < AD_PRE; q++)
-                if (q < S)
+        for (int hh = 0; hh < AT_HB; hh++) s[hh] = 0.0f;
+        if (valid) {
+            const uint8_t *kr = kcs + lane * RB;
 #pragma unroll
-                    for (int u = 0; u < 4; u++) o[u] = fmaf(wr[u][q], po[u][q], o[u]);
-            sp = min(S, AD_PRE);
+            for (int g = 0; g < ND; g++) {
+                const uint4 u = *reinterpret_cast<const uint4 *>(kr + ((g ^ swz) << 4));
+                const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+                float c[32];
+#pragma unroll
+                for (int bb = 0; bb < 16; bb++) {
+                    const unsigned byte = (wd[bb >> 2] >> ((bb & 3) * 8)) & 0xffu;
+                    c[bb] = spx_kvq4_nib(byte & 15u);
+                    c[bb + 16] = spx_kvq4_nib(byte >> 4);
+                }
+#pragma unroll
+                for (int hh = 0; hh < AT_HB; hh++) {
+                    const float *qq = qs + hh * HD + g * SPX_KVQ4_GROUP;
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int kk = 0; kk < 32; kk++) dot = fmaf(c[kk], qq[kk], dot);
+                    s[hh] = fmaf(ksc[g], dot - kz[g] * qsum[hh * ND + g], s[hh]);
+                }
+            }
         }
+        float ps[AT_HB];
+        attn_softmax_tile<ND>(valid, s, scale, m, l, acc, ps);
+        pr[lane] = make_float4(ps[0], ps[1], ps[2], ps[3]);
+        __syncwarp();
+        const int nvalid = (int)min((int64_t)32, ke - k0);
 #pragma unroll 4
-        for (; sp < S; sp++)
+        for (int j = 0; j < nvalid; j++) {
+            const float4 pj = pr[j];
+            const float2 sz = vsz[j * ND + gl];
+            const uint8_t *vr = vcs + j * RB + vb;
+            float vv[ND];
 #pragma unroll
-            for (int u = 0; u < 4; u++) o[u] = fmaf(wr[u][sp], __ldcg(pp[u] + (int64_t)sp * (HD + 2)), o[u]);
+            for (int e = 0; e < ND; e++) vv[e] = sz.x * (spx_kvq4_nib(((unsigned)vr[e] >> vsh) & 15u) - sz.y);
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int i = i0 + u * NT;
-            if (i < n_out) out[i] = o[u] / lt[i / HD];
+            for (int dd = 0; dd < ND; dd++) {
+                acc[0][dd] = fmaf(pj.x, vv[dd], acc[0][dd]);
+                acc[1][dd] = fmaf(pj.y, vv[dd], acc[1][dd]);
+                acc[2][dd] = fmaf(pj.z, vv[dd], acc[2][dd]);
+                acc[3][dd] = fmaf(pj.w, vv[dd], acc[3][dd]);
+            }
         }
     }
-    if (threadIdx.x == 0) a.cnt[blockIdx.x] = 0; /* for the next layer; it runs after this grid completes */
+
+    float *ob = qs; /* the merged output, rotated, [nhb][HD] */
+    float *out = a.out + (int64_t)b.h0 * HD;
+    attn_merge<ND, true>(reinterpret_cast<float *>(ad_sm + L::TILES), m, l, acc, HD, b.nhb,
+                         [&](int hh, int d, int i, float M, float Ls, float O) {
+                             if (gridDim.y == 1) ob[i] = O / Ls;
+                             else attn_part_store(a, 0, b.h0 + hh, b.split, d, M, Ls, O);
+                         });
+    if (gridDim.y > 1) {
+        if (!ad_last_block(a, reinterpret_cast<int *>(ad_sm + L::FLAG))) return;
+        ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), [&](int i, float v) { ob[i] = v; });
+    }
+    __syncthreads();
+    spx_kvq4_fwht_smem(ob, b.nhb * HD, a.rot);
+    for (int i = threadIdx.x; i < b.nhb * HD; i += NT) out[i] = ob[i];
 }
 
 template <int ND, bool FUSE> static cudaError_t ad_launch(const spx_attn_args &a, cudaStream_t st, bool pdl) {
@@ -622,6 +822,9 @@ template <int ND> static cudaError_t ad_setup(void) {
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(attn_decode_kernel<ND, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    ad_layout<ND>::BYTES);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(attn_decode_q4_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   adq_layout<ND>::BYTES);
     return err;
 }
 
@@ -634,13 +837,30 @@ cudaError_t spx_attention_setup(void) {
 }
 
 bool spx_attention_decode_fast(int hd, bool kv_q4) {
-    return !kv_q4 && (hd == 32 || hd == 64 || hd == 128 || hd == 256) && !getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL");
+    (void)kv_q4; /* both caches */
+    return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && !getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL");
+}
+
+template <int ND> static cudaError_t adq_launch(const spx_attn_args &a, cudaStream_t st, bool pdl) {
+    const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
+    cudaError_t err = spx_launch(attn_decode_q4_kernel<ND>, dim3((unsigned)(a.nkv * HBn), (unsigned)a.n_splits),
+                                 dim3(AD_WARPS * 32), (size_t)adq_layout<ND>::BYTES, st, pdl, a);
+    return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 static cudaError_t attention_decode(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     const bool f = a.k_new != nullptr;
-    if (f && (!a.v_new || !a.inv_freq)) return cudaErrorInvalidValue;
+    if (f && (!a.v_new || !a.inv_freq || a.kq.codes)) return cudaErrorInvalidValue; /* q4: rope_store stores */
     if ((a.n_splits > 1 && !a.cnt) || a.n_splits > 128) return cudaErrorInvalidValue;
+    if (a.kq.codes) {
+        if (!a.vq.codes || a.rot < 1 || (a.rot & (a.rot - 1)) || a.hd % a.rot) return cudaErrorInvalidValue;
+        switch (a.hd) {
+        case 32: return adq_launch<1>(a, st, pdl);
+        case 64: return adq_launch<2>(a, st, pdl);
+        case 128: return adq_launch<4>(a, st, pdl);
+        default: return adq_launch<8>(a, st, pdl);
+        }
+    }
     switch (a.hd) {
     case 32: return f ? ad_launch<1, true>(a, st, pdl) : ad_launch<1, false>(a, st, pdl);
     case 64: return f ? ad_launch<2, true>(a, st, pdl) : ad_launch<2, false>(a, st, pdl);
@@ -830,7 +1050,7 @@ cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     if (a.hd <= 0 || a.hd > SPX_ATTN_MAX_HD || a.nkv <= 0 || a.nh % a.nkv || a.n_splits < 1)
         return cudaErrorInvalidValue;
     const bool fast = a.n_tok == 1 && spx_attention_decode_fast(a.hd, a.kq.codes != nullptr);
-    if (a.k_new && !fast) return cudaErrorInvalidValue; /* rope is fused only there */
+    if (a.k_new && (!fast || a.kq.codes)) return cudaErrorInvalidValue; /* rope is fused only there */
     if (fast) return attention_decode(a, st, pdl);
     if (a.kq.codes) return attention_q4(a, st, pdl);
     const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;

@@ -27,7 +27,8 @@
  * does rope_store's work for the token: q (raw in q) and k_new get the
  * q/k RMSNorm (q_norm, k_norm, eps; NULL: none) and RoPE (inv_freq) at
  * *pos, and k and v_new go to cache row *pos in fp16, so the decode step
- * needs no spx_rope_store. */
+ * needs no spx_rope_store. The 4-bit cache has its decode kernel too
+ * (same structure, no RoPE: rope_store quantizes row *pos first). */
 #ifndef SPX_CUDA_ATTENTION_CUH
 #define SPX_CUDA_ATTENTION_CUH
 
@@ -58,9 +59,10 @@ struct spx_attn_args {
 cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl = false);
 /* Shared-memory limits of the decode kernels; once per process, before use. */
 cudaError_t spx_attention_setup(void);
-/* Whether one token (n_tok == 1) takes the decode kernel: fp16 cache, hd
- * 32, 64, 128 or 256 (SPECTRA_CUDA_ATTN_SPLIT_KERNEL set: never, for
- * measurements). Its blocks cover SPX_ATTN_DECODE_KEYS keys per pass. */
+/* Whether one token (n_tok == 1) takes a decode kernel (fp16 or 4-bit
+ * cache; RoPE fusable only with fp16): hd 32, 64, 128 or 256
+ * (SPECTRA_CUDA_ATTN_SPLIT_KERNEL set: never, for measurements). Its
+ * blocks cover SPX_ATTN_DECODE_KEYS keys per pass. */
 bool spx_attention_decode_fast(int hd, bool kv_q4);
 #define SPX_ATTN_DECODE_KEYS 128
 /* Blocks of the split kernel per split (for choosing n_splits). */

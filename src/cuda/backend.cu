@@ -800,7 +800,8 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     const float eps = c->rms_eps;
     const int nsm = cm->n_sm;
     const bool pdl = cm->pdl && n == 1; /* the decode chain only */
-    const bool fuse_rope = n == 1 && spx_attention_decode_fast((int)hd, s->kv.type == SPX_KV_Q4);
+    /* the decode kernel does rope_store's work for the fp16 cache (q4: rope_store quantizes row p) */
+    const bool fuse_rope = n == 1 && s->kv.type != SPX_KV_Q4 && spx_attention_decode_fast((int)hd, false);
 
     SPX_TRY(pp_begin(m, cm, cs, e));
     SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));

@@ -1175,9 +1175,19 @@ static void test_kvq4(void) {
         a.kq = d.k;
         a.vq = d.v;
         a.rot = rot;
+        a.cnt = dev_alloc<int>((size_t)c.nh);
+        CK(cudaMemset(a.cnt, 0, (size_t)c.nh * 4));
         CK(spx_attention(a, 0));
         CK(cudaDeviceSynchronize());
         std::vector<float> out = down(dout, q.size());
+        { /* again: the same bits (the decode kernel's split counters were reset) */
+            poison(dout, q.size() * 4);
+            CK(spx_attention(a, 0));
+            CK(cudaDeviceSynchronize());
+            std::vector<float> again = down(dout, q.size());
+            CHECK(memcmp(again.data(), out.data(), out.size() * 4) == 0,
+                  "q4 attention n_tok %d nh %d hd %d splits %d: a second run differs", c.n_tok, c.nh, c.hd, c.splits);
+        }
         std::vector<float> dk((size_t)npos * kvd), dv((size_t)npos * kvd);
         for (int p = 0; p < npos; p++) {
             spx_kv_dequant_row(&kc, 0, p, 0, &dk[(size_t)p * kvd]);
