@@ -119,6 +119,11 @@ if [ "$MODE" != quick ]; then
     [ -f $W/llama3-8b-rows.trdc ] || $B/spectra synth --shape llama3-8b --layout rows -o $W/llama3-8b-rows.trdc 2>&1 | tail -n 1
     timeout 240 $B/spectra bench -m $W/llama3-8b-rows.trdc --backend cuda --kv f16 -p 512 -n 128 -r 5 --json 2> $T/rows.err |
         tag "kv f16, row-major file" >> "$OUT/bench.jsonl" || { echo "bench rows failed:"; cat $T/rows.err; } | tee /dev/fd/3
+    # the same 8B decode with the split attention kernels of before the decode kernels (and rope_store)
+    for kv in f16 q4; do
+        SPECTRA_CUDA_ATTN_SPLIT_KERNEL=1 timeout 240 $B/spectra bench -m $W/llama3-8b.trdc --backend cuda --kv $kv -p 512 -n 128 -r 3 --json 2> $T/split.err |
+            tag "kv $kv, split attention kernels" >> "$OUT/bench.jsonl"
+    done
     # the same 8B decode without programmatic dependent launch
     SPECTRA_CUDA_PDL=0 timeout 240 $B/spectra bench -m $W/llama3-8b.trdc --backend cuda --kv f16 -p 0 -n 128 -r 3 --json 2> $T/nopdl.err |
         tag "kv f16, no PDL" >> "$OUT/bench.jsonl"
