@@ -1099,9 +1099,12 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         const int v = a.impl == 0 ? g_default : a.impl - 2;
         k.n_tiles = tl ? k.tstart[a.n_mats] : a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
         /* tiled: three blocks per SM with 2 items in flight where each block
-         * has many tiles (the LM head, the 8B gate/up: 96-98 % / 82 % of copy
-         * against 91 / 82 %), else two with 4 (the 8B down: 60 % against 54 %) */
-        const int tv = g_tl_force >= 0 ? g_tl_force : k.n_tiles >= 12 * (int64_t)(n_sm > 0 ? n_sm : 1) ? 1 : 0;
+         * has very many tiles (the 128k-vocabulary LM head: 98 % of copy
+         * against 93 % alone), else two with 4 (the 8B down: 60 % against
+         * 54 %). The 8B gate/up (1792 tiles) is about even alone (84.2 vs
+         * 83.5 % with PDL) but not in the decode step: 8B tg128 471 tok/s with
+         * two blocks against 455 with three, same H200 run. */
+        const int tv = g_tl_force >= 0 ? g_tl_force : k.n_tiles >= 48 * (int64_t)(n_sm > 0 ? n_sm : 1) ? 1 : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
         const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
         int occ = 0;
