@@ -323,16 +323,14 @@ __device__ __forceinline__ void ad_load_tile(__half *ks, __half *vs, const __hal
     }
 }
 
-/* One head's row src[HD] in lane l's ND elements (ND l ..): with gain, the
- * RMSNorm of rope_store (double sum); with rope, RoPE at position p
- * (element i pairs with i + HD/2, i.e. lane l with lane l ^ 16). */
+/* One head's row in lane l's ND elements v (ND l ..), in place: with
+ * gain, the RMSNorm of rope_store (double sum); with rope, RoPE at
+ * position p (element i pairs with i + HD/2, i.e. lane l with lane l ^ 16). */
 template <int ND>
-__device__ __forceinline__ void ad_row(const float *src, const float *gain, float eps, const float *inv_freq, int64_t p,
-                                       bool rope, float (&v)[ND]) {
+__device__ __forceinline__ void ad_row(const float *gain, float eps, const float *inv_freq, int64_t p, bool rope,
+                                       float (&v)[ND]) {
     constexpr int HD = 32 * ND;
     const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int e = 0; e < ND; e++) v[e] = src[ND * lane + e];
     if (gain) {
         double ss = 0;
 #pragma unroll
@@ -498,35 +496,38 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     float *qs = reinterpret_cast<float *>(ad_sm + L::Q);
     __half *kp = reinterpret_cast<__half *>(ad_sm + L::KP), *vp = kp + HD;
     const bool has_p = kb <= p && p < ke;
-    for (int job = warp; job < AT_HB + (has_p ? 1 : 0); job += AD_WARPS) {
-        float v[ND];
-        if (job < AT_HB) { /* q head h0 + job (zero past nhb) */
-            if (job < b.nhb) ad_row<ND>(a.q + (int64_t)(b.h0 + job) * HD, FUSE ? a.q_norm : nullptr, a.eps, a.inv_freq, p, FUSE, v);
-            else
+    /* warp w prepares q head h0 + w; warp nhb % 4 (a free one, or warp 0)
+     * row p. Every row's loads are issued before any is worked on. */
+    static_assert(AT_HB == AD_WARPS, "a warp per q head");
+    const bool qjob = warp < b.nhb, pjob = has_p && warp == b.nhb % AD_WARPS;
+    float vq[ND], vk[ND], vv[ND];
+    const int d0 = ND * lane;
 #pragma unroll
-                for (int e = 0; e < ND; e++) v[e] = 0.0f;
+    for (int e = 0; e < ND; e++) {
+        vq[e] = qjob ? a.q[(int64_t)(b.h0 + warp) * HD + d0 + e] : 0.0f;
+        vk[e] = vv[e] = 0.0f;
+        if (pjob && FUSE) {
+            vk[e] = a.k_new[(int64_t)b.kvh * HD + d0 + e];
+            vv[e] = a.v_new[(int64_t)b.kvh * HD + d0 + e];
+        } else if (pjob) {
+            vk[e] = __half2float(kg[p * kvd + d0 + e]);
+            vv[e] = __half2float(vg[p * kvd + d0 + e]);
+        }
+    }
+    if (qjob && FUSE) ad_row<ND>(a.q_norm, a.eps, a.inv_freq, p, true, vq);
 #pragma unroll
-            for (int e = 0; e < ND; e++) qs[job * HD + ND * lane + e] = v[e];
-        } else if (FUSE) { /* row p from the raw k and v; the group's first block stores it */
-            const bool store = b.h0 == b.kvh * (a.nh / a.nkv);
-            ad_row<ND>(a.k_new + (int64_t)b.kvh * HD, a.k_norm, a.eps, a.inv_freq, p, true, v);
+    for (int e = 0; e < ND; e++) qs[warp * HD + d0 + e] = vq[e];
+    if (pjob) {
+        if (FUSE) ad_row<ND>(a.k_norm, a.eps, a.inv_freq, p, true, vk);
+        const bool store = FUSE && b.h0 == b.kvh * (a.nh / a.nkv); /* the group's first block stores row p */
 #pragma unroll
-            for (int e = 0; e < ND; e++) {
-                const int d = ND * lane + e;
-                const __half hk = __float2half_rn(v[e]), hv = __float2half_rn(a.v_new[(int64_t)b.kvh * HD + d]);
-                kp[d] = hk;
-                vp[d] = hv;
-                if (store) {
-                    kg[p * kvd + d] = hk;
-                    vg[p * kvd + d] = hv;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < ND; e++) {
-                const int d = ND * lane + e;
-                kp[d] = kg[p * kvd + d];
-                vp[d] = vg[p * kvd + d];
+        for (int e = 0; e < ND; e++) {
+            const __half hk = __float2half_rn(vk[e]), hv = __float2half_rn(vv[e]); /* exact for copied fp16 */
+            kp[d0 + e] = hk;
+            vp[d0 + e] = hv;
+            if (store) {
+                kg[p * kvd + d0 + e] = hk;
+                vg[p * kvd + d0 + e] = hv;
             }
         }
     }

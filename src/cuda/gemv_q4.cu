@@ -1104,6 +1104,8 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
          * 54 %). The 8B gate/up (1792 tiles) is about even alone (84.2 vs
          * 83.5 % with PDL) but not in the decode step: 8B tg128 471 tok/s with
          * two blocks against 455 with three, same H200 run. */
+        /* (Three for the 8B's merged q/k/v, one wave of 384 tiles instead
+         * of two: 460.6 vs 474.6 tok/s, same run.) */
         const int tv = g_tl_force >= 0 ? g_tl_force : k.n_tiles >= 48 * (int64_t)(n_sm > 0 ? n_sm : 1) ? 1 : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
         const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
