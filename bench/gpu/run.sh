@@ -23,6 +23,9 @@
 #                                (../shared/tools/make_random_gguf.py). A
 #                                table at the end.
 #   sh bench/gpu/run.sh quick    checks and GEMV only.
+#   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
+#                                one by one under Nsight Compute (8B, 3 tokens),
+#                                time per kernel name (ncu.txt).
 # CHECKS=0 skips the checks (a staging folder without models).
 # Logs and the table go to $OUT (the device tool's folder) or /tmp/spx-gpu.
 # SPX_GPU_DIR (default .dev/gpu) names the staging folder, here and there.
@@ -69,6 +72,33 @@ exec 3>&1 > "$OUT/log.txt" 2>&1
 # everything below into log.txt; summaries also to the terminal (fd 3)
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,pcie.link.gen.max,pcie.link.width.max --format=csv 2>&1 | tee /dev/fd/3
 cat $D/commit 2>/dev/null | tee /dev/fd/3 # written by pack (the device's copy of the tree may carry an older .git)
+
+if [ "$MODE" = ncu ]; then
+    NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    [ -n "$NCU" ] || { echo "ncu: not found" | tee /dev/fd/3; exit 1; }
+    [ -f $W/llama3-8b.trdc ] || $B/spectra synth --shape llama3-8b -o $W/llama3-8b.trdc 2>&1 | tail -n 1
+    timeout 400 "$NCU" --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \
+        $B/spectra bench -m $W/llama3-8b.trdc --backend cuda -p 0 -n 3 -r 1 > $T/ncu.csv 2> $T/ncu.err ||
+        { echo "ncu failed:"; tail -n 5 $T/ncu.err; } | tee /dev/fd/3
+    python3 - $T/ncu.csv <<'PY' | tee "$OUT/ncu.txt" >&3
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+h, rows = rows[0], rows[1:]
+ki, vi, ui = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+agg = collections.OrderedDict()
+for r in rows:
+    a = agg.setdefault(r[ki].split("(")[0][:60], [])
+    a.append(float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0))
+tot = sum(sum(v) for v in agg.values())
+print("%d kernels, %.1f us in all (the bench's decode passes, each kernel alone)" % (sum(len(v) for v in agg.values()), tot))
+for n, v in sorted(agg.items(), key=lambda x: -sum(x[1])):
+    v.sort()
+    print("%-60s %5d launches %8.2f us median %5.1f %%" % (n, len(v), v[len(v) // 2], 100 * sum(v) / tot))
+PY
+    exec 1>&3
+    exit 0
+fi
 
 if [ "${CHECKS:-1}" != 0 ]; then
     echo "== checks"
