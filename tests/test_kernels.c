@@ -367,11 +367,63 @@ static void test_dispatch(void) {
     CHECK(spx_qkernels_best() == b, "best() is stable");
 }
 
+/* The fp16 KV cache's attention steps (dot_f16, axpy_f16): the scalar
+ * table to the letter of its definition (index order, separate roundings:
+ * it is the reference the other backends match), and the avx2 table
+ * against a double reference within the float rounding of an n-term sum,
+ * n from 1 to 300 (the 32- and 8-wide loops and their tails), with
+ * misaligned starts. */
+static void test_f16_attention_steps(const spx_qkernels *sc, const spx_qkernels *av) {
+    enum { N = 300 };
+    static float q[N + 3], out0[N + 3], out1[N + 3], ref_o[N + 3];
+    static uint16_t h[N + 3];
+    int bad_sc = 0, bad_av = 0, cases = 0;
+    double worst = 0;
+    for (int64_t n = 1; n <= N; n += n < 40 ? 1 : 13)
+        for (int sh = 0; sh < 3; sh += 2) {
+            float *qq = q + sh, *o0 = out0 + sh, *o1 = out1 + sh;
+            uint16_t *hh = h + sh + (sh ? 1 : 0);
+            double ref = 0, mag = 0;
+            float lit = 0;
+            const float a = tl_rand_normal(&g_seed);
+            for (int64_t j = 0; j < n; j++) {
+                qq[j] = tl_rand_normal(&g_seed);
+                hh[j] = spx_f32_to_f16(tl_rand_normal(&g_seed));
+                const float hv = spx_f16_to_f32(hh[j]);
+                ref += (double)qq[j] * hv;
+                mag += fabs((double)qq[j] * hv);
+                lit += qq[j] * hv;
+                o0[j] = o1[j] = tl_rand_normal(&g_seed);
+                ref_o[j] = o0[j] + a * hv; /* one rounding of the product, one of the sum */
+            }
+            const float ds = sc->dot_f16(qq, hh, n);
+            sc->axpy_f16(o0, a, hh, n);
+            bad_sc += memcmp(&ds, &lit, sizeof ds) != 0;
+            for (int64_t j = 0; j < n; j++) bad_sc += memcmp(&o0[j], &ref_o[j], sizeof(float)) != 0;
+            if (av) {
+                const float da = av->dot_f16(qq, hh, n);
+                av->axpy_f16(o1, a, hh, n);
+                const double tol = (double)n * 6e-8 * mag + 1e-30; /* n * eps(float) * sum |terms| */
+                worst = fmax(worst, fabs(da - ref) / tol);
+                bad_av += !(fabs(da - ref) <= tol);
+                for (int64_t j = 0; j < n; j++) /* a fused multiply-add: within two roundings of ref_o's */
+                    bad_av += !(fabs((double)o1[j] - ref_o[j]) <=
+                                2.4e-7 * (fabs((double)ref_o[j]) + fabs((double)a * spx_f16_to_f32(hh[j]))));
+            }
+            cases++;
+        }
+    CHECK(bad_sc == 0, "f16 attention steps: scalar table differs from its definition in %d values", bad_sc);
+    CHECK(bad_av == 0, "f16 attention steps: avx2 outside the rounding bound in %d values (worst dot %.3g)", bad_av,
+          worst);
+    printf("f16 attention steps: %d cases, avx2 dot worst err / bound %.3f\n", cases, worst);
+}
+
 int main(void) {
     test_dispatch();
     const spx_qkernels *sc = spx_qkernels_scalar();
     const spx_qkernels *av = spx_qkernels_get("avx2");
     if (!av) printf("note: no AVX2+FMA+F16C on this CPU (or build): avx2 table not tested\n");
+    test_f16_attention_steps(sc, av);
 
     /* 300x256, 9x4256 and 5x8448 cross the avx2 GEMM's blocking: row
      * blocks of 64 rows, column chunks of 4096 (4256 / 32 = 133 blocks: a

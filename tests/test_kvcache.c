@@ -62,7 +62,7 @@ static void test_direct(void) {
         memcpy(deqv[i], deq + 64, sizeof deqv[i]);
     }
     for (int i = 0; i < 37; i++) sc[i] = NAN;
-    spx_kv_scores(&c, 0, 1, q, 0, n, 0.125f, sc);
+    spx_kv_scores(&c, NULL, 0, 1, q, 0, n, 0.125f, sc);
     tl_cmp r = tl_compare(sc, ref, (size_t)n, TOL_DIRECT, TOL_DIRECT);
     CHECK(r.ok, "q4 scores over codes differ from dequantized: max %g at %zu", r.max_abs, r.worst);
     for (int i = 0; i < 37; i++) p[i] = tl_rand_uniform(&rng);
@@ -71,7 +71,7 @@ static void test_direct(void) {
         for (int i = 0; i < 37; i++) a += (double)p[i] * deqv[i][j];
         oref[j] = (float)a;
     }
-    spx_kv_weighted_v(&c, 0, 1, p, 0, n, out);
+    spx_kv_weighted_v(&c, NULL, 0, 1, p, 0, n, out);
     r = tl_compare(out, oref, 64, TOL_DIRECT, TOL_DIRECT);
     CHECK(r.ok, "q4 weighted V over codes differs: max %g at %zu", r.max_abs, r.worst);
     printf("direct q4 attention: scores and V match the dequantized reference within %.0e\n", TOL_DIRECT);

@@ -116,6 +116,9 @@ if [ "${CHECKS:-1}" != 0 ]; then
             if cmp -s $T/run_cpu.txt $T/run_$v.txt; then echo "cpu vs $v: same text" | tee /dev/fd/3; else
                 { echo "cpu vs $v: texts differ:"; cat $T/run_cpu.txt $T/run_cpu.err; echo; cat $T/run_$v.txt $T/run_$v.err; } | tee /dev/fd/3; fi
         done
+        # (avx2 rounds activations to int8 per block of 32 and sums attention in
+        # another order: its text may leave the scalar one at a near-tie; test_fastpath
+        # bounds its logits. The scalar and CUDA texts are expected to agree.)
     fi
 fi
 

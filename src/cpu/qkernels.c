@@ -13,6 +13,7 @@
  * the variant is not compiled in. Dispatch checks the CPU features itself,
  * so a variant's getter never runs its code on a CPU that lacks them. */
 #include "cpu/qkernels.h"
+#include "core/half.h"
 #include "core/err.h"
 #include "quant/g32.h"
 
@@ -45,12 +46,24 @@ static void scalar_rows(const spx_qtensor *q, const void *act, const float *x, i
         spx_q_dot_rows(q, r, x, T, q->cols, y + r, y_stride, (float *)scratch);
 }
 
+static float scalar_dot_f16(const float *q, const uint16_t *h, int64_t n) {
+    float d = 0;
+    for (int64_t j = 0; j < n; j++) d += q[j] * spx_f16_to_f32(h[j]);
+    return d;
+}
+
+static void scalar_axpy_f16(float *out, float a, const uint16_t *h, int64_t n) {
+    for (int64_t j = 0; j < n; j++) out[j] += a * spx_f16_to_f32(h[j]);
+}
+
 static const spx_qkernels g_scalar = {
     .name = "scalar",
     .act_bytes = scalar_act_bytes,
     .scratch_bytes = scalar_scratch_bytes,
     .prepare = scalar_prepare,
     .rows = scalar_rows,
+    .dot_f16 = scalar_dot_f16,
+    .axpy_f16 = scalar_axpy_f16,
 };
 
 const spx_qkernels *spx_qkernels_scalar(void) { return &g_scalar; }

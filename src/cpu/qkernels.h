@@ -37,6 +37,13 @@ typedef struct spx_qkernels {
      * (for outlier columns / kernels that use floats directly). */
     void (*rows)(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
                  int64_t y_stride, int64_t r0, int64_t r1, void *scratch);
+    /* The fp16 KV cache's attention steps (engine/kvcache.c): a score is
+     * dot_f16(q, K row, n) = sum_j q[j] f16(h[j]), and each value row adds
+     * axpy_f16(out, p, V row, n): out[j] += p f16(h[j]), j < n. The scalar
+     * table sums in index order with separate roundings (the reference);
+     * a variant may reorder and fuse (tests/test_kernels.c bounds it). */
+    float (*dot_f16)(const float *q, const uint16_t *h, int64_t n);
+    void (*axpy_f16)(float *out, float a, const uint16_t *h, int64_t n);
 } spx_qkernels;
 
 /* The scalar reference table (always available). */

@@ -711,12 +711,46 @@ static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int
     }
 }
 
+/* The fp16 KV cache's attention steps: 8 halves per F16C convert, four
+ * FMA chains for the dot (one horizontal sum per row), one FMA per 8 for
+ * the axpy; a short tail as the scalar table does it. */
+AVX2_FN static float avx2_dot_f16(const float *q, const uint16_t *h, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j + 8))), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j + 16))), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j + 24))), a3);
+    }
+    for (; j + 8 <= n; j += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))), a0);
+    const __m256 s8 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    float d = _mm_cvtss_f32(s4);
+    for (; j < n; j++) d += q[j] * _cvtsh_ss(h[j]);
+    return d;
+}
+
+AVX2_FN static void avx2_axpy_f16(float *out, float a, const uint16_t *h, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))),
+                                                  _mm256_loadu_ps(out + j)));
+    for (; j < n; j++) out[j] += a * _cvtsh_ss(h[j]);
+}
+
 static const spx_qkernels g_avx2 = {
     .name = "avx2",
     .act_bytes = avx2_act_bytes,
     .scratch_bytes = avx2_scratch_bytes,
     .prepare = avx2_prepare,
     .rows = avx2_rows,
+    .dot_f16 = avx2_dot_f16,
+    .axpy_f16 = avx2_axpy_f16,
 };
 
 const spx_qkernels *spx_qkernels_avx2_table(void) { return &g_avx2; }

@@ -123,9 +123,10 @@ static inline void q4_group(const spx_kvcache *c, const uint8_t *row, int64_t g,
     *z = spx_q_zero_get(row + c->scales_b, g);
 }
 
-void spx_kv_scores(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *q, int64_t start, int64_t end,
-                   float scale, float *out) {
+void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *q,
+                   int64_t start, int64_t end, float scale, float *out) {
     int64_t hd = c->head_dim, off = kvh * hd;
+    if (!kt) kt = spx_qkernels_scalar();
     float qsum[64]; /* per group sum of q (head_dim <= 2048 checked at init) */
     float qr[2048];
     if (c->type == SPX_KV_Q4) {
@@ -144,8 +145,7 @@ void spx_kv_scores(const spx_kvcache *c, int64_t layer, int64_t kvh, const float
         if (c->type == SPX_KV_F32) {
             d = spx_cpu_dot(q, (const float *)row + off, hd);
         } else if (c->type == SPX_KV_F16) {
-            const uint16_t *h = (const uint16_t *)row + off;
-            for (int64_t j = 0; j < hd; j++) d += q[j] * spx_f16_to_f32(h[j]);
+            d = kt->dot_f16(q, (const uint16_t *)row + off, hd);
         } else {
             /* sum_k (code_k - z) s q_k = s (sum_k code_k q_k - z qsum) */
             for (int64_t g = 0; g < hd / KV_GROUP; g++) {
@@ -164,9 +164,10 @@ void spx_kv_scores(const spx_kvcache *c, int64_t layer, int64_t kvh, const float
     }
 }
 
-void spx_kv_weighted_v(const spx_kvcache *c, int64_t layer, int64_t kvh, const float *p, int64_t start,
-                       int64_t end, float *out) {
+void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *p,
+                       int64_t start, int64_t end, float *out) {
     int64_t hd = c->head_dim, off = kvh * hd;
+    if (!kt) kt = spx_qkernels_scalar();
     memset(out, 0, (size_t)hd * sizeof *out);
     for (int64_t i = start; i < end; i++) {
         const uint8_t *row = row_at(c, c->v, layer, i);
@@ -175,8 +176,7 @@ void spx_kv_weighted_v(const spx_kvcache *c, int64_t layer, int64_t kvh, const f
             const float *v = (const float *)row + off;
             for (int64_t j = 0; j < hd; j++) out[j] += pr * v[j];
         } else if (c->type == SPX_KV_F16) {
-            const uint16_t *h = (const uint16_t *)row + off;
-            for (int64_t j = 0; j < hd; j++) out[j] += pr * spx_f16_to_f32(h[j]);
+            kt->axpy_f16(out, pr, (const uint16_t *)row + off, hd);
         } else {
             for (int64_t g = 0; g < hd / KV_GROUP; g++) {
                 const uint8_t *cd;

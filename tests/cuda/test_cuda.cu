@@ -1216,9 +1216,9 @@ static void test_kvq4(void) {
                     ref[(size_t)t * qd + h * c.hd + j] = o / sum;
                 }
                 /* the CPU backend's own q4 attention (engine/forward.c) */
-                spx_kv_scores(&kc, 0, kvh, qh, start, p + 1, (float)scale, sc.data());
+                spx_kv_scores(&kc, NULL, 0, kvh, qh, start, p + 1, (float)scale, sc.data());
                 spx_cpu_softmax(sc.data(), p + 1 - start);
-                spx_kv_weighted_v(&kc, 0, kvh, sc.data(), start, p + 1, &cpu[(size_t)t * qd + (size_t)h * c.hd]);
+                spx_kv_weighted_v(&kc, NULL, 0, kvh, sc.data(), start, p + 1, &cpu[(size_t)t * qd + (size_t)h * c.hd]);
             }
         char what[160];
         snprintf(what, sizeof what, "q4 attention n_tok %d nh %d nkv %d hd %d (rot %d) window %d splits %d pos %d",
