@@ -367,13 +367,14 @@ static void test_dispatch(void) {
     CHECK(spx_qkernels_best() == b, "best() is stable");
 }
 
-/* The fp16 KV cache's attention steps (dot_f16, axpy_f16): the scalar
+/* The KV cache's attention steps (dot_f16, axpy_f16; dot_q4g, axpy_q4g
+ * for the 4-bit cache's groups): the scalar
  * table to the letter of its definition (index order, separate roundings:
  * it is the reference the other backends match), and the avx2 table
  * against a double reference within the float rounding of an n-term sum,
  * n from 1 to 300 (the 32- and 8-wide loops and their tails), with
  * misaligned starts. */
-static void test_f16_attention_steps(const spx_qkernels *sc, const spx_qkernels *av) {
+static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av) {
     enum { N = 300 };
     static float q[N + 3], out0[N + 3], out1[N + 3], ref_o[N + 3];
     static uint16_t h[N + 3];
@@ -412,10 +413,47 @@ static void test_f16_attention_steps(const spx_qkernels *sc, const spx_qkernels 
             }
             cases++;
         }
-    CHECK(bad_sc == 0, "f16 attention steps: scalar table differs from its definition in %d values", bad_sc);
-    CHECK(bad_av == 0, "f16 attention steps: avx2 outside the rounding bound in %d values (worst dot %.3g)", bad_av,
+    /* the 4-bit cache's group steps: every code value in every position */
+    for (int rep = 0; rep < 64; rep++) {
+        uint8_t cd[16];
+        float qg[32], o0[32], o1[32], ro[32];
+        for (int k = 0; k < 16; k++) cd[k] = (uint8_t)(tl_rand_u64(&g_seed) & 255);
+        if (rep < 16)
+            for (int k = 0; k < 16; k++) cd[k] = (uint8_t)((rep + k) % 16 | ((15 - (rep + k) % 16) << 4));
+        const float a = tl_rand_normal(&g_seed);
+        const int z = (int)(tl_rand_u64(&g_seed) % 16);
+        float lit = 0;
+        double ref = 0, mag = 0;
+        for (int k = 0; k < 32; k++) {
+            qg[k] = tl_rand_normal(&g_seed);
+            o0[k] = o1[k] = tl_rand_normal(&g_seed);
+        }
+        for (int k = 0; k < 16; k++) {
+            const float lo = (float)(cd[k] & 15), hi = (float)(cd[k] >> 4);
+            lit += lo * qg[k] + hi * qg[k + 16];
+            ref += (double)lo * qg[k] + (double)hi * qg[k + 16];
+            mag += fabs((double)lo * qg[k]) + fabs((double)hi * qg[k + 16]);
+            ro[k] = o0[k] + a * (float)((cd[k] & 15) - z);
+            ro[k + 16] = o0[k + 16] + a * (float)((cd[k] >> 4) - z);
+        }
+        const float ds = sc->dot_q4g(qg, cd);
+        sc->axpy_q4g(o0, a, z, cd);
+        bad_sc += memcmp(&ds, &lit, sizeof ds) != 0 || memcmp(o0, ro, sizeof ro) != 0;
+        if (av) {
+            const float da = av->dot_q4g(qg, cd);
+            av->axpy_q4g(o1, a, z, cd);
+            bad_av += !(fabs(da - ref) <= 32 * 6e-8 * mag);
+            for (int k = 0; k < 32; k++) {
+                const int c = k < 16 ? cd[k] & 15 : cd[k - 16] >> 4;
+                bad_av += !(fabs((double)o1[k] - ro[k]) <= 2.4e-7 * (fabs((double)ro[k]) + fabs((double)a * (c - z))));
+            }
+        }
+        cases++;
+    }
+    CHECK(bad_sc == 0, "attention steps: scalar table differs from its definition in %d values", bad_sc);
+    CHECK(bad_av == 0, "attention steps: avx2 outside the rounding bound in %d values (worst f16 dot %.3g)", bad_av,
           worst);
-    printf("f16 attention steps: %d cases, avx2 dot worst err / bound %.3f\n", cases, worst);
+    printf("attention steps (f16, q4 groups): %d cases, avx2 f16 dot worst err / bound %.3f\n", cases, worst);
 }
 
 int main(void) {
@@ -423,7 +461,7 @@ int main(void) {
     const spx_qkernels *sc = spx_qkernels_scalar();
     const spx_qkernels *av = spx_qkernels_get("avx2");
     if (!av) printf("note: no AVX2+FMA+F16C on this CPU (or build): avx2 table not tested\n");
-    test_f16_attention_steps(sc, av);
+    test_attention_steps(sc, av);
 
     /* 300x256, 9x4256 and 5x8448 cross the avx2 GEMM's blocking: row
      * blocks of 64 rows, column chunks of 4096 (4256 / 32 = 133 blocks: a

@@ -56,6 +56,19 @@ static void scalar_axpy_f16(float *out, float a, const uint16_t *h, int64_t n) {
     for (int64_t j = 0; j < n; j++) out[j] += a * spx_f16_to_f32(h[j]);
 }
 
+static float scalar_dot_q4g(const float *q, const uint8_t *cd) {
+    float acc = 0;
+    for (int k = 0; k < 16; k++) acc += (float)(cd[k] & 15) * q[k] + (float)(cd[k] >> 4) * q[k + 16];
+    return acc;
+}
+
+static void scalar_axpy_q4g(float *o, float a, int z, const uint8_t *cd) {
+    for (int k = 0; k < 16; k++) {
+        o[k] += a * (float)((cd[k] & 15) - z);
+        o[k + 16] += a * (float)((cd[k] >> 4) - z);
+    }
+}
+
 static const spx_qkernels g_scalar = {
     .name = "scalar",
     .act_bytes = scalar_act_bytes,
@@ -64,6 +77,8 @@ static const spx_qkernels g_scalar = {
     .rows = scalar_rows,
     .dot_f16 = scalar_dot_f16,
     .axpy_f16 = scalar_axpy_f16,
+    .dot_q4g = scalar_dot_q4g,
+    .axpy_q4g = scalar_axpy_q4g,
 };
 
 const spx_qkernels *spx_qkernels_scalar(void) { return &g_scalar; }

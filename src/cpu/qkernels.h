@@ -44,6 +44,13 @@ typedef struct spx_qkernels {
      * a variant may reorder and fuse (tests/test_kernels.c bounds it). */
     float (*dot_f16)(const float *q, const uint16_t *h, int64_t n);
     void (*axpy_f16)(float *out, float a, const uint16_t *h, int64_t n);
+    /* The same for one group of 32 of the 4-bit cache (16 code bytes: code
+     * k in the low nibble of byte k, code k + 16 in its high nibble):
+     * dot_q4g = sum_k (c_k q_k + c_(k+16) q_(k+16)) (the scalar table adds
+     * each k's two products, then the pair), and axpy_q4g:
+     * o[k] += a (c_k - z), k < 32. */
+    float (*dot_q4g)(const float *q, const uint8_t *codes);
+    void (*axpy_q4g)(float *o, float a, int z, const uint8_t *codes);
 } spx_qkernels;
 
 /* The scalar reference table (always available). */

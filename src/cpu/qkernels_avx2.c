@@ -743,6 +743,37 @@ AVX2_FN static void avx2_axpy_f16(float *out, float a, const uint16_t *h, int64_
     for (; j < n; j++) out[j] += a * _cvtsh_ss(h[j]);
 }
 
+/* One 4-bit group: its 32 codes as two vectors of bytes (low nibbles:
+ * codes 0..15, high: 16..31) widened to four float vectors. */
+AVX2_INLINE void q4g_codes(const uint8_t *cd, __m256 *c0, __m256 *c1, __m256 *c2, __m256 *c3) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)cd), m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    *c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    *c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    *c2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    *c3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+AVX2_FN static float avx2_dot_q4g(const float *q, const uint8_t *cd) {
+    __m256 c0, c1, c2, c3;
+    q4g_codes(cd, &c0, &c1, &c2, &c3);
+    const __m256 a = _mm256_fmadd_ps(c1, _mm256_loadu_ps(q + 8), _mm256_mul_ps(c0, _mm256_loadu_ps(q)));
+    const __m256 b = _mm256_fmadd_ps(c3, _mm256_loadu_ps(q + 24), _mm256_mul_ps(c2, _mm256_loadu_ps(q + 16)));
+    const __m256 s8 = _mm256_add_ps(a, b);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    return _mm_cvtss_f32(s4);
+}
+
+AVX2_FN static void avx2_axpy_q4g(float *o, float a, int z, const uint8_t *cd) {
+    __m256 c[4];
+    q4g_codes(cd, &c[0], &c[1], &c[2], &c[3]);
+    const __m256 va = _mm256_set1_ps(a), vz = _mm256_set1_ps((float)z);
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(o + 8 * i, _mm256_fmadd_ps(va, _mm256_sub_ps(c[i], vz), _mm256_loadu_ps(o + 8 * i)));
+}
+
 static const spx_qkernels g_avx2 = {
     .name = "avx2",
     .act_bytes = avx2_act_bytes,
@@ -751,6 +782,8 @@ static const spx_qkernels g_avx2 = {
     .rows = avx2_rows,
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
+    .dot_q4g = avx2_dot_q4g,
+    .axpy_q4g = avx2_axpy_q4g,
 };
 
 const spx_qkernels *spx_qkernels_avx2_table(void) { return &g_avx2; }

@@ -153,11 +153,7 @@ void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, 
                 float s;
                 int z;
                 q4_group(c, row, off / KV_GROUP + g, &cd, &s, &z);
-                const float *qq = q + g * KV_GROUP;
-                float acc = 0;
-                for (int k = 0; k < KV_GROUP / 2; k++)
-                    acc += (float)(cd[k] & 15) * qq[k] + (float)(cd[k] >> 4) * qq[k + KV_GROUP / 2];
-                d += s * (acc - (float)z * qsum[g]);
+                d += s * (kt->dot_q4g(q + g * KV_GROUP, cd) - (float)z * qsum[g]);
             }
         }
         out[i - start] = d * scale;
@@ -183,11 +179,7 @@ void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t lay
                 float s;
                 int z;
                 q4_group(c, row, off / KV_GROUP + g, &cd, &s, &z);
-                float ps = pr * s, *o = out + g * KV_GROUP;
-                for (int k = 0; k < KV_GROUP / 2; k++) {
-                    o[k] += ps * (float)((cd[k] & 15) - z);
-                    o[k + KV_GROUP / 2] += ps * (float)((cd[k] >> 4) - z);
-                }
+                kt->axpy_q4g(out + g * KV_GROUP, pr * s, z, cd);
             }
         }
     }
