@@ -1,6 +1,7 @@
 /* test_kvcache.c: the fp16 and 4-bit KV caches.
  *  1. Attention over the stored q4 format equals attention over the
  *     dequantized rows (so computing directly on codes is right).
+ *  1c. (test_tables) the kernel tables' attention steps against the scalar one.
  *  1b. The CUDA q4 cache's shared math (src/cuda/kvq4_math.h, compiled
  *     here by the C compiler) gives spx_kv_store's bytes exactly: rotation,
  *     scales, zeros, codes, the zero-nibble word updates, the plane layout
@@ -11,6 +12,7 @@
 #include "testlib.h"
 #include "core/half.h"
 #include "cuda/kvq4_math.h"
+#include "cpu/qkernels.h"
 #include "engine/kvcache.h"
 #include "quant/g32.h"
 #include "spectra.h"
@@ -262,8 +264,68 @@ static void test_end_to_end(void) {
     spx_model_free(m);
 }
 
+/* 1c. Every kernel table's attention steps (qkernels.h: dot_f16,
+ * axpy_f16, dot_q4g, axpy_q4g) through spx_kv_scores / spx_kv_weighted_v
+ * on fp16 and q4 caches (head_dim 64 and 128, head 1 of 2, 300 rows):
+ * the table's results against the scalar table's (NULL), within the float
+ * rounding of a reordered sum; the scalar table given by name equals NULL
+ * bit for bit. */
+static void test_tables(void) {
+    static const char *names[] = {"scalar", "avx2"};
+    uint64_t rng = 77;
+    int tested = 0;
+    for (int kt = 0; kt < 2; kt++)
+        for (int hd = 64; hd <= 128; hd *= 2) {
+            const spx_kv_type type = kt ? SPX_KV_Q4 : SPX_KV_F16;
+            const int64_t n = 300, kvd = 2 * hd;
+            spx_kvcache c;
+            spx_err e;
+            spx_err_clear(&e);
+            if (spx_kv_init(&c, type, 1, n, kvd, hd, &e) != SPX_OK) {
+                CHECK(0, "kv init: %s", e.msg);
+                continue;
+            }
+            float *k = malloc((size_t)kvd * sizeof(float)), *v = malloc((size_t)kvd * sizeof(float));
+            for (int64_t i = 0; i < n; i++) {
+                for (int64_t j = 0; j < kvd; j++) {
+                    k[j] = tl_rand_normal(&rng);
+                    v[j] = tl_rand_normal(&rng) * 0.5f + 0.1f;
+                }
+                spx_kv_store(&c, 0, i, k, v);
+            }
+            float q[128], p[300], s0[300], s1[300], o0[128], o1[128];
+            for (int j = 0; j < hd; j++) q[j] = tl_rand_normal(&rng);
+            for (int i = 0; i < n; i++) p[i] = tl_rand_uniform(&rng) / (float)n;
+            spx_kv_scores(&c, NULL, 0, 1, q, 0, n, 0.125f, s0);
+            spx_kv_weighted_v(&c, NULL, 0, 1, p, 0, n, o0);
+            for (int t = 0; t < 2; t++) {
+                const spx_qkernels *tab = spx_qkernels_get(names[t]);
+                if (!tab) continue;
+                spx_kv_scores(&c, tab, 0, 1, q, 0, n, 0.125f, s1);
+                spx_kv_weighted_v(&c, tab, 0, 1, p, 0, n, o1);
+                if (t == 0) {
+                    CHECK(memcmp(s0, s1, sizeof(float) * (size_t)n) == 0 && memcmp(o0, o1, sizeof(float) * (size_t)hd) == 0,
+                          "%s hd %d: the scalar table by name differs from NULL", kt ? "q4" : "f16", hd);
+                } else {
+                    tl_cmp r = tl_compare(s1, s0, (size_t)n, TOL_DIRECT, TOL_DIRECT);
+                    CHECK(r.ok, "%s hd %d: %s scores differ from scalar: max %g at %zu", kt ? "q4" : "f16", hd, names[t],
+                          r.max_abs, r.worst);
+                    r = tl_compare(o1, o0, (size_t)hd, TOL_DIRECT, TOL_DIRECT);
+                    CHECK(r.ok, "%s hd %d: %s weighted V differs from scalar: max %g at %zu", kt ? "q4" : "f16", hd,
+                          names[t], r.max_abs, r.worst);
+                    tested++;
+                }
+            }
+            free(k);
+            free(v);
+            spx_kv_free(&c);
+        }
+    printf("kernel tables' attention steps: %d cache/table cases against the scalar table\n", tested);
+}
+
 int main(void) {
     test_direct();
+    test_tables();
     test_device_math();
     test_end_to_end();
     return tl_finish("test_kvcache");
