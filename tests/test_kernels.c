@@ -367,8 +367,9 @@ static void test_dispatch(void) {
     CHECK(spx_qkernels_best() == b, "best() is stable");
 }
 
-/* The KV cache's attention steps (dot_f16, axpy_f16; dot_q4g, axpy_q4g
- * for the 4-bit cache's groups): the scalar
+/* The KV cache's attention steps (dot_f16, axpy_f16 and their row-block
+ * forms scores_f16, wv_f16; dot_q4g, axpy_q4g for the 4-bit cache's
+ * groups): the scalar
  * table to the letter of its definition (index order, separate roundings:
  * it is the reference the other backends match), and the avx2 table
  * against a double reference within the float rounding of an n-term sum,
@@ -450,6 +451,44 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
         }
         cases++;
     }
+    /* the row-block forms: scores_f16 and wv_f16 over n rows of d halves,
+     * stride apart; the scalar ones are dot_f16 / axpy_f16 row by row, the
+     * avx2 ones within the rounding bound of the scalar results */
+    static const int64_t ds[] = {8, 60, 64, 72, 128, 136, 256};
+    static const int64_t ns[] = {1, 3, 7, 8, 9, 16, 23, 100};
+    static uint16_t rows[100 * 300];
+    static float sq[256], s0[100], s1[100], pr[100], w0[256], w1[256], wr[256];
+    for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const int64_t d = ds[di], n = ns[ni], stride = d + 24;
+            for (int64_t j = 0; j < d; j++) sq[j] = tl_rand_normal(&g_seed);
+            for (int64_t i = 0; i < n * stride; i++) rows[i] = spx_f32_to_f16(tl_rand_normal(&g_seed));
+            for (int64_t i = 0; i < n; i++) pr[i] = tl_rand_uniform(&g_seed);
+            for (int64_t j = 0; j < d; j++) w0[j] = w1[j] = wr[j] = tl_rand_normal(&g_seed);
+            sc->scores_f16(sq, rows, stride, n, d, 0.125f, s0);
+            sc->wv_f16(w0, pr, rows, stride, n, d);
+            for (int64_t i = 0; i < n; i++) {
+                const float e = sc->dot_f16(sq, rows + i * stride, d) * 0.125f;
+                bad_sc += memcmp(&e, &s0[i], sizeof e) != 0;
+                sc->axpy_f16(wr, pr[i], rows + i * stride, d);
+            }
+            bad_sc += memcmp(wr, w0, (size_t)d * sizeof(float)) != 0;
+            if (av) {
+                av->scores_f16(sq, rows, stride, n, d, 0.125f, s1);
+                av->wv_f16(w1, pr, rows, stride, n, d);
+                for (int64_t i = 0; i < n; i++) {
+                    double mg = 0;
+                    for (int64_t j = 0; j < d; j++) mg += fabs((double)sq[j] * spx_f16_to_f32(rows[i * stride + j]));
+                    bad_av += !(fabs((double)s1[i] - s0[i]) <= 2 * (double)d * 6e-8 * 0.125 * mg + 1e-30);
+                }
+                for (int64_t j = 0; j < d; j++) {
+                    double mg = fabs((double)w0[j]);
+                    for (int64_t i = 0; i < n; i++) mg += fabs((double)pr[i] * spx_f16_to_f32(rows[i * stride + j]));
+                    bad_av += !(fabs((double)w1[j] - w0[j]) <= 2 * (double)(n + 1) * 6e-8 * mg);
+                }
+            }
+            cases++;
+        }
     CHECK(bad_sc == 0, "attention steps: scalar table differs from its definition in %d values", bad_sc);
     CHECK(bad_av == 0, "attention steps: avx2 outside the rounding bound in %d values (worst f16 dot %.3g)", bad_av,
           worst);

@@ -56,6 +56,15 @@ static void scalar_axpy_f16(float *out, float a, const uint16_t *h, int64_t n) {
     for (int64_t j = 0; j < n; j++) out[j] += a * spx_f16_to_f32(h[j]);
 }
 
+static void scalar_scores_f16(const float *q, const uint16_t *h, int64_t stride, int64_t n, int64_t d, float scale,
+                              float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = scalar_dot_f16(q, h + i * stride, d) * scale;
+}
+
+static void scalar_wv_f16(float *out, const float *p, const uint16_t *h, int64_t stride, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) scalar_axpy_f16(out, p[i], h + i * stride, d);
+}
+
 static float scalar_dot_q4g(const float *q, const uint8_t *cd) {
     float acc = 0;
     for (int k = 0; k < 16; k++) acc += (float)(cd[k] & 15) * q[k] + (float)(cd[k] >> 4) * q[k + 16];
@@ -77,6 +86,8 @@ static const spx_qkernels g_scalar = {
     .rows = scalar_rows,
     .dot_f16 = scalar_dot_f16,
     .axpy_f16 = scalar_axpy_f16,
+    .scores_f16 = scalar_scores_f16,
+    .wv_f16 = scalar_wv_f16,
     .dot_q4g = scalar_dot_q4g,
     .axpy_q4g = scalar_axpy_q4g,
 };

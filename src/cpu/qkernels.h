@@ -44,6 +44,14 @@ typedef struct spx_qkernels {
      * a variant may reorder and fuse (tests/test_kernels.c bounds it). */
     float (*dot_f16)(const float *q, const uint16_t *h, int64_t n);
     void (*axpy_f16)(float *out, float a, const uint16_t *h, int64_t n);
+    /* The same over n rows of d halves (row i at h + i * stride halves):
+     * scores_f16: out[i] = scale * dot_f16(q, row i, d); wv_f16: axpy_f16
+     * of every row i in order, out += p[i] row i. A variant may work on
+     * several rows at a time (the avx2 table: 8 scores per reduction, the
+     * output held in registers across rows). */
+    void (*scores_f16)(const float *q, const uint16_t *h, int64_t stride, int64_t n, int64_t d, float scale,
+                       float *out);
+    void (*wv_f16)(float *out, const float *p, const uint16_t *h, int64_t stride, int64_t n, int64_t d);
     /* The same for one group of 32 of the 4-bit cache (16 code bytes: code
      * k in the low nibble of byte k, code k + 16 in its high nibble):
      * dot_q4g = sum_k (c_k q_k + c_(k+16) q_(k+16)) (the scalar table adds

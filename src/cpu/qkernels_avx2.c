@@ -743,6 +743,57 @@ AVX2_FN static void avx2_axpy_f16(float *out, float a, const uint16_t *h, int64_
     for (; j < n; j++) out[j] += a * _cvtsh_ss(h[j]);
 }
 
+/* Eight rows' scores at once: each row's 8-lane partial sums over d (q
+ * loaded once per 8 columns for all eight), then one transposing hadd
+ * tree for the eight totals (a single row's horizontal sum costs as much
+ * as its whole dot product at d = 64). d % 8 != 0 or a short tail of
+ * rows: row by row. */
+AVX2_FN static void avx2_scores_f16(const float *q, const uint16_t *h, int64_t stride, int64_t n, int64_t d,
+                                    float scale, float *out) {
+    int64_t i = 0;
+    if (d % 8 == 0)
+        for (; i + 8 <= n; i += 8) {
+            __m256 a[8];
+            for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+            const uint16_t *hb = h + i * stride;
+            for (int64_t j = 0; j < d; j += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + j);
+                #pragma GCC unroll 8
+                for (int r = 0; r < 8; r++)
+                    a[r] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hb + r * stride + j))),
+                                           a[r]);
+            }
+            const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+            const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+            const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+            /* u0 = [rows 0-3, columns low half | rows 0-3, high], u1 the same for rows 4-7 */
+            const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        }
+    for (; i < n; i++) out[i] = avx2_dot_f16(q, h + i * stride, d) * scale;
+}
+
+/* out += p[i] row i for every row in order, 64 output columns at a time
+ * held in registers across all rows (one load and store per column block,
+ * not per row); a d % 8 tail through axpy. */
+AVX2_FN static void avx2_wv_f16(float *out, const float *p, const uint16_t *h, int64_t stride, int64_t n, int64_t d) {
+    int64_t c0 = 0;
+    for (; c0 + 64 <= d; c0 += 64) {
+        __m256 a[8];
+        for (int v = 0; v < 8; v++) a[v] = _mm256_loadu_ps(out + c0 + 8 * v);
+        for (int64_t i = 0; i < n; i++) {
+            const __m256 pb = _mm256_set1_ps(p[i]);
+            const uint16_t *r = h + i * stride + c0;
+            #pragma GCC unroll 8
+            for (int v = 0; v < 8; v++)
+                a[v] = _mm256_fmadd_ps(pb, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * v))), a[v]);
+        }
+        for (int v = 0; v < 8; v++) _mm256_storeu_ps(out + c0 + 8 * v, a[v]);
+    }
+    if (c0 < d)
+        for (int64_t i = 0; i < n; i++) avx2_axpy_f16(out + c0, p[i], h + i * stride + c0, d - c0);
+}
+
 /* One 4-bit group: its 32 codes as two vectors of bytes (low nibbles:
  * codes 0..15, high: 16..31) widened to four float vectors. */
 AVX2_INLINE void q4g_codes(const uint8_t *cd, __m256 *c0, __m256 *c1, __m256 *c2, __m256 *c3) {
@@ -782,6 +833,8 @@ static const spx_qkernels g_avx2 = {
     .rows = avx2_rows,
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
+    .scores_f16 = avx2_scores_f16,
+    .wv_f16 = avx2_wv_f16,
     .dot_q4g = avx2_dot_q4g,
     .axpy_q4g = avx2_axpy_q4g,
 };

@@ -139,13 +139,17 @@ void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, 
             qsum[g] = s;
         }
     }
+    if (c->type == SPX_KV_F16) { /* rows are row_bytes apart: the table takes them all */
+        if (end > start)
+            kt->scores_f16(q, (const uint16_t *)row_at(c, c->k, layer, start) + off, (int64_t)(c->row_bytes / 2),
+                           end - start, hd, scale, out);
+        return;
+    }
     for (int64_t i = start; i < end; i++) {
         const uint8_t *row = row_at(c, c->k, layer, i);
         float d = 0;
         if (c->type == SPX_KV_F32) {
             d = spx_cpu_dot(q, (const float *)row + off, hd);
-        } else if (c->type == SPX_KV_F16) {
-            d = kt->dot_f16(q, (const uint16_t *)row + off, hd);
         } else {
             /* sum_k (code_k - z) s q_k = s (sum_k code_k q_k - z qsum) */
             for (int64_t g = 0; g < hd / KV_GROUP; g++) {
@@ -165,14 +169,18 @@ void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t lay
     int64_t hd = c->head_dim, off = kvh * hd;
     if (!kt) kt = spx_qkernels_scalar();
     memset(out, 0, (size_t)hd * sizeof *out);
+    if (c->type == SPX_KV_F16) {
+        if (end > start)
+            kt->wv_f16(out, p, (const uint16_t *)row_at(c, c->v, layer, start) + off, (int64_t)(c->row_bytes / 2),
+                       end - start, hd);
+        return;
+    }
     for (int64_t i = start; i < end; i++) {
         const uint8_t *row = row_at(c, c->v, layer, i);
         float pr = p[i - start];
         if (c->type == SPX_KV_F32) {
             const float *v = (const float *)row + off;
             for (int64_t j = 0; j < hd; j++) out[j] += pr * v[j];
-        } else if (c->type == SPX_KV_F16) {
-            kt->axpy_f16(out, pr, (const uint16_t *)row + off, hd);
         } else {
             for (int64_t g = 0; g < hd / KV_GROUP; g++) {
                 const uint8_t *cd;
