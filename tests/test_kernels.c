@@ -367,14 +367,13 @@ static void test_dispatch(void) {
     CHECK(spx_qkernels_best() == b, "best() is stable");
 }
 
-/* The KV cache's attention steps (dot_f16, axpy_f16 and their row-block
- * forms scores_f16, wv_f16; dot_q4g, axpy_q4g for the 4-bit cache's
- * groups): the scalar
+/* The KV cache's attention steps (scores_f16, wv_f16 over rows of the
+ * fp16 cache; dot_q4g, axpy_q4g for the 4-bit cache's groups): the scalar
  * table to the letter of its definition (index order, separate roundings:
  * it is the reference the other backends match), and the avx2 table
- * against a double reference within the float rounding of an n-term sum,
- * n from 1 to 300 (the 32- and 8-wide loops and their tails), with
- * misaligned starts. */
+ * against a double reference within the float rounding of an n-term sum:
+ * first one row of n values, n from 1 to 300 (the 32- and 8-wide loops
+ * and their tails), with misaligned starts, then blocks of rows. */
 static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av) {
     enum { N = 300 };
     static float q[N + 3], out0[N + 3], out1[N + 3], ref_o[N + 3];
@@ -398,13 +397,15 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
                 o0[j] = o1[j] = tl_rand_normal(&g_seed);
                 ref_o[j] = o0[j] + a * hv; /* one rounding of the product, one of the sum */
             }
-            const float ds = sc->dot_f16(qq, hh, n);
-            sc->axpy_f16(o0, a, hh, n);
+            float ds;
+            sc->scores_f16(qq, hh, n, 1, n, 1.0f, &ds);
+            sc->wv_f16(o0, &a, hh, n, 1, n);
             bad_sc += memcmp(&ds, &lit, sizeof ds) != 0;
             for (int64_t j = 0; j < n; j++) bad_sc += memcmp(&o0[j], &ref_o[j], sizeof(float)) != 0;
             if (av) {
-                const float da = av->dot_f16(qq, hh, n);
-                av->axpy_f16(o1, a, hh, n);
+                float da;
+                av->scores_f16(qq, hh, n, 1, n, 1.0f, &da);
+                av->wv_f16(o1, &a, hh, n, 1, n);
                 const double tol = (double)n * 6e-8 * mag + 1e-30; /* n * eps(float) * sum |terms| */
                 worst = fmax(worst, fabs(da - ref) / tol);
                 bad_av += !(fabs(da - ref) <= tol);
@@ -451,9 +452,9 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
         }
         cases++;
     }
-    /* the row-block forms: scores_f16 and wv_f16 over n rows of d halves,
-     * stride apart; the scalar ones are dot_f16 / axpy_f16 row by row, the
-     * avx2 ones within the rounding bound of the scalar results */
+    /* blocks of n rows of d halves, stride apart: the scalar forms are the
+     * one-row definition row by row, the avx2 ones within the rounding
+     * bound of the scalar results */
     static const int64_t ds[] = {8, 60, 64, 72, 128, 136, 256};
     static const int64_t ns[] = {1, 3, 7, 8, 9, 16, 23, 100};
     static uint16_t rows[100 * 300];
@@ -468,9 +469,14 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
             sc->scores_f16(sq, rows, stride, n, d, 0.125f, s0);
             sc->wv_f16(w0, pr, rows, stride, n, d);
             for (int64_t i = 0; i < n; i++) {
-                const float e = sc->dot_f16(sq, rows + i * stride, d) * 0.125f;
+                float lit = 0;
+                for (int64_t j = 0; j < d; j++) {
+                    const float hv = spx_f16_to_f32(rows[i * stride + j]);
+                    lit += sq[j] * hv;
+                    wr[j] += pr[i] * hv;
+                }
+                const float e = lit * 0.125f;
                 bad_sc += memcmp(&e, &s0[i], sizeof e) != 0;
-                sc->axpy_f16(wr, pr[i], rows + i * stride, d);
             }
             bad_sc += memcmp(wr, w0, (size_t)d * sizeof(float)) != 0;
             if (av) {

@@ -264,8 +264,8 @@ static void test_end_to_end(void) {
     spx_model_free(m);
 }
 
-/* 1c. Every kernel table's attention steps (qkernels.h: dot_f16,
- * axpy_f16, dot_q4g, axpy_q4g) through spx_kv_scores / spx_kv_weighted_v
+/* 1c. Every kernel table's attention steps (qkernels.h: scores_f16,
+ * wv_f16, dot_q4g, axpy_q4g) through spx_kv_scores / spx_kv_weighted_v
  * on fp16 and q4 caches (head_dim 64 and 128, head 1 of 2, 300 rows):
  * the table's results against the scalar table's (NULL), within the float
  * rounding of a reordered sum; the scalar table given by name equals NULL

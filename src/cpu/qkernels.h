@@ -37,18 +37,14 @@ typedef struct spx_qkernels {
      * (for outlier columns / kernels that use floats directly). */
     void (*rows)(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
                  int64_t y_stride, int64_t r0, int64_t r1, void *scratch);
-    /* The fp16 KV cache's attention steps (engine/kvcache.c): a score is
-     * dot_f16(q, K row, n) = sum_j q[j] f16(h[j]), and each value row adds
-     * axpy_f16(out, p, V row, n): out[j] += p f16(h[j]), j < n. The scalar
-     * table sums in index order with separate roundings (the reference);
-     * a variant may reorder and fuse (tests/test_kernels.c bounds it). */
-    float (*dot_f16)(const float *q, const uint16_t *h, int64_t n);
-    void (*axpy_f16)(float *out, float a, const uint16_t *h, int64_t n);
-    /* The same over n rows of d halves (row i at h + i * stride halves):
-     * scores_f16: out[i] = scale * dot_f16(q, row i, d); wv_f16: axpy_f16
-     * of every row i in order, out += p[i] row i. A variant may work on
-     * several rows at a time (the avx2 table: 8 scores per reduction, the
-     * output held in registers across rows). */
+    /* The fp16 KV cache's attention steps (engine/kvcache.c) over n rows
+     * of d halves, row i at h + i * stride halves:
+     *   scores_f16: out[i] = scale * (sum_j q[j] f16(row_i[j]));
+     *   wv_f16: for every row i in order, out[j] += p[i] f16(row_i[j]).
+     * The scalar table sums in index order with separate roundings (the
+     * reference); a variant may reorder, fuse and work on several rows at
+     * a time (the avx2 table: 8 scores per reduction, the output held in
+     * registers across rows; tests/test_kernels.c bounds it). */
     void (*scores_f16)(const float *q, const uint16_t *h, int64_t stride, int64_t n, int64_t d, float scale,
                        float *out);
     void (*wv_f16)(float *out, const float *p, const uint16_t *h, int64_t stride, int64_t n, int64_t d);

@@ -312,6 +312,20 @@ AVX2_INLINE __m256 tiled_zeros(const uint8_t *zrow, __m256i zsh, int64_t b0, int
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, zsh), _mm256_set1_epi32(15)));
 }
 
+/* Row rt (0..15) of a tile whose item 0 (or, rebased, the current chunk)
+ * starts at codes c, scales s, zero bytes z: its pointers for micro_chunk
+ * (crow into the item's 1024 code bytes, srow to its scale words plus its
+ * half h, zrow to its zero bytes), h and tiled_zshift(h). */
+AVX2_INLINE void tiled_row(const uint8_t *c, const uint16_t *s, const uint8_t *z, int rt, const uint8_t **crow,
+                           const uint16_t **srow, const uint8_t **zrow, int *h, __m256i *zsh) {
+    const int lr = rt & 7;
+    *h = rt >> 3;
+    *crow = c + 64 * rt;
+    *srow = s + 8 * lr + *h;
+    *zrow = z + 4 * lr;
+    *zsh = tiled_zshift(*h);
+}
+
 /* int32 sums of one 32-byte code load (blocks b, b + 1: lanes [4 x b |
  * 4 x b+1]) against x: the low- and high-nibble products added in int16
  * (|sum| <= 2 * 2 * 15 * 127 = 7620), then pairs of int16 in int32. */
@@ -385,10 +399,9 @@ AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *
 
 /* acc[i][t] (8 lanes each) += rows r..r+NR-1 of the matrix times tokens
  * t of act (base, stride) over blocks [kb0, kb1) (kb0 a multiple of 8).
- * TL: the matrix is SPX_Q_TILED; row R's pointers are into item 0 of its
- * tile, ti = (R / 16) * items, h = (R / 8) % 2: codes + 1024 ti + 512 h +
- * 64 (R % 8) (= + 64 (R % 16)), scales + 64 ti + 8 (R % 8) + h, zeros +
- * 32 ti + 4 (R % 8). */
+ * TL: the matrix is SPX_Q_TILED; row R's pointers are tiled_row's for
+ * row R % 16 of its tile, whose item 0 is at codes + 1024 ti, scales + 64
+ * ti, zeros + 32 ti (ti = (R / 16) * items). */
 AVX2_INLINE void micro(const kmat *m, int64_t r, const uint8_t *abase, int64_t astride,
                        int64_t cols, int64_t nb8, int64_t kb0, int64_t kb1, const int NR,
                        const int TB, const int bpg, const int TL, __m256 acc[][ACC_N]) {
@@ -400,13 +413,9 @@ AVX2_INLINE void micro(const kmat *m, int64_t r, const uint8_t *abase, int64_t a
     for (int i = 0; i < NR; i++) {
         int64_t R = r + i;
         if (TL) {
-            int64_t ti = (R >> 4) * m->items, lr = R & 7;
-            int h = (int)((R >> 3) & 1);
-            crow[i] = m->codes + 1024 * ti + 512 * h + 64 * lr;
-            srow[i] = m->scales + 64 * ti + 8 * lr + h;
-            zrow[i] = m->zeros + 32 * ti + 4 * lr;
-            hs[i] = h;
-            zsh[i] = tiled_zshift(h);
+            const int64_t ti = (R >> 4) * m->items;
+            tiled_row(m->codes + 1024 * ti, m->scales + 64 * ti, m->zeros + 32 * ti, (int)(R & 15), &crow[i], &srow[i],
+                      &zrow[i], &hs[i], &zsh[i]);
         } else {
             hs[i] = 0;
             zsh[i] = _mm256_setzero_si256();
@@ -522,14 +531,8 @@ AVX2_INLINE void tile16_chunk(const uint8_t *cb, const uint16_t *sb, const uint8
         int hs[GEMV_NR];
         __m256i zsh[GEMV_NR];
         #pragma GCC unroll 4
-        for (int i = 0; i < GEMV_NR; i++) {
-            int lr = (g + i) & 7;
-            hs[i] = (g + i) >> 3;
-            crow[i] = cb + 256 * b0 + 64 * (g + i);
-            srow[i] = sb + 16 * b0 + 8 * lr + hs[i];
-            zrow[i] = zb + 8 * b0 + 4 * lr;
-            zsh[i] = tiled_zshift(hs[i]);
-        }
+        for (int i = 0; i < GEMV_NR; i++)
+            tiled_row(cb + 256 * b0, sb + 16 * b0, zb + 8 * b0, g + i, &crow[i], &srow[i], &zrow[i], &hs[i], &zsh[i]);
         micro_chunk(crow, srow, zrow, hs, zsh, q8c, dxc, xsc, 0, nbc, GEMV_NR, 1, 1, 1, acc + g);
     }
 }
@@ -831,8 +834,6 @@ static const spx_qkernels g_avx2 = {
     .scratch_bytes = avx2_scratch_bytes,
     .prepare = avx2_prepare,
     .rows = avx2_rows,
-    .dot_f16 = avx2_dot_f16,
-    .axpy_f16 = avx2_axpy_f16,
     .scores_f16 = avx2_scores_f16,
     .wv_f16 = avx2_wv_f16,
     .dot_q4g = avx2_dot_q4g,

@@ -127,6 +127,12 @@ void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, 
                    int64_t start, int64_t end, float scale, float *out) {
     int64_t hd = c->head_dim, off = kvh * hd;
     if (!kt) kt = spx_qkernels_scalar();
+    if (c->type == SPX_KV_F16) { /* rows are row_bytes apart: the table takes them all */
+        if (end > start)
+            kt->scores_f16(q, (const uint16_t *)row_at(c, c->k, layer, start) + off, (int64_t)(c->row_bytes / 2),
+                           end - start, hd, scale, out);
+        return;
+    }
     float qsum[64]; /* per group sum of q (head_dim <= 2048 checked at init) */
     float qr[2048];
     if (c->type == SPX_KV_Q4) {
@@ -138,12 +144,6 @@ void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, 
             for (int k = 0; k < KV_GROUP; k++) s += q[g * KV_GROUP + k];
             qsum[g] = s;
         }
-    }
-    if (c->type == SPX_KV_F16) { /* rows are row_bytes apart: the table takes them all */
-        if (end > start)
-            kt->scores_f16(q, (const uint16_t *)row_at(c, c->k, layer, start) + off, (int64_t)(c->row_bytes / 2),
-                           end - start, hd, scale, out);
-        return;
     }
     for (int64_t i = start; i < end; i++) {
         const uint8_t *row = row_at(c, c->k, layer, i);

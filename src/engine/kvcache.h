@@ -33,12 +33,12 @@ void spx_kv_free(spx_kvcache *c);
 /* Stores k[kvd] and v[kvd] at (layer, pos). */
 void spx_kv_store(spx_kvcache *c, int64_t layer, int64_t pos, const float *k, const float *v);
 /* out[i - start] = scale * q . K[layer, i, head kvh] for i in [start, end).
- * kt: the kernel table whose dot_f16 / dot_q4g read an fp16 / 4-bit cache
- * (NULL: the scalar reference's); f32 ignores it. */
+ * kt: the kernel table whose scores_f16 / dot_q4g read an fp16 / 4-bit
+ * cache (NULL: the scalar reference's); f32 ignores it. */
 void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *q,
                    int64_t start, int64_t end, float scale, float *out);
 /* out[head_dim] = sum_i p[i - start] * V[layer, i, head kvh] (kt as
- * above, its axpy_f16 / axpy_q4g). */
+ * above, its wv_f16 / axpy_q4g). */
 void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *p,
                        int64_t start, int64_t end, float *out);
 /* The stored row (K if value == 0, else V) as float32 in the model's
