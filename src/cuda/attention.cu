@@ -165,6 +165,7 @@ template <int ND>
 __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_constant__ spx_attn_args a) {
     extern __shared__ float at_sm[];
     spx_pdl_trigger();
+    const attn_block b = attn_block_of(a); /* from the launch's shape only */
     if (a.n_tok == 1) {
         /* One token (decode): this block's K and V rows are fetched into L2
          * before the wait, under the previous kernels (qkv GEMV, RoPE): the
@@ -172,20 +173,18 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
          * changes no result); *pos was written before this forward began.
          * 8B tg128 on the H200: 435 vs 403 tok/s; not for prompts (their
          * blocks cover many keys: pp512 -1 %). */
-        const attn_block b0 = attn_block_of(a);
         int64_t kb, ke;
-        attn_keys(a, b0.t, b0.split, &kb, &ke);
+        attn_keys(a, b.t, b.split, &kb, &ke);
         const int64_t kvd0 = (int64_t)a.nkv * a.hd;
         const int lpr = (a.hd + 63) / 64; /* 128-byte lines of a head's row */
         for (int64_t i = threadIdx.x; i < (ke - kb) * 2 * lpr; i += blockDim.x) {
             const int64_t key = kb + i / (2 * lpr);
             const int r = (int)(i % (2 * lpr));
-            const __half *line = (r >= lpr ? a.vc : a.kc) + key * kvd0 + (int64_t)b0.kvh * a.hd + (r % lpr) * 64;
+            const __half *line = (r >= lpr ? a.vc : a.kc) + key * kvd0 + (int64_t)b.kvh * a.hd + (r % lpr) * 64;
             asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
         }
     }
     spx_pdl_wait();
-    const attn_block b = attn_block_of(a);
     const int kvh = b.kvh, h0 = b.h0, nhb = b.nhb, split = b.split, t = b.t;
     const int hd = a.hd, qd = a.nh * hd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -292,6 +291,7 @@ __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
  *    atomic counter per group, a.cnt, which that block resets), not in a
  *    second kernel. */
 #define AD_WARPS 4
+static bool g_split_only = false; /* SPECTRA_CUDA_ATTN_SPLIT_KERNEL, read by spx_attention_setup */
 static_assert(AD_WARPS * 32 == SPX_ATTN_DECODE_KEYS, "keys per block pass");
 static_assert(AT_HB == 4, "the probabilities travel as float4");
 
@@ -751,25 +751,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
         if (valid) {
             const uint8_t *kr = kcs + lane * RB;
 #pragma unroll
-            for (int g = 0; g < ND; g++) {
-                const uint4 u = *reinterpret_cast<const uint4 *>(kr + ((g ^ swz) << 4));
-                const unsigned wd[4] = {u.x, u.y, u.z, u.w};
-                float c[32];
-#pragma unroll
-                for (int bb = 0; bb < 16; bb++) {
-                    const unsigned byte = (wd[bb >> 2] >> ((bb & 3) * 8)) & 0xffu;
-                    c[bb] = spx_kvq4_nib(byte & 15u);
-                    c[bb + 16] = spx_kvq4_nib(byte >> 4);
-                }
-#pragma unroll
-                for (int hh = 0; hh < AT_HB; hh++) {
-                    const float *qq = qs + hh * HD + g * SPX_KVQ4_GROUP;
-                    float dot = 0.0f;
-#pragma unroll
-                    for (int kk = 0; kk < 32; kk++) dot = fmaf(c[kk], qq[kk], dot);
-                    s[hh] = fmaf(ksc[g], dot - kz[g] * qsum[hh * ND + g], s[hh]);
-                }
-            }
+            for (int g = 0; g < ND; g++)
+                kq4_group_scores(*reinterpret_cast<const uint4 *>(kr + ((g ^ swz) << 4)), ksc[g], kz[g],
+                                 qs + g * SPX_KVQ4_GROUP, HD, qsum + g, ND, s);
         }
         float ps[AT_HB];
         attn_softmax_tile<ND>(valid, s, scale, m, l, acc, ps);
@@ -830,6 +814,7 @@ template <int ND> static cudaError_t ad_setup(void) {
 }
 
 cudaError_t spx_attention_setup(void) {
+    g_split_only = getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL") != nullptr;
     cudaError_t err = ad_setup<1>();
     if (err == cudaSuccess) err = ad_setup<2>();
     if (err == cudaSuccess) err = ad_setup<4>();
@@ -837,10 +822,7 @@ cudaError_t spx_attention_setup(void) {
     return err;
 }
 
-bool spx_attention_decode_fast(int hd, bool kv_q4) {
-    (void)kv_q4; /* both caches */
-    return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && !getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL");
-}
+bool spx_attention_decode_fast(int hd) { return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && !g_split_only; }
 
 template <int ND> static cudaError_t adq_launch(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
@@ -880,31 +862,55 @@ static cudaError_t attention_decode(const spx_attn_args &a, cudaStream_t st, boo
  * are broadcast by shuffle, and lane l dequantizes dimension l + 32 dd
  * (byte l % 16, nibble l / 16 of group dd). The merged output is rotated
  * back in shared memory (no split) or by the combine kernel. */
+/* One 4-bit K group of a lane's key against the block's AT_HB rotated q
+ * rows: its 16 code bytes u (code k in the low nibble of byte k, k + 16 in
+ * the high one), scale sc and zero z; head hh's 32 q values of the group at
+ * qg + hh * q_stride and their sum at qsg[hh * qs_stride]. s[hh] +=
+ * sc * (sum_k c_k q_k - z qsum), in the CPU's order (spx_kv_scores). */
+__device__ __forceinline__ void kq4_group_scores(const uint4 &u, float sc, float z, const float *qg, int q_stride,
+                                                 const float *qsg, int qs_stride, float (&s)[AT_HB]) {
+    const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+    float c[32];
+#pragma unroll
+    for (int b = 0; b < 16; b++) {
+        const unsigned byte = (wd[b >> 2] >> ((b & 3) * 8)) & 0xffu;
+        c[b] = spx_kvq4_nib(byte & 15u);
+        c[b + 16] = spx_kvq4_nib(byte >> 4);
+    }
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++) {
+        const float *qq = qg + hh * q_stride;
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 32; k++) dot = fmaf(c[k], qq[k], dot);
+        s[hh] = fmaf(sc, dot - z * qsg[hh * qs_stride], s[hh]);
+    }
+}
+
 template <int ND>
 __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __grid_constant__ spx_attn_args a) {
     extern __shared__ float at_sm[];
     spx_pdl_trigger();
+    const attn_block b = attn_block_of(a); /* from the launch's shape only */
     if (a.n_tok == 1) {
         /* as attn_split_kernel: the block's rows of earlier steps (codes,
          * scales and zero bytes of K and V) into L2 before the wait */
-        const attn_block b0 = attn_block_of(a);
         int64_t kb, ke;
-        attn_keys(a, b0.t, b0.split, &kb, &ke);
+        attn_keys(a, b.t, b.split, &kb, &ke);
         ke = min(ke, (int64_t)a.pos[0]);
         const int64_t kvd0 = (int64_t)a.nkv * a.hd, crow0 = kvd0 / 2, srow0 = kvd0 / SPX_KVQ4_GROUP;
-        const int64_t zrow0 = (srow0 + 1) / 2, g0 = (int64_t)b0.kvh * (a.hd / SPX_KVQ4_GROUP);
+        const int64_t zrow0 = (srow0 + 1) / 2, g0 = (int64_t)b.kvh * (a.hd / SPX_KVQ4_GROUP);
         for (int64_t i = threadIdx.x; i < (ke - kb) * 6; i += blockDim.x) {
             const int64_t key = kb + i / 6;
             const int r = (int)(i % 6);
             const spx_kvq4 &c = r & 1 ? a.vq : a.kq;
-            const void *line = r < 2   ? (const void *)(c.codes + key * crow0 + (int64_t)b0.kvh * (a.hd / 2))
+            const void *line = r < 2   ? (const void *)(c.codes + key * crow0 + (int64_t)b.kvh * (a.hd / 2))
                                : r < 4 ? (const void *)(c.scales + key * srow0 + g0)
                                        : (const void *)(c.zeros + key * zrow0 + g0 / 2);
             asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
         }
     }
     spx_pdl_wait();
-    const attn_block b = attn_block_of(a);
     const int kvh = b.kvh, h0 = b.h0, nhb = b.nhb, split = b.split, t = b.t;
     const int hd = a.hd, qd = a.nh * hd, ng = hd / SPX_KVQ4_GROUP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -948,22 +954,7 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
                     const float sc = __half2float(kscales[key * srow + g]);
                     const int Gz = G0 + g;
                     const float z = (float)((kzeros[key * zrow + (Gz >> 1)] >> ((Gz & 1) * 4)) & 15);
-                    const unsigned wd[4] = {u.x, u.y, u.z, u.w};
-                    float c[32];
-#pragma unroll
-                    for (int b = 0; b < 16; b++) {
-                        const unsigned byte = (wd[b >> 2] >> ((b & 3) * 8)) & 0xffu;
-                        c[b] = spx_kvq4_nib(byte & 15u);
-                        c[b + 16] = spx_kvq4_nib(byte >> 4);
-                    }
-#pragma unroll
-                    for (int hh = 0; hh < AT_HB; hh++) {
-                        const float *qq = qs + hh * hd + g * SPX_KVQ4_GROUP;
-                        float dot = 0.0f;
-#pragma unroll
-                        for (int k = 0; k < 32; k++) dot = fmaf(c[k], qq[k], dot);
-                        s[hh] = fmaf(sc, dot - z * qsum[hh * ng + g], s[hh]);
-                    }
+                    kq4_group_scores(u, sc, z, qs + g * SPX_KVQ4_GROUP, hd, qsum + g, ng, s);
                 }
             }
 #pragma unroll
@@ -1050,7 +1041,7 @@ cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     if (a.n_tok <= 0) return cudaSuccess;
     if (a.hd <= 0 || a.hd > SPX_ATTN_MAX_HD || a.nkv <= 0 || a.nh % a.nkv || a.n_splits < 1)
         return cudaErrorInvalidValue;
-    const bool fast = a.n_tok == 1 && spx_attention_decode_fast(a.hd, a.kq.codes != nullptr);
+    const bool fast = a.n_tok == 1 && spx_attention_decode_fast(a.hd);
     if (a.k_new && (!fast || a.kq.codes)) return cudaErrorInvalidValue; /* rope is fused only there */
     if (fast) return attention_decode(a, st, pdl);
     if (a.kq.codes) return attention_q4(a, st, pdl);

@@ -57,13 +57,14 @@ struct spx_attn_args {
 };
 
 cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl = false);
-/* Shared-memory limits of the decode kernels; once per process, before use. */
+/* Shared-memory limits of the decode kernels, and SPECTRA_CUDA_ATTN_SPLIT_KERNEL;
+ * once per process, before use. */
 cudaError_t spx_attention_setup(void);
-/* Whether one token (n_tok == 1) takes a decode kernel (fp16 or 4-bit
- * cache; RoPE fusable only with fp16): hd 32, 64, 128 or 256
- * (SPECTRA_CUDA_ATTN_SPLIT_KERNEL set: never, for measurements). Its
- * blocks cover SPX_ATTN_DECODE_KEYS keys per pass. */
-bool spx_attention_decode_fast(int hd, bool kv_q4);
+/* Whether one token (n_tok == 1) takes a decode kernel, over either cache
+ * (RoPE fusable only with fp16): hd 32, 64, 128 or 256
+ * (SPECTRA_CUDA_ATTN_SPLIT_KERNEL set at setup: never, for measurements).
+ * Its blocks cover SPX_ATTN_DECODE_KEYS keys per pass. */
+bool spx_attention_decode_fast(int hd);
 #define SPX_ATTN_DECODE_KEYS 128
 /* Blocks of the split kernel per split (for choosing n_splits). */
 int spx_attention_blocks_per_split(int n_tok, int nh, int nkv);

@@ -555,20 +555,20 @@ static void cu_session_free(spx_session *s) {
  * H200 fewer, longer splits beat one tile per block (8B tg128 at 641 keys:
  * 1 split 412 tok/s, 4: 400, 21: 396; at 8K keys 16 splits 398 against 33:
  * 393), the combine pass and the blocks' fixed costs being what a short
- * split pays for. The decode kernel (spx_attention_decode_fast: fp16
- * cache) instead takes one pass of SPX_ATTN_DECODE_KEYS keys per split up
+ * split pays for. The decode kernels (spx_attention_decode_fast, either
+ * cache) instead take one pass of SPX_ATTN_DECODE_KEYS keys per split up
  * to 64 blocks in all, then more passes per block: its last block merges
  * the splits, and that grows with their count (8B, 8 KV heads, same H200
  * run: 640 keys 2 splits 446.6 tok/s, 3: 450.8, 5: 457.4, 8: 457.4; 8K
  * keys 8 splits 455.3, 12: 447.0, 16: 435.8, 24: 415.0).
  * SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
-static int splits_for(const cu_model *cm, const spx_config *c, bool kv_q4, int n_tok, int64_t max_keys) {
+static int splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
     const char *env = getenv("SPECTRA_CUDA_ATTN_SPLITS");
     int bps = spx_attention_blocks_per_split(n_tok, (int)c->n_heads, (int)c->n_kv_heads);
     int64_t S = (2 * (int64_t)cm->n_sm + bps - 1) / bps;
     int64_t tiles = (max_keys + 31) / 32;
     if (S > tiles) S = tiles;
-    if (n_tok == 1 && spx_attention_decode_fast((int)c->head_dim, kv_q4)) {
+    if (n_tok == 1 && spx_attention_decode_fast((int)c->head_dim)) {
         S = (max_keys + SPX_ATTN_DECODE_KEYS - 1) / SPX_ATTN_DECODE_KEYS;
         if (S > 64 / bps) S = 64 / bps;
     } else if (n_tok == 1 && S > (tiles + 15) / 16) S = (tiles + 15) / 16;
@@ -631,7 +631,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_pos, 0, 4, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
-    cs->dec_splits = splits_for(cm, c, s->kv.type == SPX_KV_Q4, 1, s->n_ctx);
+    cs->dec_splits = splits_for(cm, c, 1, s->n_ctx);
     return SPX_OK;
 }
 
@@ -802,7 +802,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     const int nsm = cm->n_sm;
     const bool pdl = cm->pdl && n == 1; /* the decode chain only */
     /* the decode kernel does rope_store's work for the fp16 cache (q4: rope_store quantizes row p) */
-    const bool fuse_rope = n == 1 && s->kv.type != SPX_KV_Q4 && spx_attention_decode_fast((int)hd, false);
+    const bool fuse_rope = n == 1 && s->kv.type != SPX_KV_Q4 && spx_attention_decode_fast((int)hd);
 
     SPX_TRY(pp_begin(m, cm, cs, e));
     SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));
@@ -948,7 +948,7 @@ static spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int 
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     cs->dev_known = 0;
     int lmode = want_logits == SPX_LOGITS_ALL ? LM_ALL : want_logits == SPX_LOGITS_LAST ? LM_LAST : LM_NONE;
-    int splits = splits_for(cm, c, s->kv.type == SPX_KV_Q4, (int)n, s->pos + n);
+    int splits = splits_for(cm, c, (int)n, s->pos + n);
     SPX_TRY(enqueue_forward(s, (int)n, lmode, splits, e));
     if (lmode == LM_LAST || (lmode == LM_ALL && n == 1)) /* LM_ALL with n > 1 copied its chunks already */
         SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits, cs->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, cs->st));
