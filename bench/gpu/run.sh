@@ -23,6 +23,11 @@
 #                                (../shared/tools/make_random_gguf.py). A
 #                                table at the end.
 #   sh bench/gpu/run.sh quick    checks and GEMV only.
+#   sh bench/gpu/run.sh ab       checks, GEMV, then an A/B of decode settings:
+#                                AB="VAR=a VAR=b ..." (one environment setting
+#                                per variant, "-" for none), the 1B and 8B
+#                                tg128 per variant, rounds interleaved (ROUNDS,
+#                                default 3) so that drift hits all alike.
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
 #                                one by one under Nsight Compute (8B, 3 tokens),
 #                                time per kernel name (ncu.txt).
@@ -137,7 +142,23 @@ fi
 echo "== GEMV" | tee /dev/fd/3
 timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
 
-if [ "$MODE" != quick ]; then
+if [ "$MODE" = ab ]; then
+    echo "== A/B: ${AB:-}" | tee /dev/fd/3
+    : > "$OUT/bench.jsonl"
+    for s in llama3-1b llama3-8b; do
+        [ -f $W/$s.trdc ] || $B/spectra synth --shape $s -o $W/$s.trdc 2>&1 | tail -n 1
+    done
+    for round in $(seq 1 "${ROUNDS:-3}"); do
+        for s in llama3-1b llama3-8b; do
+            for v in ${AB:--}; do
+                [ "$v" = - ] && v=
+                env $v timeout 120 $B/spectra bench -m $W/$s.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/ab.err |
+                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
+                    { echo "bench $s $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
+            done
+        done
+    done
+elif [ "$MODE" != quick ]; then
     echo "== end to end" | tee /dev/fd/3
     : > "$OUT/bench.jsonl"
     tag() { sed "s/\"model\": \"\\([^\"]*\\)\"/\"model\": \"\\1 ($1)\"/"; }

@@ -323,11 +323,27 @@ __device__ __forceinline__ void ad_load_tile(__half *ks, __half *vs, const __hal
     }
 }
 
-/* One head's row in lane l's ND elements v (ND l ..), in place: with
- * gain, the RMSNorm of rope_store (double sum); with rope, RoPE at
- * position p (element i pairs with i + HD/2, i.e. lane l with lane l ^ 16). */
+/* RoPE's cos and sin at position p for lane l's ND elements (element i
+ * pairs with i + HD/2, i.e. lane l with lane l ^ 16). Weights and a
+ * position written before the forward pass: computed before the PDL wait,
+ * off the chain (8B decode 482 vs 469 tok/s, same run). */
 template <int ND>
-__device__ __forceinline__ void ad_row(const float *gain, float eps, const float *inv_freq, int64_t p, bool rope,
+__device__ __forceinline__ void ad_rope_cs(const float *inv_freq, int64_t p, float (&c)[ND], float (&sn)[ND]) {
+    constexpr int HD = 32 * ND;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int e = 0; e < ND; e++) {
+        const float ang = (float)p * inv_freq[ND * lane + e - (lane < 16 ? 0 : HD / 2)];
+        c[e] = cosf(ang);
+        sn[e] = sinf(ang);
+    }
+}
+
+/* One head's row in lane l's ND elements v (ND l ..), in place: with
+ * gain, the RMSNorm of rope_store (double sum); then RoPE with
+ * ad_rope_cs's c and sn. */
+template <int ND>
+__device__ __forceinline__ void ad_row(const float *gain, float eps, const float (&c)[ND], const float (&sn)[ND],
                                        float (&v)[ND]) {
     constexpr int HD = 32 * ND;
     const int lane = threadIdx.x & 31;
@@ -340,15 +356,11 @@ __device__ __forceinline__ void ad_row(const float *gain, float eps, const float
 #pragma unroll
         for (int e = 0; e < ND; e++) v[e] = v[e] * inv * gain[ND * lane + e];
     }
-    if (rope) {
-        const bool lo = lane < 16;
+    const bool lo = lane < 16;
 #pragma unroll
-        for (int e = 0; e < ND; e++) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[e], 16);
-            const float ang = (float)p * inv_freq[ND * lane + e - (lo ? 0 : HD / 2)];
-            const float c = cosf(ang), sn = sinf(ang);
-            v[e] = lo ? v[e] * c - o * sn : v[e] * c + o * sn;
-        }
+    for (int e = 0; e < ND; e++) {
+        const float o = __shfl_xor_sync(0xffffffffu, v[e], 16);
+        v[e] = lo ? v[e] * c[e] - o * sn[e] : v[e] * c[e] + o * sn[e];
     }
 }
 
@@ -491,6 +503,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
             asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
         }
     }
+    float rc[ND], rs[ND];
+    if (FUSE) ad_rope_cs<ND>(a.inv_freq, p, rc, rs);
     spx_pdl_wait();
 
     float *qs = reinterpret_cast<float *>(ad_sm + L::Q);
@@ -514,11 +528,11 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
             vv[e] = __half2float(vg[p * kvd + d0 + e]);
         }
     }
-    if (qjob && FUSE) ad_row<ND>(a.q_norm, a.eps, a.inv_freq, p, true, vq);
+    if (qjob && FUSE) ad_row<ND>(a.q_norm, a.eps, rc, rs, vq);
 #pragma unroll
     for (int e = 0; e < ND; e++) qs[warp * HD + d0 + e] = vq[e];
     if (pjob) {
-        if (FUSE) ad_row<ND>(a.k_norm, a.eps, a.inv_freq, p, true, vk);
+        if (FUSE) ad_row<ND>(a.k_norm, a.eps, rc, rs, vk);
         const bool store = FUSE && b.h0 == b.kvh * (a.nh / a.nkv); /* the group's first block stores row p */
 #pragma unroll
         for (int e = 0; e < ND; e++) {
