@@ -957,6 +957,202 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
     gm_argmax_flush(a, best);
 }
 
+/* ---- the tiled layout through the bulk-copy engine: gemv_q4_tiled_tma ----------
+ * The tiled layout makes a tile's next TT_CI items three contiguous runs
+ * (codes TT_CI KB, scales TT_CI x 128 B, zero bytes TT_CI x 32 B), and a
+ * tile's 16 rows of outlier values one more ([rows, n_out] row-major). So a
+ * stage of the ring is 3-4 cp.async.bulk copies issued by one producer
+ * lane, completion counted in bytes on the stage's mbarrier; in-flight
+ * bytes cost shared memory, not registers. NW consumer warps take items
+ * w and w + NW of every stage (gemv_q4_tiled's arithmetic and image; the
+ * sums run in another order, so not bit-identical to it, but
+ * deterministic), the outliers with the tile's first stage, and meet per
+ * tile through a named barrier of the consumers. The producer fills the
+ * ring before the PDL wait. Needs: every matrix's rows a multiple of 16,
+ * 16-byte aligned arrays, n_out <= TT_MAX_OUT (spx_gemv_q4 checks). (The
+ * first bulk-copy kernel, on the row-major layout, copied 48 short row
+ * segments per stage and ran at a quarter of copy bandwidth: NOTES.md.) */
+#define TT_CI 16
+#define TT_MAX_STAGES 8
+#define TT_MAX_OUT 512
+#define TT_NW 8
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "TT_W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra TT_W;\n"
+                 "}" ::"r"(smem_u32(b)),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* Bytes of one stage: codes, scales, zeros of TT_CI items, then a tile's
+ * outlier rows (16 x n_out_max fp16), rounded up to 128. */
+static __host__ __device__ __forceinline__ int tt_stage_bytes(int n_out_max) {
+    return (TT_CI * (1024 + 128 + 32) + 32 * n_out_max + 127) & ~127;
+}
+
+__global__ void __launch_bounds__((TT_NW + 1) * 32, 1) gemv_q4_tiled_tma(const __grid_constant__ gemv_kargs k, int n_stages) {
+    extern __shared__ __align__(128) uint8_t tt_sm[];
+    __shared__ uint64_t full[TT_MAX_STAGES], empty[TT_MAX_STAGES];
+    __shared__ float red[2][TT_NW][16];
+    __shared__ double redd[32];
+    const spx_gemv_args &a = k.a;
+    const int n_items = k.n_items, nch = (n_items + TT_CI - 1) / TT_CI; /* stages per tile */
+    const int SB = tt_stage_bytes(k.n_out_max);
+    uint8_t *ring = tt_sm;
+    uint8_t *img = ring + (size_t)n_stages * SB;
+    int2 *meta = reinterpret_cast<int2 *>(img + (size_t)n_items * 4 * GM_IMG_GROUP);
+    uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
+    float *xo = reinterpret_cast<float *>(zero + 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t G = gridDim.x;
+    const int ntl = (int)((k.n_tiles - 1 - blockIdx.x) / G) + 1;
+    const int total = ntl * nch;
+    auto mat_of = [&](int64_t T) { return (int)(T >= k.tstart[1]) + (int)(T >= k.tstart[2]); };
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < n_stages; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], TT_NW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+
+    /* producer: lane 0 of warp TT_NW */
+    const bool prod = warp == TT_NW;
+    int p_n = 0;
+    auto produce = [&]() {
+        const int slot = p_n % n_stages, c = p_n % nch;
+        const int64_t T = blockIdx.x + (int64_t)(p_n / nch) * G;
+        const int m = mat_of(T);
+        const spx_dqmat &w = a.w[m];
+        const int64_t ti = (T - k.tstart[m]) * n_items + (int64_t)c * TT_CI;
+        const int cnt = min(TT_CI, n_items - c * TT_CI);
+        const bool outl = c == 0 && w.n_out > 0;
+        if (p_n >= n_stages) mbar_wait(&empty[slot], ((p_n / n_stages) & 1) ^ 1);
+        uint8_t *st = ring + (size_t)slot * SB;
+        uint64_t *f = &full[slot];
+        mbar_expect_tx(f, (unsigned)(cnt * (1024 + 128 + 32) + (outl ? 32 * w.n_out : 0)));
+        bulk_g2s(st, w.codes + ti * 1024, (unsigned)cnt * 1024u, f);
+        bulk_g2s(st + TT_CI * 1024, reinterpret_cast<const uint8_t *>(w.scales) + ti * 128, (unsigned)cnt * 128u, f);
+        bulk_g2s(st + TT_CI * 1152, w.zeros + ti * 32, (unsigned)cnt * 32u, f);
+        if (outl)
+            bulk_g2s(st + TT_CI * 1184, reinterpret_cast<const uint8_t *>(w.oval) + (T - k.tstart[m]) * 32 * w.n_out,
+                     32u * (unsigned)w.n_out, f);
+        p_n++;
+    };
+
+    spx_pdl_trigger();
+    if (prod && lane == 0)
+        while (p_n < total && p_n < n_stages) produce();
+    spx_pdl_wait();
+    const float inv = gm_build(k, img, meta, xo, redd);
+    if (prod) {
+        if (lane == 0)
+            while (p_n < total) produce();
+        return;
+    }
+
+    /* consumers */
+    const int t = lane & 3, r = lane >> 2;
+    const bool bval = t == (r >> 1);
+    const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
+    const int bstride = bval ? 4 * GM_IMG_GROUP : 0;
+    float tot0 = 0.0f, tot1 = 0.0f;
+    unsigned long long best = 0;
+    int cm = 0, cno = 0, ck = 0;
+    int64_t cr0 = 0;
+    const float *cxo = xo;
+    for (int n = 0; n < total; n++) {
+        const int slot = n % n_stages, c = n % nch;
+        if (c == 0) {
+            const int64_t T = blockIdx.x + (int64_t)ck * G;
+            cm = mat_of(T);
+            cno = a.w[cm].n_out;
+            cxo = xo + k.out_off[cm];
+            cr0 = (T - k.tstart[cm]) * 16;
+        }
+        mbar_wait(&full[slot], (n / n_stages) & 1);
+        const uint8_t *st = ring + (size_t)slot * SB;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int li = warp + h * TT_NW, item = c * TT_CI + li;
+            if (item < n_items) { /* uniform over the warp */
+                const uint4 c0 = *reinterpret_cast<const uint4 *>(st + li * 1024 + lane * 16);
+                const uint4 c1 = *reinterpret_cast<const uint4 *>(st + li * 1024 + 512 + lane * 16);
+                const unsigned s0 = *reinterpret_cast<const unsigned *>(st + TT_CI * 1024 + li * 128 + lane * 4);
+                const unsigned z0 = st[TT_CI * 1152 + li * 32 + lane];
+                const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + item * bstride);
+                const uint4 bA = bp[0], bB = bp[1];
+                int i0, i1;
+                gm_item_dot(c0, c1, bA, bB, i0, i1);
+                const int2 mt = meta[item * 4 + t];
+                i0 += (int)(z0 & 15u) * mt.y;
+                i1 += (int)((z0 >> 4) & 15u) * mt.y;
+                const float S = __int_as_float(mt.x);
+                tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)(s0 & 0xffffu))) * S, (float)i0, tot0);
+                tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(s0 >> 16))) * S, (float)i1, tot1);
+            }
+        }
+        if (c == 0 && cno > 0) { /* the tile's outlier rows r and r + 8, columns j = 4 warp + t + 32 i */
+            const unsigned short *ov = reinterpret_cast<const unsigned short *>(st + TT_CI * 1184);
+            for (int j = warp * 4 + t; j < cno; j += TT_NW * 4) {
+                tot0 = fmaf(__half2float(__ushort_as_half(ov[r * cno + j])), cxo[j], tot0);
+                tot1 = fmaf(__half2float(__ushort_as_half(ov[(r + 8) * cno + j])), cxo[j], tot1);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+        if (c == nch - 1) { /* the tile's end: the warps' sums meet (consumers only) */
+            const int kb = ck & 1;
+            tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
+            tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
+            tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
+            tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
+            if (t == 0) {
+                red[kb][warp][r] = tot0;
+                red[kb][warp][r + 8] = tot1;
+            }
+            named_sync(1, TT_NW * 32);
+            if (warp == 0) {
+                const int i = lane & 15;
+                float v = 0.0f;
+#pragma unroll
+                for (int w2 = 0; w2 < TT_NW; w2++) v += red[kb][w2][i];
+                v *= inv;
+                const int64_t rr = cr0 + i;
+                if (lane < 16 && rr < a.w[cm].rows) gm_store(k, cm, rr, v, best);
+            }
+            tot0 = tot1 = 0.0f;
+            ck++;
+        }
+    }
+    gm_argmax_flush(a, best);
+}
+
 /* ---- dispatch ------------------------------------------------------------------ */
 
 typedef void (*gemv_fn)(const gemv_kargs);
@@ -990,7 +1186,12 @@ static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<2, 3>};
 static const int g_mma_tl_maxb[] = {2, 3};
 static int g_tl_force = -1; /* benchmarks: spx_gemv_q4_force_tiled_variant */
 
-void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 2 ? v : -1; }
+static int g_tma_stages = 3; /* gemv_q4_tiled_tma's ring (SPECTRA_GEMV_TMA_STAGES): 3 gave two blocks per SM on the 8B's down projection */
+#define TT_SMEM_MAX (220 * 1024) /* 227 KB per block less the static arrays */
+
+static int g_tl_env = -1;     /* SPECTRA_GEMV_TILED_VARIANT, what force(-1) returns to */
+
+void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 3 ? v : g_tl_env; }
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
 static int g_default = 0;
 
@@ -1016,10 +1217,14 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
         cudaError_t err = cudaFuncSetAttribute(g_mma_tl[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
         if (err != cudaSuccess) return err;
     }
+    cudaError_t terr = cudaFuncSetAttribute(gemv_q4_tiled_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TT_SMEM_MAX);
+    if (terr != cudaSuccess) return terr;
+    const char *ts = getenv("SPECTRA_GEMV_TMA_STAGES");
+    if (ts && atoi(ts) >= 2 && atoi(ts) <= TT_MAX_STAGES) g_tma_stages = atoi(ts);
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
     if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
     const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
-    if (tv && (*tv == '0' || *tv == '1') && !tv[1]) g_tl_force = *tv - '0';
+    if (tv && *tv >= '0' && *tv <= '2' && !tv[1]) g_tl_force = g_tl_env = *tv - '0';
     return cudaSuccess;
 }
 
@@ -1048,6 +1253,47 @@ static cudaError_t launch_pipe(gemv_kargs &k, int n_sm, cudaStream_t st, bool pd
 static size_t tc_smem(int64_t cols, int64_t n_out_tot) {
     const int64_t n_items = (cols / 32 + 3) / 4;
     return (size_t)n_items * 4 * (GM_IMG_GROUP + 8) + 32 + (size_t)((n_out_tot + 3) & ~(int64_t)3) * 4;
+}
+
+/* Whether gemv_q4_tiled_tma takes a tiled launch (its copies' sizes and
+ * alignment, its shared memory). */
+static bool tma_ok(const gemv_kargs &k) {
+    const spx_gemv_args &a = k.a;
+    if (k.n_out_max > TT_MAX_OUT) return false;
+    for (int i = 0; i < a.n_mats; i++) {
+        const spx_dqmat &w = a.w[i];
+        if (w.rows % 16 || ((reinterpret_cast<uintptr_t>(w.codes) | reinterpret_cast<uintptr_t>(w.scales) |
+                             reinterpret_cast<uintptr_t>(w.zeros) | reinterpret_cast<uintptr_t>(w.oval)) & 15))
+            return false;
+    }
+    return (size_t)g_tma_stages * tt_stage_bytes(k.n_out_max) + tc_smem(k.cols, k.n_out_tot) <= TT_SMEM_MAX;
+}
+
+bool spx_gemv_q4_tma_takes(const spx_gemv_args &a) {
+    if (a.n_mats < 1 || a.n_mats > SPX_GEMV_MAX_MATS || !a.w[0].tiled || a.impl != 0) return false;
+    gemv_kargs k;
+    memset(&k, 0, sizeof k);
+    k.a = a;
+    k.cols = (int)a.w[0].cols;
+    for (int i = 0; i < a.n_mats; i++) {
+        k.n_out_tot += a.w[i].n_out;
+        if (a.w[i].n_out > k.n_out_max) k.n_out_max = a.w[i].n_out;
+    }
+    return tma_ok(k);
+}
+
+static cudaError_t launch_tma(gemv_kargs &k, int n_sm, cudaStream_t st, bool pdl) {
+    const size_t smem = (size_t)g_tma_stages * tt_stage_bytes(k.n_out_max) + tc_smem(k.cols, k.n_out_tot);
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_q4_tiled_tma, (TT_NW + 1) * 32, smem) != cudaSuccess ||
+        occ < 1)
+        occ = 1;
+    int64_t blocks = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
+    if (blocks > k.n_tiles) blocks = k.n_tiles;
+    if (blocks < 1) blocks = 1;
+    cudaError_t err = spx_launch(gemv_q4_tiled_tma, dim3((unsigned)blocks), dim3((TT_NW + 1) * 32), smem, st, pdl, k,
+                                 g_tma_stages);
+    return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
@@ -1106,7 +1352,10 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
          * two blocks against 455 with three, same H200 run. */
         /* (Three for the 8B's merged q/k/v, one wave of 384 tiles instead
          * of two: 460.6 vs 474.6 tok/s, same run.) */
-        const int tv = g_tl_force >= 0 ? g_tl_force : k.n_tiles >= 48 * (int64_t)(n_sm > 0 ? n_sm : 1) ? 1 : 0;
+        if (tl && g_tl_force == 2 && tma_ok(k)) return launch_tma(k, n_sm, st, pdl);
+        const int tv = g_tl_force >= 0 && g_tl_force < 2 ? g_tl_force
+                       : k.n_tiles >= 48 * (int64_t)(n_sm > 0 ? n_sm : 1) ? 1
+                                                                         : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
         const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
         int occ = 0;

@@ -61,10 +61,15 @@ struct spx_gemv_args {
                                  * 2..: each tensor-core variant (benchmarks; see gemv_q4.cu) */
 };
 
-/* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3),
- * -1: the default choice by tile count (SPECTRA_GEMV_TILED_VARIANT=v at
- * setup does the same). */
+/* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3,
+ * 2: the bulk-copy kernel where it takes the launch, see
+ * spx_gemv_q4_tma_takes), -1: the default choice (SPECTRA_GEMV_TILED_VARIANT=v
+ * at setup does the same; SPECTRA_GEMV_TMA_STAGES=n its ring, 2..8). */
 void spx_gemv_q4_force_tiled_variant(int v);
+/* Whether the bulk-copy kernel (gemv_q4_tiled_tma) can run this tiled
+ * launch: rows multiples of 16, 16-byte aligned arrays, at most 512
+ * outliers per matrix, its shared memory. */
+bool spx_gemv_q4_tma_takes(const spx_gemv_args &a);
 /* Whether the tensor-core kernels (the only ones for tiled matrices or
  * x2) take a launch of this width with n_out_total outlier columns over
  * all its matrices (shared memory; the backend checks at load). */

@@ -6,8 +6,17 @@
 __global__ void rope_store_kernel(const __grid_constant__ spx_rope_args a) {
     __shared__ double red[32];
     spx_pdl_trigger();
-    spx_pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, half = hd / 2;
+    /* RoPE's cos and sin for pair i = threadIdx.x (half <= blockDim.x): the
+     * position and inv_freq are written before the forward pass, so before
+     * the wait, off the dependent chain */
+    float rc = 1.0f, rs = 0.0f;
+    if ((int)threadIdx.x < half) {
+        const float ang = (float)((int64_t)a.pos[0] + t) * a.inv_freq[threadIdx.x];
+        rc = cosf(ang);
+        rs = sinf(ang);
+    }
+    spx_pdl_wait();
     const bool isq = h < a.nh;
     const int kh = h - a.nh;
     float *vec = isq ? a.q + ((int64_t)t * a.nh + h) * hd : a.k + ((int64_t)t * a.nkv + kh) * hd;
@@ -21,12 +30,11 @@ __global__ void rope_store_kernel(const __grid_constant__ spx_rope_args a) {
         for (int i = threadIdx.x; i < hd; i += blockDim.x) vec[i] = vec[i] * inv * gain[i];
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float ang = (float)p * a.inv_freq[i];
-        float c = cosf(ang), s = sinf(ang);
-        float x0 = vec[i], x1 = vec[i + half];
-        vec[i] = x0 * c - x1 * s;
-        vec[i + half] = x1 * c + x0 * s;
+    if ((int)threadIdx.x < half) {
+        const int i = threadIdx.x;
+        const float x0 = vec[i], x1 = vec[i + half];
+        vec[i] = x0 * rc - x1 * rs;
+        vec[i + half] = x1 * rc + x0 * rs;
     }
     if (!isq && a.kq.codes) { /* block-uniform: the syncs inside are safe */
         __shared__ float xs[2 * SPX_KVQ4_MAX_HD]; /* this head's k then v row */
@@ -60,7 +68,7 @@ __global__ void rope_store_kernel(const __grid_constant__ spx_rope_args a) {
 
 cudaError_t spx_rope_store(const spx_rope_args &a, cudaStream_t st, bool pdl) {
     if (a.n_tok <= 0) return cudaSuccess;
-    if (a.hd <= 0 || a.hd % 2) return cudaErrorInvalidValue;
+    if (a.hd <= 0 || a.hd % 2 || a.hd > 2 * 128) return cudaErrorInvalidValue; /* a pair per thread */
     if (a.kq.codes && (!a.vq.codes || a.hd % SPX_KVQ4_GROUP || a.hd > SPX_KVQ4_MAX_HD || a.rot < 1 ||
                        (a.rot & (a.rot - 1)) || a.hd % a.rot))
         return cudaErrorInvalidValue;
