@@ -558,6 +558,21 @@ __device__ __forceinline__ void gm_item_dot(const uint4 &c0, const uint4 &c1, co
     s1 = (d[2] + e[2]) + (d[3] + e[3]) * 256;
 }
 
+/* One tiled item of a lane into its two row sums: codes c0, c1 (rows r and
+ * r + 8), the packed fp16 scale pair s0, the zero byte z0 (low nibble row
+ * r), the B fragments at bp and the group's (S, -sum X) meta. */
+__device__ __forceinline__ void gm_tiled_item(const uint4 &c0, const uint4 &c1, unsigned s0, unsigned z0, const uint4 *bp,
+                                              int2 mt, float &tot0, float &tot1) {
+    const uint4 bA = bp[0], bB = bp[1]; /* two 16-byte shared loads */
+    int i0, i1;
+    gm_item_dot(c0, c1, bA, bB, i0, i1);
+    i0 += (int)(z0 & 15u) * mt.y;
+    i1 += (int)((z0 >> 4) & 15u) * mt.y;
+    const float S = __int_as_float(mt.x);
+    tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)(s0 & 0xffffu))) * S, (float)i0, tot0);
+    tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(s0 >> 16))) * S, (float)i1, tot1);
+}
+
 /* End of a tile: the lanes' sums (rows r and r + 8) meet in red[kb] (a
  * block barrier) and warp 0 adds the warps' parts: returns true in warp 0,
  * where lane i < 16 then holds slot i's sum times inv in v (lanes 16..31:
@@ -902,16 +917,8 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
     unsigned long long best = 0;
     auto consume = [&](const gm_item &it, int h) {
         const int item = iw0 + cj + h, bi = item < n_items ? item : n_items - 1, g = item * 4 + t;
-        const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + bi * bstride);
-        const uint4 bA = bp[0], bB = bp[1]; /* two 16-byte shared loads */
-        int i0, i1;
-        gm_item_dot(it.c0, it.c1, bA, bB, i0, i1);
-        const int2 mt = meta[bi * 4 + t];
-        i0 += (int)(it.z0 & 15u) * mt.y;
-        i1 += (int)((it.z0 >> 4) & 15u) * mt.y;
-        const float S = __int_as_float(mt.x);
-        tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 & 0xffffu))) * S, (float)i0, tot0);
-        tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(it.s0 >> 16))) * S, (float)i1, tot1);
+        gm_tiled_item(it.c0, it.c1, it.s0, it.z0, reinterpret_cast<const uint4 *>(bbase + bi * bstride),
+                      meta[bi * 4 + t], tot0, tot1);
         if (g < cno) {
             tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), cxo[g], tot0);
             tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o1)), cxo[g], tot1);
@@ -1105,16 +1112,8 @@ __global__ void __launch_bounds__((TT_NW + 1) * 32, 1) gemv_q4_tiled_tma(const _
                 const uint4 c1 = *reinterpret_cast<const uint4 *>(st + li * 1024 + 512 + lane * 16);
                 const unsigned s0 = *reinterpret_cast<const unsigned *>(st + TT_CI * 1024 + li * 128 + lane * 4);
                 const unsigned z0 = st[TT_CI * 1152 + li * 32 + lane];
-                const uint4 *bp = reinterpret_cast<const uint4 *>(bbase + item * bstride);
-                const uint4 bA = bp[0], bB = bp[1];
-                int i0, i1;
-                gm_item_dot(c0, c1, bA, bB, i0, i1);
-                const int2 mt = meta[item * 4 + t];
-                i0 += (int)(z0 & 15u) * mt.y;
-                i1 += (int)((z0 >> 4) & 15u) * mt.y;
-                const float S = __int_as_float(mt.x);
-                tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)(s0 & 0xffffu))) * S, (float)i0, tot0);
-                tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(s0 >> 16))) * S, (float)i1, tot1);
+                gm_tiled_item(c0, c1, s0, z0, reinterpret_cast<const uint4 *>(bbase + item * bstride), meta[item * 4 + t],
+                              tot0, tot1);
             }
         }
         if (c == 0 && cno > 0) { /* the tile's outlier rows r and r + 8, columns j = 4 warp + t + 32 i */
