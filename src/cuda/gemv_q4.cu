@@ -573,10 +573,16 @@ __device__ __forceinline__ void gm_tiled_item(const uint4 &c0, const uint4 &c1, 
     tot1 = fmaf(__half2float(__ushort_as_half((unsigned short)(s0 >> 16))) * S, (float)i1, tot1);
 }
 
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 /* End of a tile: the lanes' sums (rows r and r + 8) meet in red[kb] (a
- * block barrier) and warp 0 adds the warps' parts: returns true in warp 0,
- * where lane i < 16 then holds slot i's sum times inv in v (lanes 16..31:
- * the same as lane i - 16). */
+ * block barrier; NAMED: barrier 1 of the GM_WARPS warps 0.. only, for a
+ * kernel with a producer warp beside them) and warp 0 adds the warps'
+ * parts: returns true in warp 0, where lane i < 16 then holds slot i's sum
+ * times inv in v (lanes 16..31: the same as lane i - 16). */
+template <bool NAMED = false>
 __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&red)[2][GM_WARPS][16], int kb, float inv,
                                                float &v) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
@@ -588,7 +594,8 @@ __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&r
         red[kb][warp][r] = tot0;
         red[kb][warp][r + 8] = tot1;
     }
-    __syncthreads();
+    if (NAMED) named_sync(1, GM_WARPS * 32);
+    else __syncthreads();
     if (warp != 0) return false;
     const int i = lane & 15;
     v = 0.0f;
@@ -1009,10 +1016,6 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned by
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
 }
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 /* Bytes of one stage: codes, scales, zeros of TT_CI items, then a tile's
  * outlier rows (16 x n_out_max fp16), rounded up to 128. */
 static __host__ __device__ __forceinline__ int tt_stage_bytes(int n_out_max) {
@@ -1022,7 +1025,8 @@ static __host__ __device__ __forceinline__ int tt_stage_bytes(int n_out_max) {
 __global__ void __launch_bounds__((TT_NW + 1) * 32, 1) gemv_q4_tiled_tma(const __grid_constant__ gemv_kargs k, int n_stages) {
     extern __shared__ __align__(128) uint8_t tt_sm[];
     __shared__ uint64_t full[TT_MAX_STAGES], empty[TT_MAX_STAGES];
-    __shared__ float red[2][TT_NW][16];
+    __shared__ float red[2][GM_WARPS][16];
+    static_assert(TT_NW == GM_WARPS, "gm_tile_reduce's warps");
     __shared__ double redd[32];
     const spx_gemv_args &a = k.a;
     const int n_items = k.n_items, nch = (n_items + TT_CI - 1) / TT_CI; /* stages per tile */
@@ -1126,22 +1130,9 @@ __global__ void __launch_bounds__((TT_NW + 1) * 32, 1) gemv_q4_tiled_tma(const _
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
         if (c == nch - 1) { /* the tile's end: the warps' sums meet (consumers only) */
-            const int kb = ck & 1;
-            tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
-            tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
-            tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
-            tot1 += __shfl_xor_sync(0xffffffffu, tot1, 2);
-            if (t == 0) {
-                red[kb][warp][r] = tot0;
-                red[kb][warp][r + 8] = tot1;
-            }
-            named_sync(1, TT_NW * 32);
-            if (warp == 0) {
+            float v;
+            if (gm_tile_reduce<true>(tot0, tot1, red, ck & 1, inv, v)) {
                 const int i = lane & 15;
-                float v = 0.0f;
-#pragma unroll
-                for (int w2 = 0; w2 < TT_NW; w2++) v += red[kb][w2][i];
-                v *= inv;
                 const int64_t rr = cr0 + i;
                 if (lane < 16 && rr < a.w[cm].rows) gm_store(k, cm, rr, v, best);
             }
