@@ -24,6 +24,7 @@
 #include "testlib.h"
 
 #include "core/half.h"
+#include "cpu/ops.h"
 #include "cpu/qkernels.h"
 #include "quant/g32.h"
 
@@ -374,6 +375,66 @@ static void test_dispatch(void) {
  * against a double reference within the float rounding of an n-term sum:
  * first one row of n values, n from 1 to 300 (the 32- and 8-wide loops
  * and their tails), with misaligned starts, then blocks of rows. */
+/* softmax: the scalar table's is spx_cpu_softmax to the bit; both within
+ * (1e-6 + 1.2e-7 |x - max|) relative of a double softmax (a few ulp for
+ * the exp and the float reciprocal, plus what the float subtraction
+ * x - max, which both do, costs after the exp), on spreads from 1 to 300
+ * (terms below expf's normal range: within 1e-37), lengths 1..300 and a
+ * few long ones, misaligned; a NaN input gives NaN everywhere in both. */
+static void test_softmax(const spx_qkernels *sc, const spx_qkernels *av) {
+    enum { N = 4099 };
+    static float x[N + 1], a[N + 1], b[N + 1];
+    static double ref[N + 1];
+    static const float spreads[] = {1.0f, 8.0f, 40.0f, 300.0f};
+    int bad_sc = 0, bad_av = 0, cases = 0;
+    double worst = 0;
+    for (int64_t n = 1; n <= N; n = n < 40 ? n + 1 : n < 300 ? n + 29 : n * 2 + 3)
+        for (int si = 0; si < 4; si++) {
+            const int sh = (int)(n % 3); /* misaligned starts */
+            float *xa = a + sh, *xb = b + sh;
+            for (int64_t i = 0; i < n; i++) x[i] = spreads[si] * tl_rand_normal(&g_seed);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t i = 0; i < n; i++) mx = fmax(mx, x[i]);
+            for (int64_t i = 0; i < n; i++) sum += (ref[i] = exp((double)x[i] - mx));
+            memcpy(xa, x, (size_t)n * 4);
+            memcpy(xb, x, (size_t)n * 4);
+            sc->softmax(xa, n);
+            spx_cpu_softmax(xb, n);
+            bad_sc += memcmp(xa, xb, (size_t)n * 4) != 0;
+            for (int64_t i = 0; i < n; i++) {
+                const double r = ref[i] / sum;
+                bad_sc += !(fabs((double)xa[i] - r) <= (1e-6 + 1.2e-7 * (mx - x[i])) * r + 1e-37);
+            }
+            if (av) {
+                memcpy(xa, x, (size_t)n * 4);
+                av->softmax(xa, n);
+                for (int64_t i = 0; i < n; i++) {
+                    const double r = ref[i] / sum, d = fabs((double)xa[i] - r);
+                    const double tol = (1e-6 + 1.2e-7 * (mx - x[i])) * r + 1e-37;
+                    worst = fmax(worst, d / tol);
+                    bad_av += !(d <= tol);
+                }
+            }
+            cases++;
+        }
+    for (int64_t i = 0; i < 21; i++) x[i] = tl_rand_normal(&g_seed);
+    x[13] = NAN;
+    memcpy(a, x, 21 * 4);
+    sc->softmax(a, 21);
+    int nan_sc = 0, nan_av = 0;
+    for (int i = 0; i < 21; i++) nan_sc += isnan(a[i]) != 0;
+    if (av) {
+        memcpy(b, x, 21 * 4);
+        av->softmax(b, 21);
+        for (int i = 0; i < 21; i++) nan_av += isnan(b[i]) != 0;
+    }
+    CHECK(bad_sc == 0, "scalar softmax: %d differences from spx_cpu_softmax or the bound (%d cases)", bad_sc, cases);
+    CHECK(!av || bad_av == 0, "avx2 softmax: %d elements off (worst %.3g of the bound)", bad_av, worst);
+    CHECK(nan_sc == 21 && (!av || nan_av == 21), "softmax with a NaN: %d / %d NaN outputs of 21 (scalar / avx2)", nan_sc,
+          nan_av);
+    if (av) printf("softmax: %d cases, avx2 worst %.2f of the bound\n", cases, worst);
+}
+
 static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av) {
     enum { N = 300 };
     static float q[N + 3], out0[N + 3], out1[N + 3], ref_o[N + 3];
@@ -507,6 +568,7 @@ int main(void) {
     const spx_qkernels *av = spx_qkernels_get("avx2");
     if (!av) printf("note: no AVX2+FMA+F16C on this CPU (or build): avx2 table not tested\n");
     test_attention_steps(sc, av);
+    test_softmax(sc, av);
 
     /* 300x256, 9x4256 and 5x8448 cross the avx2 GEMM's blocking: row
      * blocks of 64 rows, column chunks of 4096 (4256 / 32 = 133 blocks: a

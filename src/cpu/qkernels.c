@@ -13,6 +13,7 @@
  * the variant is not compiled in. Dispatch checks the CPU features itself,
  * so a variant's getter never runs its code on a CPU that lacks them. */
 #include "cpu/qkernels.h"
+#include "cpu/ops.h"
 #include "core/half.h"
 #include "core/err.h"
 #include "quant/g32.h"
@@ -88,6 +89,7 @@ static const spx_qkernels g_scalar = {
     .wv_f16 = scalar_wv_f16,
     .dot_q4g = scalar_dot_q4g,
     .axpy_q4g = scalar_axpy_q4g,
+    .softmax = spx_cpu_softmax,
 };
 
 const spx_qkernels *spx_qkernels_scalar(void) { return &g_scalar; }

@@ -55,6 +55,11 @@ typedef struct spx_qkernels {
      * o[k] += a (c_k - z), k < 32. */
     float (*dot_q4g)(const float *q, const uint8_t *codes);
     void (*axpy_q4g)(float *o, float a, int z, const uint8_t *codes);
+    /* In-place softmax of the attention scores x[0..n): the scalar table's
+     * is spx_cpu_softmax (expf per element, the sum in double); a variant
+     * may use its own exp (the avx2 table: a polynomial within a few ulp,
+     * 0 below expf's normal range; tests/test_kernels.c bounds it). */
+    void (*softmax)(float *x, int64_t n);
 } spx_qkernels;
 
 /* The scalar reference table (always available). */

@@ -69,6 +69,7 @@
 #include "quant/g32.h"
 
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 const spx_qkernels *spx_qkernels_avx2_table(void);
@@ -828,6 +829,75 @@ AVX2_FN static void avx2_axpy_q4g(float *o, float a, int z, const uint8_t *cd) {
         _mm256_storeu_ps(o + 8 * i, _mm256_fmadd_ps(va, _mm256_sub_ps(c[i], vz), _mm256_loadu_ps(o + 8 * i)));
 }
 
+/* e^x for x <= 0 (attention scores minus their maximum; larger x are
+ * clamped to 88.3): Cephes' expf, n = round(x log2 e), r = x - n ln 2 in
+ * two parts, a degree-6 polynomial, 2^n through the exponent bits; 0
+ * below -87.33 (where expf leaves the normal range: such terms are below
+ * 2^-126 of the largest, which is 1). NaN stays NaN. */
+AVX2_INLINE __m256 exp256_nonpos(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256 x0 = x;
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)); /* NaN in x: min returns the constant; restored below */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    y = _mm256_andnot_ps(under, y);
+    return _mm256_blendv_ps(y, x0, nan);
+}
+
+/* spx_cpu_softmax's steps with exp256_nonpos: the maximum, e^(x - max)
+ * summed in double (two 4-lane accumulators), one scale by the float
+ * reciprocal; the tail of n % 8 through a zero-padded vector. */
+AVX2_FN static void avx2_softmax(float *x, int64_t n) {
+    if (n <= 0) return;
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float mx;
+    {
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        mx = _mm_cvtss_f32(m4);
+    }
+    for (int64_t k = i; k < n; k++) mx = x[k] > mx ? x[k] : mx;
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    if (i < n) {
+        float t[8];
+        const int r = (int)(n - i);
+        for (int k = 0; k < 8; k++) t[k] = k < r ? x[i + k] - mx : -INFINITY;
+        const __m256 e = exp256_nonpos(_mm256_loadu_ps(t));
+        _mm256_storeu_ps(t, e);
+        for (int k = 0; k < r; k++) x[i + k] = t[k];
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    const __m256d s = _mm256_add_pd(s0, s1);
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    s2 = _mm_add_sd(s2, _mm_unpackhi_pd(s2, s2));
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / _mm_cvtsd_f64(s2)));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i < n; i++) x[i] *= _mm256_cvtss_f32(inv);
+}
+
 static const spx_qkernels g_avx2 = {
     .name = "avx2",
     .act_bytes = avx2_act_bytes,
@@ -836,6 +906,7 @@ static const spx_qkernels g_avx2 = {
     .rows = avx2_rows,
     .scores_f16 = avx2_scores_f16,
     .wv_f16 = avx2_wv_f16,
+    .softmax = avx2_softmax,
     .dot_q4g = avx2_dot_q4g,
     .axpy_q4g = avx2_axpy_q4g,
 };

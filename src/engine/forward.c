@@ -38,7 +38,7 @@ static void attn_task(void *arg, int tid, int nth) {
         if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;
         const float *q = s->q + t * nh * hd + h * hd;
         spx_kv_scores(&s->kv, s->cpu.qk, j->layer, kvh, q, start, p + 1, scale, sc);
-        spx_cpu_softmax(sc, p + 1 - start);
+        s->cpu.qk->softmax(sc, p + 1 - start);
         spx_kv_weighted_v(&s->kv, s->cpu.qk, j->layer, kvh, sc, start, p + 1, s->att + t * nh * hd + h * hd);
     }
 }
