@@ -439,7 +439,7 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
     enum { N = 300 };
     static float q[N + 3], out0[N + 3], out1[N + 3], ref_o[N + 3];
     static uint16_t h[N + 3];
-    int bad_sc = 0, bad_av = 0, cases = 0;
+    int bad_sc = 0, bad_av = 0, cases = 0, bad_g = 0, g_cases = 0;
     double worst = 0;
     for (int64_t n = 1; n <= N; n += n < 40 ? 1 : 13)
         for (int sh = 0; sh < 3; sh += 2) {
@@ -459,14 +459,14 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
                 ref_o[j] = o0[j] + a * hv; /* one rounding of the product, one of the sum */
             }
             float ds;
-            sc->scores_f16(qq, hh, n, 1, n, 1.0f, &ds);
-            sc->wv_f16(o0, &a, hh, n, 1, n);
+            sc->scores_f16(qq, 0, 1, hh, n, 1, n, 1.0f, &ds, 0);
+            sc->wv_f16(o0, 0, &a, 0, 1, hh, n, 1, n);
             bad_sc += memcmp(&ds, &lit, sizeof ds) != 0;
             for (int64_t j = 0; j < n; j++) bad_sc += memcmp(&o0[j], &ref_o[j], sizeof(float)) != 0;
             if (av) {
                 float da;
-                av->scores_f16(qq, hh, n, 1, n, 1.0f, &da);
-                av->wv_f16(o1, &a, hh, n, 1, n);
+                av->scores_f16(qq, 0, 1, hh, n, 1, n, 1.0f, &da, 0);
+                av->wv_f16(o1, 0, &a, 0, 1, hh, n, 1, n);
                 const double tol = (double)n * 6e-8 * mag + 1e-30; /* n * eps(float) * sum |terms| */
                 worst = fmax(worst, fabs(da - ref) / tol);
                 bad_av += !(fabs(da - ref) <= tol);
@@ -527,8 +527,8 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
             for (int64_t i = 0; i < n * stride; i++) rows[i] = spx_f32_to_f16(tl_rand_normal(&g_seed));
             for (int64_t i = 0; i < n; i++) pr[i] = tl_rand_uniform(&g_seed);
             for (int64_t j = 0; j < d; j++) w0[j] = w1[j] = wr[j] = tl_rand_normal(&g_seed);
-            sc->scores_f16(sq, rows, stride, n, d, 0.125f, s0);
-            sc->wv_f16(w0, pr, rows, stride, n, d);
+            sc->scores_f16(sq, 0, 1, rows, stride, n, d, 0.125f, s0, 0);
+            sc->wv_f16(w0, 0, pr, 0, 1, rows, stride, n, d);
             for (int64_t i = 0; i < n; i++) {
                 float lit = 0;
                 for (int64_t j = 0; j < d; j++) {
@@ -541,8 +541,8 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
             }
             bad_sc += memcmp(wr, w0, (size_t)d * sizeof(float)) != 0;
             if (av) {
-                av->scores_f16(sq, rows, stride, n, d, 0.125f, s1);
-                av->wv_f16(w1, pr, rows, stride, n, d);
+                av->scores_f16(sq, 0, 1, rows, stride, n, d, 0.125f, s1, 0);
+                av->wv_f16(w1, 0, pr, 0, 1, rows, stride, n, d);
                 for (int64_t i = 0; i < n; i++) {
                     double mg = 0;
                     for (int64_t j = 0; j < d; j++) mg += fabs((double)sq[j] * spx_f16_to_f32(rows[i * stride + j]));
@@ -554,8 +554,31 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
                     bad_av += !(fabs((double)w1[j] - w0[j]) <= 2 * (double)(n + 1) * 6e-8 * mg);
                 }
             }
+            /* G heads sharing the rows (GQA): each head's scores and output
+             * are the one-head call's, bit for bit, in both tables */
+            for (int G = 2; G <= 9; G += G < 5 ? 1 : 4) {
+                static float gq[9 * 261], gsc[9 * 107], gp[9 * 103], gw[9 * 263], one[263];
+                const int64_t qs = d + 5, os = n + 7, ps = n + 3, ws = d + 7;
+                for (int64_t i = 0; i < G * qs; i++) gq[i] = tl_rand_normal(&g_seed);
+                for (int64_t i = 0; i < G * ps; i++) gp[i] = tl_rand_uniform(&g_seed);
+                for (int tb = 0; tb < (av ? 2 : 1); tb++) {
+                    const spx_qkernels *k = tb ? av : sc;
+                    for (int64_t i = 0; i < G * ws; i++) gw[i] = (float)(i % 7) - 3.0f;
+                    k->scores_f16(gq, qs, G, rows, stride, n, d, 0.125f, gsc, os);
+                    k->wv_f16(gw, ws, gp, ps, G, rows, stride, n, d);
+                    for (int g = 0; g < G; g++) {
+                        k->scores_f16(gq + g * qs, 0, 1, rows, stride, n, d, 0.125f, one, 0);
+                        bad_g += memcmp(one, gsc + g * os, (size_t)n * sizeof(float)) != 0;
+                        for (int64_t j = 0; j < d; j++) one[j] = (float)((g * ws + j) % 7) - 3.0f;
+                        k->wv_f16(one, 0, gp + g * ps, 0, 1, rows, stride, n, d);
+                        bad_g += memcmp(one, gw + g * ws, (size_t)d * sizeof(float)) != 0;
+                    }
+                    g_cases++;
+                }
+            }
             cases++;
         }
+    CHECK(bad_g == 0, "attention steps: %d heads of %d grouped calls differ from one-head calls", bad_g, g_cases);
     CHECK(bad_sc == 0, "attention steps: scalar table differs from its definition in %d values", bad_sc);
     CHECK(bad_av == 0, "attention steps: avx2 outside the rounding bound in %d values (worst f16 dot %.3g)", bad_av,
           worst);

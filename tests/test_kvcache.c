@@ -315,6 +315,21 @@ static void test_tables(void) {
                           names[t], r.max_abs, r.worst);
                     tested++;
                 }
+                /* three heads sharing KV head 1 (GQA): each is the one-head call, bit for bit */
+                float gq[3 * 130], gs[3 * 301], gp[3 * 302], go[3 * 129], one[300];
+                for (int i = 0; i < 3 * 130; i++) gq[i] = tl_rand_normal(&rng);
+                for (int i = 0; i < 3 * 302; i++) gp[i] = tl_rand_uniform(&rng) / (float)n;
+                spx_kv_scores_g(&c, tab, 0, 1, 3, gq, 130, 0, n, 0.125f, gs, 301);
+                spx_kv_weighted_v_g(&c, tab, 0, 1, 3, gp, 302, 0, n, go, 129);
+                int bad = 0;
+                for (int g = 0; g < 3; g++) {
+                    spx_kv_scores(&c, tab, 0, 1, gq + g * 130, 0, n, 0.125f, one);
+                    bad += memcmp(one, gs + g * 301, sizeof(float) * (size_t)n) != 0;
+                    spx_kv_weighted_v(&c, tab, 0, 1, gp + g * 302, 0, n, one);
+                    bad += memcmp(one, go + g * 129, sizeof(float) * (size_t)hd) != 0;
+                }
+                CHECK(bad == 0, "%s hd %d %s: %d of 6 grouped results differ from the one-head calls", kt ? "q4" : "f16",
+                      hd, names[t], bad);
             }
             free(k);
             free(v);

@@ -57,13 +57,16 @@ static void scalar_axpy_f16(float *out, float a, const uint16_t *h, int64_t n) {
     for (int64_t j = 0; j < n; j++) out[j] += a * spx_f16_to_f32(h[j]);
 }
 
-static void scalar_scores_f16(const float *q, const uint16_t *h, int64_t stride, int64_t n, int64_t d, float scale,
-                              float *out) {
-    for (int64_t i = 0; i < n; i++) out[i] = scalar_dot_f16(q, h + i * stride, d) * scale;
+static void scalar_scores_f16(const float *q, int64_t qs, int G, const uint16_t *h, int64_t stride, int64_t n,
+                              int64_t d, float scale, float *out, int64_t os) {
+    for (int g = 0; g < G; g++)
+        for (int64_t i = 0; i < n; i++) out[g * os + i] = scalar_dot_f16(q + g * qs, h + i * stride, d) * scale;
 }
 
-static void scalar_wv_f16(float *out, const float *p, const uint16_t *h, int64_t stride, int64_t n, int64_t d) {
-    for (int64_t i = 0; i < n; i++) scalar_axpy_f16(out, p[i], h + i * stride, d);
+static void scalar_wv_f16(float *out, int64_t os, const float *p, int64_t ps, int G, const uint16_t *h, int64_t stride,
+                          int64_t n, int64_t d) {
+    for (int g = 0; g < G; g++)
+        for (int64_t i = 0; i < n; i++) scalar_axpy_f16(out + g * os, p[g * ps + i], h + i * stride, d);
 }
 
 static float scalar_dot_q4g(const float *q, const uint8_t *cd) {

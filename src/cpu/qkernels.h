@@ -37,17 +37,23 @@ typedef struct spx_qkernels {
      * (for outlier columns / kernels that use floats directly). */
     void (*rows)(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
                  int64_t y_stride, int64_t r0, int64_t r1, void *scratch);
-    /* The fp16 KV cache's attention steps (engine/kvcache.c) over n rows
-     * of d halves, row i at h + i * stride halves:
-     *   scores_f16: out[i] = scale * (sum_j q[j] f16(row_i[j]));
-     *   wv_f16: for every row i in order, out[j] += p[i] f16(row_i[j]).
-     * The scalar table sums in index order with separate roundings (the
-     * reference); a variant may reorder, fuse and work on several rows at
-     * a time (the avx2 table: 8 scores per reduction, the output held in
-     * registers across rows; tests/test_kernels.c bounds it). */
-    void (*scores_f16)(const float *q, const uint16_t *h, int64_t stride, int64_t n, int64_t d, float scale,
-                       float *out);
-    void (*wv_f16)(float *out, const float *p, const uint16_t *h, int64_t stride, int64_t n, int64_t d);
+    /* The fp16 KV cache's attention steps (engine/kvcache.c) for G >= 1
+     * query heads that share one KV head (GQA), over n rows of d halves,
+     * row i at h + i * stride halves; head g's q at q + g qs, its scores
+     * at out + g os (scores_f16), its probabilities at p + g ps and its
+     * output at out + g os (wv_f16):
+     *   scores_f16: out_g[i] = scale * (sum_j q_g[j] f16(row_i[j]));
+     *   wv_f16: for every row i in order, out_g[j] += p_g[i] f16(row_i[j]).
+     * Each head's numbers do not depend on G: the scalar table sums in
+     * index order with separate roundings (the reference); a variant may
+     * reorder, fuse and work on several rows and heads at a time (the
+     * avx2 table: 8 scores per reduction, each row converted once for up
+     * to 4 heads, the output held in registers across rows;
+     * tests/test_kernels.c bounds it and checks the G independence). */
+    void (*scores_f16)(const float *q, int64_t qs, int G, const uint16_t *h, int64_t stride, int64_t n, int64_t d,
+                       float scale, float *out, int64_t os);
+    void (*wv_f16)(float *out, int64_t os, const float *p, int64_t ps, int G, const uint16_t *h, int64_t stride,
+                   int64_t n, int64_t d);
     /* The same for one group of 32 of the 4-bit cache (16 code bytes: code
      * k in the low nibble of byte k, code k + 16 in its high nibble):
      * dot_q4g = sum_k (c_k q_k + c_(k+16) q_(k+16)) (the scalar table adds

@@ -747,55 +747,99 @@ AVX2_FN static void avx2_axpy_f16(float *out, float a, const uint16_t *h, int64_
     for (; j < n; j++) out[j] += a * _cvtsh_ss(h[j]);
 }
 
-/* Eight rows' scores at once: each row's 8-lane partial sums over d (q
- * loaded once per 8 columns for all eight), then one transposing hadd
- * tree for the eight totals (a single row's horizontal sum costs as much
- * as its whole dot product at d = 64). d % 8 != 0 or a short tail of
- * rows: row by row. */
-AVX2_FN static void avx2_scores_f16(const float *q, const uint16_t *h, int64_t stride, int64_t n, int64_t d,
-                                    float scale, float *out) {
-    int64_t i = 0;
-    if (d % 8 == 0)
-        for (; i + 8 <= n; i += 8) {
-            __m256 a[8];
-            for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
-            const uint16_t *hb = h + i * stride;
-            for (int64_t j = 0; j < d; j += 8) {
-                const __m256 qv = _mm256_loadu_ps(q + j);
-                #pragma GCC unroll 8
-                for (int r = 0; r < 8; r++)
-                    a[r] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hb + r * stride + j))),
-                                           a[r]);
-            }
-            const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-            const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-            const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-            /* u0 = [rows 0-3, columns low half | rows 0-3, high], u1 the same for rows 4-7 */
-            const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-            _mm256_storeu_ps(out + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
-        }
-    for (; i < n; i++) out[i] = avx2_dot_f16(q, h + i * stride, d) * scale;
+/* The eight lanes of each of a[0..7] summed, in one transposing hadd
+ * tree: lane k = ((a_k[0] + a_k[1]) + (a_k[2] + a_k[3])) + ((a_k[4] +
+ * a_k[5]) + (a_k[6] + a_k[7])), whatever a_k stands for (a single row's
+ * horizontal sum costs as much as its whole dot product at d = 64). */
+AVX2_INLINE __m256 hsum8x8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    /* u0 = [sums 0-3, lanes 0-3 | sums 0-3, lanes 4-7], u1 the same for 4-7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* out += p[i] row i for every row in order, 64 output columns at a time
- * held in registers across all rows (one load and store per column block,
- * not per row); a d % 8 tail through axpy. */
-AVX2_FN static void avx2_wv_f16(float *out, const float *p, const uint16_t *h, int64_t stride, int64_t n, int64_t d) {
-    int64_t c0 = 0;
-    for (; c0 + 64 <= d; c0 += 64) {
-        __m256 a[8];
-        for (int v = 0; v < 8; v++) a[v] = _mm256_loadu_ps(out + c0 + 8 * v);
-        for (int64_t i = 0; i < n; i++) {
-            const __m256 pb = _mm256_set1_ps(p[i]);
-            const uint16_t *r = h + i * stride + c0;
-            #pragma GCC unroll 8
-            for (int v = 0; v < 8; v++)
-                a[v] = _mm256_fmadd_ps(pb, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * v))), a[v]);
+/* Scores of up to 4 heads (gc) over rows in pairs: each row's 8 halves
+ * converted once for all heads, accumulators a[2 g + r] (head g, row i +
+ * r) with each lane's products in column order, then hsum8x8: the same
+ * numbers as one head's 8-row blocks. Rows past the last whole block of 8
+ * (and every row when d % 8 != 0) go through avx2_dot_f16, as one head's
+ * would, so a head's scores do not depend on G. */
+AVX2_FN static void avx2_scores_f16(const float *q, int64_t qs, int G, const uint16_t *h, int64_t stride, int64_t n,
+                                    int64_t d, float scale, float *out, int64_t os) {
+    const int64_t n8 = d % 8 == 0 ? n / 8 * 8 : 0;
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        const int gc = G - g0 < 4 ? G - g0 : 4;
+        const float *qg = q + g0 * qs;
+        float *og = out + g0 * os;
+        for (int64_t i = 0; i < n8; i += 2) {
+            __m256 a[8];
+            for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+            const uint16_t *r0 = h + i * stride, *r1 = r0 + stride;
+            for (int64_t j = 0; j < d; j += 8) {
+                const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r0 + j)));
+                const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r1 + j)));
+                #pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) {
+                    if (g >= gc) break;
+                    const __m256 qv = _mm256_loadu_ps(qg + g * qs + j);
+                    a[2 * g] = _mm256_fmadd_ps(qv, k0, a[2 * g]);
+                    a[2 * g + 1] = _mm256_fmadd_ps(qv, k1, a[2 * g + 1]);
+                }
+            }
+            float t[8];
+            _mm256_storeu_ps(t, _mm256_mul_ps(hsum8x8(a), vs));
+            for (int g = 0; g < gc; g++) {
+                og[g * os + i] = t[2 * g];
+                og[g * os + i + 1] = t[2 * g + 1];
+            }
         }
-        for (int v = 0; v < 8; v++) _mm256_storeu_ps(out + c0 + 8 * v, a[v]);
+        for (int g = 0; g < gc; g++)
+            for (int64_t i = n8; i < n; i++) og[g * os + i] = avx2_dot_f16(qg + g * qs, h + i * stride, d) * scale;
     }
-    if (c0 < d)
-        for (int64_t i = 0; i < n; i++) avx2_axpy_f16(out + c0, p[i], h + i * stride + c0, d - c0);
+}
+
+/* For up to 4 heads at a time: 16 output columns per head held in
+ * registers across all rows, each row's 16 halves converted once for the
+ * heads; every output's multiply-adds in row order, as one head's
+ * 64-column blocks (the columns past the last whole 64, d % 64, go
+ * through avx2_axpy_f16 row by row, as one head's), so a head's output
+ * does not depend on G. */
+AVX2_FN static void avx2_wv_f16(float *out, int64_t os, const float *p, int64_t ps, int G, const uint16_t *h,
+                                int64_t stride, int64_t n, int64_t d) {
+    const int64_t d64 = d / 64 * 64;
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        const int gc = G - g0 < 4 ? G - g0 : 4;
+        float *og = out + g0 * os;
+        const float *pg = p + g0 * ps;
+        for (int64_t c0 = 0; c0 < d64; c0 += 16) {
+            __m256 a[4][2];
+            for (int g = 0; g < gc; g++) {
+                a[g][0] = _mm256_loadu_ps(og + g * os + c0);
+                a[g][1] = _mm256_loadu_ps(og + g * os + c0 + 8);
+            }
+            for (int64_t i = 0; i < n; i++) {
+                const uint16_t *r = h + i * stride + c0;
+                const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r));
+                const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8)));
+                #pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) {
+                    if (g >= gc) break;
+                    const __m256 pb = _mm256_set1_ps(pg[g * ps + i]);
+                    a[g][0] = _mm256_fmadd_ps(pb, v0, a[g][0]);
+                    a[g][1] = _mm256_fmadd_ps(pb, v1, a[g][1]);
+                }
+            }
+            for (int g = 0; g < gc; g++) {
+                _mm256_storeu_ps(og + g * os + c0, a[g][0]);
+                _mm256_storeu_ps(og + g * os + c0 + 8, a[g][1]);
+            }
+        }
+        if (d64 < d)
+            for (int g = 0; g < gc; g++)
+                for (int64_t i = 0; i < n; i++) avx2_axpy_f16(og + g * os + d64, pg[g * ps + i], h + i * stride + d64, d - d64);
+    }
 }
 
 /* One 4-bit group: its 32 codes as two vectors of bytes (low nibbles:

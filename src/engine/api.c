@@ -182,7 +182,13 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
         s->att = alloc_f(B * qd, &fail);
         s->gate = alloc_f(B * I, &fail);
         s->up = alloc_f(B * I, &fail);
-        s->scores = alloc_f(th * (size_t)n_ctx, &fail);
+        /* up to 4 heads of a GQA group per attention job (what the avx2
+         * table shares a row among), no more buffer than one row per head */
+        int64_t gs = c->n_heads / c->n_kv_heads, cap = c->n_heads / (int64_t)th;
+        if (gs > 4) gs = 4;
+        if (gs > cap) gs = cap;
+        s->attn_gs = gs < 1 ? 1 : (int)gs;
+        s->scores = alloc_f(th * (size_t)s->attn_gs * (size_t)n_ctx, &fail);
     }
     spx_cpu_ctx_init(&s->cpu, m->pool, m->qk);
     s->logits = alloc_f(B * (size_t)c->vocab_size, &fail);

@@ -21,25 +21,32 @@ typedef struct {
     int64_t layer, n, pos0;
 } attn_job;
 
+/* Jobs of (token, KV head, up to attn_gs of its query heads), dealt to
+ * the threads in turn: the heads of a job share the KV rows
+ * (spx_kv_scores_g / spx_kv_weighted_v_g read each row once for all of
+ * them); each head's numbers are what a job of its own would give. */
 static void attn_task(void *arg, int tid, int nth) {
     const attn_job *j = arg;
     spx_session *s = j->s;
     const spx_config *c = &s->m->cfg;
-    int64_t hd = c->head_dim, nh = c->n_heads;
-    int64_t group = nh / c->n_kv_heads;
+    int64_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    int64_t group = nh / nkv, gs = s->attn_gs, parts = (group + gs - 1) / gs;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = s->scores + (size_t)tid * (size_t)s->n_ctx;
-    int64_t b, e;
-    spx_pool_range(j->n * nh, tid, nth, 1, &b, &e);
-    for (int64_t w = b; w < e; w++) {
-        int64_t t = w / nh, h = w % nh, kvh = h / group;
+    float *sc = s->scores + (size_t)tid * (size_t)gs * (size_t)s->n_ctx;
+    /* round robin, not ranges: a causal prompt's later tokens have more
+     * keys, so contiguous ranges gave the last thread the most work (3/4
+     * of it with two threads) */
+    for (int64_t w = tid; w < j->n * nkv * parts; w += nth) {
+        int64_t t = w / (nkv * parts), kvh = (w / parts) % nkv, h0 = kvh * group + (w % parts) * gs;
+        int G = (int)(kvh * group + group - h0 < gs ? kvh * group + group - h0 : gs);
         int64_t p = j->pos0 + t; /* absolute position of this query */
         int64_t start = 0;
         if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;
-        const float *q = s->q + t * nh * hd + h * hd;
-        spx_kv_scores(&s->kv, s->cpu.qk, j->layer, kvh, q, start, p + 1, scale, sc);
-        s->cpu.qk->softmax(sc, p + 1 - start);
-        spx_kv_weighted_v(&s->kv, s->cpu.qk, j->layer, kvh, sc, start, p + 1, s->att + t * nh * hd + h * hd);
+        const float *q = s->q + t * nh * hd + h0 * hd;
+        spx_kv_scores_g(&s->kv, s->cpu.qk, j->layer, kvh, G, q, hd, start, p + 1, scale, sc, s->n_ctx);
+        for (int g = 0; g < G; g++) s->cpu.qk->softmax(sc + (size_t)g * (size_t)s->n_ctx, p + 1 - start);
+        spx_kv_weighted_v_g(&s->kv, s->cpu.qk, j->layer, kvh, G, sc, s->n_ctx, start, p + 1,
+                            s->att + t * nh * hd + h0 * hd, hd);
     }
 }
 

@@ -123,14 +123,39 @@ static inline void q4_group(const spx_kvcache *c, const uint8_t *row, int64_t g,
     *z = spx_q_zero_get(row + c->scales_b, g);
 }
 
+void spx_kv_scores_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
+                     int64_t qs, int64_t start, int64_t end, float scale, float *out, int64_t os) {
+    int64_t hd = c->head_dim, off = kvh * hd;
+    if (!kt) kt = spx_qkernels_scalar();
+    if (c->type == SPX_KV_F16) { /* rows are row_bytes apart: the table takes them all, for all G heads */
+        if (end > start)
+            kt->scores_f16(q, qs, G, (const uint16_t *)row_at(c, c->k, layer, start) + off,
+                           (int64_t)(c->row_bytes / 2), end - start, hd, scale, out, os);
+        return;
+    }
+    for (int g = 0; g < G; g++) spx_kv_scores(c, kt, layer, kvh, q + g * qs, start, end, scale, out + g * os);
+}
+
+void spx_kv_weighted_v_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G,
+                         const float *p, int64_t ps, int64_t start, int64_t end, float *out, int64_t os) {
+    int64_t hd = c->head_dim, off = kvh * hd;
+    if (!kt) kt = spx_qkernels_scalar();
+    if (c->type == SPX_KV_F16) {
+        for (int g = 0; g < G; g++) memset(out + g * os, 0, (size_t)hd * sizeof *out);
+        if (end > start)
+            kt->wv_f16(out, os, p, ps, G, (const uint16_t *)row_at(c, c->v, layer, start) + off,
+                       (int64_t)(c->row_bytes / 2), end - start, hd);
+        return;
+    }
+    for (int g = 0; g < G; g++) spx_kv_weighted_v(c, kt, layer, kvh, p + g * ps, start, end, out + g * os);
+}
+
 void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *q,
                    int64_t start, int64_t end, float scale, float *out) {
     int64_t hd = c->head_dim, off = kvh * hd;
     if (!kt) kt = spx_qkernels_scalar();
-    if (c->type == SPX_KV_F16) { /* rows are row_bytes apart: the table takes them all */
-        if (end > start)
-            kt->scores_f16(q, (const uint16_t *)row_at(c, c->k, layer, start) + off, (int64_t)(c->row_bytes / 2),
-                           end - start, hd, scale, out);
+    if (c->type == SPX_KV_F16) {
+        spx_kv_scores_g(c, kt, layer, kvh, 1, q, hd, start, end, scale, out, 0);
         return;
     }
     float qsum[64]; /* per group sum of q (head_dim <= 2048 checked at init) */
@@ -168,13 +193,11 @@ void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t lay
                        int64_t start, int64_t end, float *out) {
     int64_t hd = c->head_dim, off = kvh * hd;
     if (!kt) kt = spx_qkernels_scalar();
-    memset(out, 0, (size_t)hd * sizeof *out);
     if (c->type == SPX_KV_F16) {
-        if (end > start)
-            kt->wv_f16(out, p, (const uint16_t *)row_at(c, c->v, layer, start) + off, (int64_t)(c->row_bytes / 2),
-                       end - start, hd);
+        spx_kv_weighted_v_g(c, kt, layer, kvh, 1, p, 0, start, end, out, 0);
         return;
     }
+    memset(out, 0, (size_t)hd * sizeof *out);
     for (int64_t i = start; i < end; i++) {
         const uint8_t *row = row_at(c, c->v, layer, i);
         float pr = p[i - start];

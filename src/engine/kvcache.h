@@ -41,6 +41,14 @@ void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, 
  * above, its wv_f16 / axpy_q4g). */
 void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *p,
                        int64_t start, int64_t end, float *out);
+/* The same for G query heads that share KV head kvh (GQA): head g's q at
+ * q + g qs, its scores at out + g os, its probabilities at p + g ps and
+ * its output at out + g os; each head's numbers are what the one-head
+ * call gives (the fp16 cache reads each row once for all G heads). */
+void spx_kv_scores_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
+                     int64_t qs, int64_t start, int64_t end, float scale, float *out, int64_t os);
+void spx_kv_weighted_v_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G,
+                         const float *p, int64_t ps, int64_t start, int64_t end, float *out, int64_t os);
 /* The stored row (K if value == 0, else V) as float32 in the model's
  * coordinates (undoing the q4 rotation): the reference for checks. */
 void spx_kv_dequant_row(const spx_kvcache *c, int64_t layer, int64_t pos, int value, float *out);

@@ -23,7 +23,9 @@ struct spx_session {
      * backend keeps its own and these stay NULL, except logits) */
     float *h, *x, *q, *k, *v, *att, *gate, *up;
     spx_cpu_ctx cpu;      /* pool, kernels, matmul scratch */
-    float *scores;        /* [threads, n_ctx] */
+    float *scores;        /* [threads, attn_gs, n_ctx] */
+    int attn_gs;          /* query heads per attention job (a GQA group's share: the fp16 cache's rows
+                           * are read once for them) */
     float *logits;        /* [spx_batch_max(m), vocab] */
     void *be_state;       /* backend's per-session state (device KV, graphs) */
     int be_ready;         /* session_init succeeded (session_free owed) */
