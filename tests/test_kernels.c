@@ -499,12 +499,32 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
             ro[k] = o0[k] + a * (float)((cd[k] & 15) - z);
             ro[k + 16] = o0[k + 16] + a * (float)((cd[k] >> 4) - z);
         }
-        const float ds = sc->dot_q4g(qg, cd);
-        sc->axpy_q4g(o0, a, z, cd);
+        float ds;
+        sc->dot_q4g(qg, 0, 1, cd, &ds);
+        sc->axpy_q4g(o0, 0, &a, 1, z, cd);
         bad_sc += memcmp(&ds, &lit, sizeof ds) != 0 || memcmp(o0, ro, sizeof ro) != 0;
+        /* G heads at once (GQA): each head's result is the one-head call's, bit for bit */
+        for (int tb = 0; tb < (av ? 2 : 1); tb++) {
+            const spx_qkernels *kk = tb ? av : sc;
+            enum { GG = 5 };
+            float gq[GG * 35], go[GG * 37], ga[GG], gd[GG], one[32], od;
+            for (int i = 0; i < GG * 35; i++) gq[i] = tl_rand_normal(&g_seed);
+            for (int i = 0; i < GG * 37; i++) go[i] = (float)(i % 5);
+            for (int g = 0; g < GG; g++) ga[g] = tl_rand_normal(&g_seed);
+            kk->dot_q4g(gq, 35, GG, cd, gd);
+            kk->axpy_q4g(go, 37, ga, GG, z, cd);
+            for (int g = 0; g < GG; g++) {
+                kk->dot_q4g(gq + g * 35, 0, 1, cd, &od);
+                for (int k = 0; k < 32; k++) one[k] = (float)((g * 37 + k) % 5);
+                kk->axpy_q4g(one, 0, &ga[g], 1, z, cd);
+                bad_g += memcmp(&od, &gd[g], sizeof od) != 0 || memcmp(one, go + g * 37, sizeof one) != 0;
+            }
+            g_cases++;
+        }
         if (av) {
-            const float da = av->dot_q4g(qg, cd);
-            av->axpy_q4g(o1, a, z, cd);
+            float da;
+            av->dot_q4g(qg, 0, 1, cd, &da);
+            av->axpy_q4g(o1, 0, &a, 1, z, cd);
             bad_av += !(fabs(da - ref) <= 32 * 6e-8 * mag);
             for (int k = 0; k < 32; k++) {
                 const int c = k < 16 ? cd[k] & 15 : cd[k - 16] >> 4;

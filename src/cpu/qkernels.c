@@ -69,17 +69,21 @@ static void scalar_wv_f16(float *out, int64_t os, const float *p, int64_t ps, in
         for (int64_t i = 0; i < n; i++) scalar_axpy_f16(out + g * os, p[g * ps + i], h + i * stride, d);
 }
 
-static float scalar_dot_q4g(const float *q, const uint8_t *cd) {
-    float acc = 0;
-    for (int k = 0; k < 16; k++) acc += (float)(cd[k] & 15) * q[k] + (float)(cd[k] >> 4) * q[k + 16];
-    return acc;
+static void scalar_dot_q4g(const float *q, int64_t qs, int G, const uint8_t *cd, float *out) {
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + g * qs;
+        float acc = 0;
+        for (int k = 0; k < 16; k++) acc += (float)(cd[k] & 15) * qg[k] + (float)(cd[k] >> 4) * qg[k + 16];
+        out[g] = acc;
+    }
 }
 
-static void scalar_axpy_q4g(float *o, float a, int z, const uint8_t *cd) {
-    for (int k = 0; k < 16; k++) {
-        o[k] += a * (float)((cd[k] & 15) - z);
-        o[k + 16] += a * (float)((cd[k] >> 4) - z);
-    }
+static void scalar_axpy_q4g(float *o, int64_t os, const float *a, int G, int z, const uint8_t *cd) {
+    for (int g = 0; g < G; g++)
+        for (int k = 0; k < 16; k++) {
+            o[g * os + k] += a[g] * (float)((cd[k] & 15) - z);
+            o[g * os + k + 16] += a[g] * (float)((cd[k] >> 4) - z);
+        }
 }
 
 static const spx_qkernels g_scalar = {

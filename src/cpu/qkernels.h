@@ -55,12 +55,14 @@ typedef struct spx_qkernels {
     void (*wv_f16)(float *out, int64_t os, const float *p, int64_t ps, int G, const uint16_t *h, int64_t stride,
                    int64_t n, int64_t d);
     /* The same for one group of 32 of the 4-bit cache (16 code bytes: code
-     * k in the low nibble of byte k, code k + 16 in its high nibble):
-     * dot_q4g = sum_k (c_k q_k + c_(k+16) q_(k+16)) (the scalar table adds
-     * each k's two products, then the pair), and axpy_q4g:
-     * o[k] += a (c_k - z), k < 32. */
-    float (*dot_q4g)(const float *q, const uint8_t *codes);
-    void (*axpy_q4g)(float *o, float a, int z, const uint8_t *codes);
+     * k in the low nibble of byte k, code k + 16 in its high nibble), for
+     * G >= 1 heads (head g's q at q + g qs, its output at o + g os):
+     * dot_q4g: out[g] = sum_k (c_k q_k + c_(k+16) q_(k+16)) (the scalar
+     * table adds each k's two products, then the pair), and axpy_q4g:
+     * o_g[k] += a[g] (c_k - z), k < 32. A head's numbers do not depend on
+     * G (the avx2 table widens the codes once for all of them). */
+    void (*dot_q4g)(const float *q, int64_t qs, int G, const uint8_t *codes, float *out);
+    void (*axpy_q4g)(float *o, int64_t os, const float *a, int G, int z, const uint8_t *codes);
     /* In-place softmax of the attention scores x[0..n): the scalar table's
      * is spx_cpu_softmax (expf per element, the sum in double); a variant
      * may use its own exp (the avx2 table: a polynomial within a few ulp,

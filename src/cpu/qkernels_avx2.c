@@ -853,24 +853,32 @@ AVX2_INLINE void q4g_codes(const uint8_t *cd, __m256 *c0, __m256 *c1, __m256 *c2
     *c3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
 
-AVX2_FN static float avx2_dot_q4g(const float *q, const uint8_t *cd) {
+/* Per head the one-head arithmetic on codes widened once for all G. */
+AVX2_FN static void avx2_dot_q4g(const float *q, int64_t qs, int G, const uint8_t *cd, float *out) {
     __m256 c0, c1, c2, c3;
     q4g_codes(cd, &c0, &c1, &c2, &c3);
-    const __m256 a = _mm256_fmadd_ps(c1, _mm256_loadu_ps(q + 8), _mm256_mul_ps(c0, _mm256_loadu_ps(q)));
-    const __m256 b = _mm256_fmadd_ps(c3, _mm256_loadu_ps(q + 24), _mm256_mul_ps(c2, _mm256_loadu_ps(q + 16)));
-    const __m256 s8 = _mm256_add_ps(a, b);
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-    return _mm_cvtss_f32(s4);
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + g * qs;
+        const __m256 a = _mm256_fmadd_ps(c1, _mm256_loadu_ps(qg + 8), _mm256_mul_ps(c0, _mm256_loadu_ps(qg)));
+        const __m256 b = _mm256_fmadd_ps(c3, _mm256_loadu_ps(qg + 24), _mm256_mul_ps(c2, _mm256_loadu_ps(qg + 16)));
+        const __m256 s8 = _mm256_add_ps(a, b);
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+        out[g] = _mm_cvtss_f32(s4);
+    }
 }
 
-AVX2_FN static void avx2_axpy_q4g(float *o, float a, int z, const uint8_t *cd) {
+AVX2_FN static void avx2_axpy_q4g(float *o, int64_t os, const float *a, int G, int z, const uint8_t *cd) {
     __m256 c[4];
     q4g_codes(cd, &c[0], &c[1], &c[2], &c[3]);
-    const __m256 va = _mm256_set1_ps(a), vz = _mm256_set1_ps((float)z);
-    for (int i = 0; i < 4; i++)
-        _mm256_storeu_ps(o + 8 * i, _mm256_fmadd_ps(va, _mm256_sub_ps(c[i], vz), _mm256_loadu_ps(o + 8 * i)));
+    const __m256 vz = _mm256_set1_ps((float)z);
+    for (int i = 0; i < 4; i++) c[i] = _mm256_sub_ps(c[i], vz);
+    for (int g = 0; g < G; g++) {
+        const __m256 va = _mm256_set1_ps(a[g]);
+        float *og = o + g * os;
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(og + 8 * i, _mm256_fmadd_ps(va, c[i], _mm256_loadu_ps(og + 8 * i)));
+    }
 }
 
 /* e^x for x <= 0 (attention scores minus their maximum; larger x are

@@ -123,6 +123,11 @@ static inline void q4_group(const spx_kvcache *c, const uint8_t *row, int64_t g,
     *z = spx_q_zero_get(row + c->scales_b, g);
 }
 
+/* Heads are taken up to KV_GMAX at a time (q4: each head's rotated q and
+ * group sums on the stack); per head the arithmetic is the one-head
+ * call's, in its order. */
+#define KV_GMAX 4
+
 void spx_kv_scores_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
                      int64_t qs, int64_t start, int64_t end, float scale, float *out, int64_t os) {
     int64_t hd = c->head_dim, off = kvh * hd;
@@ -133,88 +138,86 @@ void spx_kv_scores_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer
                            (int64_t)(c->row_bytes / 2), end - start, hd, scale, out, os);
         return;
     }
-    for (int g = 0; g < G; g++) spx_kv_scores(c, kt, layer, kvh, q + g * qs, start, end, scale, out + g * os);
+    if (c->type == SPX_KV_F32) {
+        for (int g = 0; g < G; g++)
+            for (int64_t i = start; i < end; i++)
+                out[g * os + i - start] = spx_cpu_dot(q + g * qs, (const float *)row_at(c, c->k, layer, i) + off, hd) * scale;
+        return;
+    }
+    static _Thread_local float qr[KV_GMAX][2048], qsum[KV_GMAX][64]; /* head_dim <= 2048 checked at init */
+    for (int g0 = 0; g0 < G; g0 += KV_GMAX) {
+        const int gc = G - g0 < KV_GMAX ? G - g0 : KV_GMAX;
+        for (int g = 0; g < gc; g++) {
+            memcpy(qr[g], q + (g0 + g) * qs, (size_t)hd * sizeof(float));
+            if (c->kvd <= 8192) rotate(qr[g], hd, c->rot);
+            for (int64_t b = 0; b < hd / KV_GROUP; b++) {
+                float sm = 0;
+                for (int k = 0; k < KV_GROUP; k++) sm += qr[g][b * KV_GROUP + k];
+                qsum[g][b] = sm;
+            }
+        }
+        for (int64_t i = start; i < end; i++) {
+            const uint8_t *row = row_at(c, c->k, layer, i);
+            float d[KV_GMAX] = {0}, dots[KV_GMAX];
+            /* sum_k (code_k - z) s q_k = s (sum_k code_k q_k - z qsum) */
+            for (int64_t b = 0; b < hd / KV_GROUP; b++) {
+                const uint8_t *cd;
+                float sc;
+                int z;
+                q4_group(c, row, off / KV_GROUP + b, &cd, &sc, &z);
+                kt->dot_q4g(qr[0] + b * KV_GROUP, 2048, gc, cd, dots);
+                for (int g = 0; g < gc; g++) d[g] += sc * (dots[g] - (float)z * qsum[g][b]);
+            }
+            for (int g = 0; g < gc; g++) out[(g0 + g) * os + i - start] = d[g] * scale;
+        }
+    }
 }
 
 void spx_kv_weighted_v_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G,
                          const float *p, int64_t ps, int64_t start, int64_t end, float *out, int64_t os) {
     int64_t hd = c->head_dim, off = kvh * hd;
     if (!kt) kt = spx_qkernels_scalar();
+    for (int g = 0; g < G; g++) memset(out + g * os, 0, (size_t)hd * sizeof *out);
     if (c->type == SPX_KV_F16) {
-        for (int g = 0; g < G; g++) memset(out + g * os, 0, (size_t)hd * sizeof *out);
         if (end > start)
             kt->wv_f16(out, os, p, ps, G, (const uint16_t *)row_at(c, c->v, layer, start) + off,
                        (int64_t)(c->row_bytes / 2), end - start, hd);
         return;
     }
-    for (int g = 0; g < G; g++) spx_kv_weighted_v(c, kt, layer, kvh, p + g * ps, start, end, out + g * os);
+    if (c->type == SPX_KV_F32) {
+        for (int g = 0; g < G; g++)
+            for (int64_t i = start; i < end; i++) {
+                const float *v = (const float *)row_at(c, c->v, layer, i) + off, pr = p[g * ps + i - start];
+                for (int64_t j = 0; j < hd; j++) out[g * os + j] += pr * v[j];
+            }
+        return;
+    }
+    for (int g0 = 0; g0 < G; g0 += KV_GMAX) {
+        const int gc = G - g0 < KV_GMAX ? G - g0 : KV_GMAX;
+        for (int64_t i = start; i < end; i++) {
+            const uint8_t *row = row_at(c, c->v, layer, i);
+            for (int64_t b = 0; b < hd / KV_GROUP; b++) {
+                const uint8_t *cd;
+                float sc, a[KV_GMAX];
+                int z;
+                q4_group(c, row, off / KV_GROUP + b, &cd, &sc, &z);
+                for (int g = 0; g < gc; g++) a[g] = p[(g0 + g) * ps + i - start] * sc;
+                kt->axpy_q4g(out + g0 * os + b * KV_GROUP, os, a, gc, z, cd);
+            }
+        }
+    }
+    if (c->kvd <= 8192)
+        for (int g = 0; g < G; g++) rotate(out + g * os, hd, c->rot);
 }
 
 void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *q,
                    int64_t start, int64_t end, float scale, float *out) {
-    int64_t hd = c->head_dim, off = kvh * hd;
-    if (!kt) kt = spx_qkernels_scalar();
-    if (c->type == SPX_KV_F16) {
-        spx_kv_scores_g(c, kt, layer, kvh, 1, q, hd, start, end, scale, out, 0);
-        return;
-    }
-    float qsum[64]; /* per group sum of q (head_dim <= 2048 checked at init) */
-    float qr[2048];
-    if (c->type == SPX_KV_Q4) {
-        memcpy(qr, q, (size_t)hd * sizeof *qr);
-        if (c->kvd <= 8192) rotate(qr, hd, c->rot);
-        q = qr;
-        for (int64_t g = 0; g < hd / KV_GROUP; g++) {
-            float s = 0;
-            for (int k = 0; k < KV_GROUP; k++) s += q[g * KV_GROUP + k];
-            qsum[g] = s;
-        }
-    }
-    for (int64_t i = start; i < end; i++) {
-        const uint8_t *row = row_at(c, c->k, layer, i);
-        float d = 0;
-        if (c->type == SPX_KV_F32) {
-            d = spx_cpu_dot(q, (const float *)row + off, hd);
-        } else {
-            /* sum_k (code_k - z) s q_k = s (sum_k code_k q_k - z qsum) */
-            for (int64_t g = 0; g < hd / KV_GROUP; g++) {
-                const uint8_t *cd;
-                float s;
-                int z;
-                q4_group(c, row, off / KV_GROUP + g, &cd, &s, &z);
-                d += s * (kt->dot_q4g(q + g * KV_GROUP, cd) - (float)z * qsum[g]);
-            }
-        }
-        out[i - start] = d * scale;
-    }
+    spx_kv_scores_g(c, kt, layer, kvh, 1, q, c->head_dim, start, end, scale, out, 0);
 }
 
 void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *p,
                        int64_t start, int64_t end, float *out) {
-    int64_t hd = c->head_dim, off = kvh * hd;
-    if (!kt) kt = spx_qkernels_scalar();
-    if (c->type == SPX_KV_F16) {
-        spx_kv_weighted_v_g(c, kt, layer, kvh, 1, p, 0, start, end, out, 0);
-        return;
-    }
-    memset(out, 0, (size_t)hd * sizeof *out);
-    for (int64_t i = start; i < end; i++) {
-        const uint8_t *row = row_at(c, c->v, layer, i);
-        float pr = p[i - start];
-        if (c->type == SPX_KV_F32) {
-            const float *v = (const float *)row + off;
-            for (int64_t j = 0; j < hd; j++) out[j] += pr * v[j];
-        } else {
-            for (int64_t g = 0; g < hd / KV_GROUP; g++) {
-                const uint8_t *cd;
-                float s;
-                int z;
-                q4_group(c, row, off / KV_GROUP + g, &cd, &s, &z);
-                kt->axpy_q4g(out + g * KV_GROUP, pr * s, z, cd);
-            }
-        }
-    }
-    if (c->type == SPX_KV_Q4 && c->kvd <= 8192) rotate(out, hd, c->rot);
+    spx_kv_weighted_v_g(c, kt, layer, kvh, 1, p, 0, start, end, out, 0);
 }
 
 void spx_kv_dequant_row(const spx_kvcache *c, int64_t layer, int64_t pos, int value, float *out) {
