@@ -9,10 +9,12 @@
 # .trdc from `spectra synth --shape llama3-1b -o ...` (same shapes: 2048
 # hidden, 8192 FFN, 16 layers, 32/8 heads, 128256 vocab, tied embeddings).
 # The two programs alternate ROUNDS times (default 3), each measuring pp512
-# and tg128 with 3 repetitions; the table gives the medians over rounds and
+# (PROMPT=n: ppn) and tg128 with 3 repetitions (REPS); the table gives the medians over rounds and
 # the ratios Spectra / llama.cpp. Also runs the bandwidth probe so decode
 # can be stated as a fraction of what the machine moves.
 set -eu
+prompt=${PROMPT:-512}
+reps=${REPS:-3}
 rounds=${1:-3}
 threads=${2:-2}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,15 +27,15 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 for r in $(seq 1 "$rounds"); do
-    "$spx" bench -m "$SPECTRA_MODEL" -p 512 -n 128 -r 3 --threads "$threads" --json > "$tmp/spx.$r.json"
-    "$LLAMA_BENCH" -m "$LLAMA_MODEL" -t "$threads" -p 512 -n 128 -r 3 -o json > "$tmp/llama.$r.json" 2>/dev/null
+    "$spx" bench -m "$SPECTRA_MODEL" -p "$prompt" -n 128 -r "$reps" --threads "$threads" --json > "$tmp/spx.$r.json"
+    "$LLAMA_BENCH" -m "$LLAMA_MODEL" -t "$threads" -p "$prompt" -n 128 -r "$reps" -o json > "$tmp/llama.$r.json" 2>/dev/null
     echo "round $r/$rounds done" >&2
 done
 "$probe" --threads "$threads" --reps 10 --json > "$tmp/bw.json"
 
-/usr/bin/env python3 - "$tmp" "$rounds" <<'PY'
+/usr/bin/env python3 - "$tmp" "$rounds" "$prompt" <<'PY'
 import json, sys, statistics as st
-tmp, rounds = sys.argv[1], int(sys.argv[2])
+tmp, rounds, prompt = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 spp, stg, lpp, ltg = [], [], [], []
 for r in range(1, rounds + 1):
     s = json.load(open(f"{tmp}/spx.{r}.json"))
@@ -46,7 +48,7 @@ bw = json.load(open(f"{tmp}/bw.json"))["read_gbps_median"]
 m = st.median
 print(f"| test | Spectra tok/s (median of {rounds}) | llama.cpp tok/s | ratio |")
 print("|---|---|---|---|")
-print(f"| pp512 | {m(spp):.2f} ({min(spp):.2f}..{max(spp):.2f}) | {m(lpp):.2f} ({min(lpp):.2f}..{max(lpp):.2f}) | {m(spp)/m(lpp):.2f}x |")
+print(f"| pp{prompt} | {m(spp):.2f} ({min(spp):.2f}..{max(spp):.2f}) | {m(lpp):.2f} ({min(lpp):.2f}..{max(lpp):.2f}) | {m(spp)/m(lpp):.2f}x |")
 print(f"| tg128 | {m(stg):.2f} ({min(stg):.2f}..{max(stg):.2f}) | {m(ltg):.2f} ({min(ltg):.2f}..{max(ltg):.2f}) | {m(stg)/m(ltg):.2f}x |")
 gbs = bpt * m(stg) / 1e9
 print(f"\nSpectra decode reads {bpt/1e6:.1f} MB of weights per token: {gbs:.2f} GB/s = {100*gbs/bw:.0f}% of the probe's {bw:.2f} GB/s read bandwidth")
