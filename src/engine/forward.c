@@ -38,7 +38,8 @@ static void attn_task(void *arg, int tid, int nth) {
      * of it with two threads) */
     for (int64_t w = tid; w < j->n * nkv * parts; w += nth) {
         int64_t t = w / (nkv * parts), kvh = (w / parts) % nkv, h0 = kvh * group + (w % parts) * gs;
-        int G = (int)(kvh * group + group - h0 < gs ? kvh * group + group - h0 : gs);
+        int64_t left = (kvh + 1) * group - h0; /* the group's heads from h0 on */
+        int G = (int)(left < gs ? left : gs);
         int64_t p = j->pos0 + t; /* absolute position of this query */
         int64_t start = 0;
         if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;

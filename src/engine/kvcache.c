@@ -144,7 +144,7 @@ void spx_kv_scores_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer
                 out[g * os + i - start] = spx_cpu_dot(q + g * qs, (const float *)row_at(c, c->k, layer, i) + off, hd) * scale;
         return;
     }
-    static _Thread_local float qr[KV_GMAX][2048], qsum[KV_GMAX][64]; /* head_dim <= 2048 checked at init */
+    float qr[KV_GMAX][2048], qsum[KV_GMAX][64]; /* head_dim <= 2048 checked at init; 33 KB of stack */
     for (int g0 = 0; g0 < G; g0 += KV_GMAX) {
         const int gc = G - g0 < KV_GMAX ? G - g0 : KV_GMAX;
         for (int g = 0; g < gc; g++) {
