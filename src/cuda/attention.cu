@@ -29,6 +29,18 @@ __device__ __forceinline__ void attn_keys(const spx_attn_args &a, int t, int spl
     *k_end = min(end, *k_begin + per * 32);
 }
 
+/* The online softmax's empty state: no maximum yet, nothing summed. */
+template <int ND>
+__device__ __forceinline__ void attn_state_init(float (&m)[AT_HB], float (&l)[AT_HB], float (&acc)[AT_HB][ND]) {
+#pragma unroll
+    for (int hh = 0; hh < AT_HB; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
+    }
+}
+
 /* One 32-key tile of the online softmax: lane i's scores s (valid: its key
  * exists) update the warp's running max m and sum l, rescale acc, and leave
  * lane i's probabilities in ps. */
@@ -152,13 +164,7 @@ __device__ __forceinline__ void attn_start(const spx_attn_args &a, const attn_bl
         qs[i] = hh < b.nhb ? a.q[(int64_t)b.t * qd + (int64_t)(b.h0 + hh) * hd + d] : 0.0f;
     }
     __syncthreads();
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++) {
-        m[hh] = -INFINITY;
-        l[hh] = 0.0f;
-#pragma unroll
-        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
-    }
+    attn_state_init<ND>(m, l, acc);
 }
 
 template <int ND>
@@ -555,13 +561,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     __syncthreads();
 
     float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++) {
-        m[hh] = -INFINITY;
-        l[hh] = 0.0f;
-#pragma unroll
-        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
-    }
+    attn_state_init<ND>(m, l, acc);
     float4 *pr = reinterpret_cast<float4 *>(ad_sm + L::PR) + warp * 32;
     const float scale = 1.0f / sqrtf((float)HD);
     for (int64_t k0 = kb + warp * 32; k0 < ke; k0 += AD_WARPS * 32) {
@@ -743,13 +743,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     __syncthreads();
 
     float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++) {
-        m[hh] = -INFINITY;
-        l[hh] = 0.0f;
-#pragma unroll
-        for (int dd = 0; dd < ND; dd++) acc[hh][dd] = 0.0f;
-    }
+    attn_state_init<ND>(m, l, acc);
     float4 *pr = reinterpret_cast<float4 *>(ad_sm + L::PR) + warp * 32;
     const float scale = 1.0f / sqrtf((float)HD);
     /* this lane's value dimensions ND l ..: group gl, bytes from vb, high nibbles or low */
