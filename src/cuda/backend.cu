@@ -78,6 +78,7 @@ struct cu_layer {
 struct cu_model {
     int dev, n_sm;
     bool pdl;                 /* decode kernels use programmatic dependent launch */
+    bool chain;               /* decode: O, gate/up, down and the next q/k/v as one gemv_q4_chain launch */
     uint8_t *arena;
     size_t arena_bytes;
     cu_layer *layers;
@@ -331,6 +332,8 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     SPX_CUDA_TRY(e, cudaDeviceGetAttribute(&cm->n_sm, cudaDevAttrMultiProcessorCount, cm->dev));
     const char *pdl = getenv("SPECTRA_CUDA_PDL"); /* benchmarking knob: 0 turns PDL off */
     cm->pdl = !(pdl && !strcmp(pdl, "0"));
+    const char *chain = getenv("SPECTRA_CUDA_CHAIN"); /* benchmarking knob: 0 launches the GEMVs one by one */
+    cm->chain = !(chain && !strcmp(chain, "0"));
 
     if (c->head_dim > SPX_ATTN_MAX_HD || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
@@ -477,6 +480,7 @@ struct cu_sess {
     int32_t *d_ids, *d_pos;
     unsigned long long *d_best;
     int *attn_cnt;                   /* [n_heads] the decode attention's split counters (spx_attn_args.cnt) */
+    int *chain_bar;                  /* [n_layers] gemv_q4_chain's barrier counters, zero between launches */
     spx_sample_dev *d_samp, *pin_samp; /* sampling parameters and RNG state (device, pinned) */
     cudaGraphExec_t graph_s;           /* the decode step ending with the device sampler */
     int have_graph_s;
@@ -624,6 +628,8 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_cnt, (size_t)c->n_heads * 4));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->attn_cnt, 0, (size_t)c->n_heads * 4, cs->st));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->chain_bar, (size_t)c->n_layers * 4));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->chain_bar, 0, (size_t)c->n_layers * 4, cs->st));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
@@ -671,6 +677,44 @@ static spx_gemv_args gemv_one(const spx_dqmat &w, const float *x, float *y, cons
     g.mode = mode;
     g.x = x;
     return g;
+}
+
+/* The decode step's GEMV launches of layer L: merged q/k/v on rmsnorm(h),
+ * gate/up on rmsnorm(h) (tiled: silu(gate) and up stored; rows: the fused
+ * SwiGLU), down added into h. */
+static spx_gemv_args gemv_qkv(const cu_layer *L, cu_sess *cs, float eps) {
+    spx_gemv_args g = gemv_one(L->wq, cs->h, cs->q, L->bq, SPX_GEMV_STORE);
+    g.w[1] = L->wk;
+    g.o[1].y = cs->k;
+    g.o[1].bias = L->bk;
+    g.w[2] = L->wv;
+    g.o[2].y = cs->v;
+    g.o[2].bias = L->bv;
+    g.n_mats = 3;
+    g.gain = L->attn_norm;
+    g.eps = eps;
+    return g;
+}
+static spx_gemv_args gemv_gate_up(const cu_layer *L, cu_sess *cs, float eps) {
+    const bool tl = L->wg.tiled;
+    spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, tl ? SPX_GEMV_STORE : SPX_GEMV_SWIGLU);
+    g.w[1] = L->wu;
+    g.o[0].silu = tl;
+    g.o[1].y = tl ? cs->up : NULL;
+    g.o[1].bias = L->bu;
+    g.n_mats = 2;
+    g.gain = L->mlp_norm;
+    g.eps = eps;
+    return g;
+}
+static spx_gemv_args gemv_down(const cu_layer *L, cu_sess *cs) {
+    spx_gemv_args g = gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD);
+    g.x2 = L->wg.tiled ? cs->up : NULL;
+    return g;
+}
+/* Whether layer L's GEMVs from O on can go into one gemv_q4_chain launch. */
+static bool chain_layer(const cu_layer *L) {
+    return L->wq.tiled && L->wk.tiled && L->wv.tiled && L->wo.tiled && L->wg.tiled && L->wu.tiled && L->wd.tiled;
 }
 
 static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __half *x, int64_t ldx, float *y,
@@ -803,6 +847,10 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     const bool pdl = cm->pdl && n == 1; /* the decode chain only */
     /* the decode kernel does rope_store's work for the fp16 cache (q4: rope_store quantizes row p) */
     const bool fuse_rope = n == 1 && s->kv.type != SPX_KV_Q4 && spx_attention_decode_fast((int)hd);
+    /* one token, every layer resident and tiled: O, gate/up, down and the
+     * next layer's q/k/v as one persistent launch (gemv_q4_chain) */
+    bool chain = pdl && cm->chain && cm->n_resident == c->n_layers;
+    for (int64_t l = 0; chain && l < c->n_layers; l++) chain = chain_layer(&cm->layers[l]);
 
     SPX_TRY(pp_begin(m, cm, cs, e));
     SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));
@@ -819,17 +867,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         __half *vc = cs->vc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
         /* attention block */
         if (n == 1) {
-            spx_gemv_args g = gemv_one(L->wq, cs->h, cs->q, L->bq, SPX_GEMV_STORE);
-            g.w[1] = L->wk;
-            g.o[1].y = cs->k;
-            g.o[1].bias = L->bk;
-            g.w[2] = L->wv;
-            g.o[2].y = cs->v;
-            g.o[2].bias = L->bv;
-            g.n_mats = 3;
-            g.gain = L->attn_norm;
-            g.eps = eps;
-            SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl0));
+            if (!chain || l == 0) SPX_CUDA_TRY(e, spx_gemv_q4(gemv_qkv(L, cs, eps), nsm, st, pdl0));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->attn_norm, eps, n, H, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
@@ -879,6 +917,16 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             aa.eps = eps;
         }
         SPX_CUDA_TRY(e, spx_attention(aa, st, pdl));
+        if (chain) {
+            spx_gemv_args ph[SPX_GEMV_CHAIN_MAX];
+            int np = 0;
+            ph[np++] = gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD);
+            ph[np++] = gemv_gate_up(L, cs, eps);
+            ph[np++] = gemv_down(L, cs);
+            if (l + 1 < c->n_layers) ph[np++] = gemv_qkv(&cm->layers[l + 1], cs, eps);
+            SPX_CUDA_TRY(e, spx_gemv_q4_chain(ph, np, cs->chain_bar + l, nsm, st, pdl));
+            continue;
+        }
         if (n == 1) {
             SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD), nsm, st, pdl));
         } else {
@@ -889,19 +937,8 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         if (n == 1) {
             /* row-major: one fused SwiGLU launch; tiled: silu(gate) and up
              * stored by one launch, their product formed by the down GEMV's input */
-            const bool tl = L->wg.tiled;
-            spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, tl ? SPX_GEMV_STORE : SPX_GEMV_SWIGLU);
-            g.w[1] = L->wu;
-            g.o[0].silu = tl;
-            g.o[1].y = tl ? cs->up : NULL;
-            g.o[1].bias = L->bu;
-            g.n_mats = 2;
-            g.gain = L->mlp_norm;
-            g.eps = eps;
-            SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
-            spx_gemv_args gd = gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD);
-            gd.x2 = tl ? cs->up : NULL;
-            SPX_CUDA_TRY(e, spx_gemv_q4(gd, nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_gate_up(L, cs, eps), nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_down(L, cs), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));

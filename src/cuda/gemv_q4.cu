@@ -476,6 +476,18 @@ __device__ __forceinline__ float gm_silu(float g) { return g / (1.0f + expf(-g))
  * factor (1 without gain). Threads take (group g, word w) slots: columns
  * 32g + 4w..+3 (low k-slots) and 32g + 16 + 4w..+3 (high). Ends with a
  * barrier. */
+/* x (and x2) as another block of the same grid may have written it: CG
+ * (the chain kernel, inside one launch) reads through L2, never the
+ * read-only path. */
+template <bool CG>
+__device__ __forceinline__ float4 gm_ldx(const float4 *p) {
+    return CG ? __ldcg(p) : __ldg(p);
+}
+template <bool CG>
+__device__ __forceinline__ float gm_ldx1(const float *p) {
+    return CG ? __ldcg(p) : __ldg(p);
+}
+template <bool CG = false>
 __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int2 *meta, float *xo, double *redd) {
     const spx_gemv_args &a = k.a;
     const int ng = k.cols >> 5, nslots = k.n_items * 16, tid = threadIdx.x;
@@ -486,11 +498,11 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         const int i = base + tid, g = i >> 2, w = i & 3;
         float4 lo = make_float4(0, 0, 0, 0), hi = lo;
         if (i < nslots && g < ng) {
-            lo = __ldg(x4 + g * 8 + w);
-            hi = __ldg(x4 + g * 8 + 4 + w);
+            lo = gm_ldx<CG>(x4 + g * 8 + w);
+            hi = gm_ldx<CG>(x4 + g * 8 + 4 + w);
             if (a.x2) { /* silu(gate) * up, as spx_cpu_silu_mul (silu applied by the gate's GEMV) */
                 const float4 *u4 = reinterpret_cast<const float4 *>(a.x2);
-                const float4 ul = __ldg(u4 + g * 8 + w), uh = __ldg(u4 + g * 8 + 4 + w);
+                const float4 ul = gm_ldx<CG>(u4 + g * 8 + w), uh = gm_ldx<CG>(u4 + g * 8 + 4 + w);
                 lo = make_float4(lo.x * ul.x, lo.y * ul.y, lo.z * ul.z, lo.w * ul.w);
                 hi = make_float4(hi.x * uh.x, hi.y * uh.y, hi.z * uh.z, hi.w * uh.w);
             }
@@ -529,8 +541,8 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         const spx_dqmat &wm = a.w[m];
         for (int j = tid; j < wm.n_out; j += blockDim.x) {
             const int c = __ldg(wm.oidx + j);
-            float v = __ldg(a.x + c);
-            if (a.x2) v *= __ldg(a.x2 + c);
+            float v = gm_ldx1<CG>(a.x + c);
+            if (a.x2) v *= gm_ldx1<CG>(a.x2 + c);
             if (a.gain) v *= __ldg(a.gain + c);
             xo[k.out_off[m] + j] = v;
         }
@@ -831,11 +843,14 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
  * SwiGLU is not fused here: gate and up are one two-matrix launch, and
  * the down projection's input is silu(gate) * up (spx_gemv_args.x2), so
  * the tiles stay 16 rows of one matrix and the grid's share stays fine. */
-template <int P, int MINB>
-__global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
+/* One launch's work for block bid of G (gemv_q4_tiled, or one phase of
+ * gemv_q4_chain): the first P items of this block's tiles are issued, then
+ * wait() (the PDL wait, or the chain's grid barrier), then the image is
+ * built and the tiles computed. A block with no tile returns after wait(). */
+template <int P, bool CG, typename Wait>
+__device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int64_t bid, float (&red)[2][GM_WARPS][16],
+                                             double *redd, Wait wait) {
     extern __shared__ float4 gemv_sm[];
-    __shared__ float red[2][GM_WARPS][16];
-    __shared__ double redd[32];
     const spx_gemv_args &a = k.a;
     const int n_items = k.n_items, niw = k.niw;
     uint8_t *img = reinterpret_cast<uint8_t *>(gemv_sm);
@@ -843,8 +858,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
     uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
     float *xo = reinterpret_cast<float *>(zero + 2);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
-    const int64_t G = gridDim.x;
-    const int ntl = (int)((k.n_tiles - 1 - blockIdx.x) / G) + 1;
+    const int ntl = bid < k.n_tiles ? (int)((k.n_tiles - 1 - bid) / G) + 1 : 0;
     const int total = ntl * niw;
     const int iw0 = warp * niw;
     const int sl = 32 * niw;
@@ -853,7 +867,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
     /* Issue side: the tile's code / scale / zero bases for this lane, its
      * first row, and the matrix's outliers. */
     int is_n = 0, is_j = 0;
-    int64_t is_tile = blockIdx.x;
+    int64_t is_tile = bid;
     const uint8_t *ic = nullptr, *iz = nullptr;
     const uint32_t *isc = nullptr;
     const unsigned short *iov = nullptr;
@@ -896,20 +910,20 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
         }
     };
     gm_item buf[P];
-    spx_pdl_trigger();
-    is_set();
+    if (ntl > 0) is_set();
 #pragma unroll
     for (int s = 0; s < P; s++) issue(buf[s]);
-    spx_pdl_wait();
+    wait();
+    if (ntl == 0) return; /* block-uniform */
     if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-    const float inv = gm_build(k, img, meta, xo, redd);
+    const float inv = gm_build<CG>(k, img, meta, xo, redd);
     const bool bval = t == (r >> 1);
     const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
     const int bstride = bval ? 4 * GM_IMG_GROUP : 0;
 
     /* Consume side: the same walk, P items behind. */
     int ck = 0, cj = 0;
-    int64_t ctile = blockIdx.x;
+    int64_t ctile = bid;
     int cm = 0, cno = 0;
     int64_t cr0 = 0;
     const float *cxo = xo;
@@ -969,6 +983,85 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __gri
         }
     }
     gm_argmax_flush(a, best);
+}
+
+template <int P, int MINB>
+__global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
+    __shared__ float red[2][GM_WARPS][16];
+    __shared__ double redd[32];
+    spx_pdl_trigger();
+    gm_tiled_run<P, false>(k, gridDim.x, blockIdx.x, red, redd, [] { spx_pdl_wait(); });
+}
+
+/* ---- several tiled launches in one persistent grid: gemv_q4_chain ------------
+ * The decode step's GEMVs between two attentions (O, gate/up, down, the next
+ * layer's q/k/v) each wait for the one before, and as separate launches each
+ * boundary costs ~1 us plus a staggered start: the next grid's blocks become
+ * resident only as the last one's leave, then issue their first loads
+ * (bench/gpu/NOTES.md 19). Here every block of a grid sized to be resident
+ * at once runs the phases in order; between phases a grid barrier (one
+ * counter, bar, that every block increments once per phase: phase p starts
+ * when it reaches p * gridDim) and each block issues its first items of
+ * phase p before it waits, so the weights stream while the barrier settles.
+ * The inputs written in the same launch are read through L2 (gm_build<true>).
+ * The last block to arrive after the last phase puts the counter back to 0
+ * for the next launch. Needs the whole grid resident (the host sizes it by
+ * occupancy); a phase's x must not be a y of the same phase. */
+struct gemv_chain_kargs {
+    gemv_kargs ph[SPX_GEMV_CHAIN_MAX];
+    int n_ph;
+    int *bar;
+    int bar_mode; /* SPECTRA_GEMV_CHAIN_BAR (measurements): 0 acq_rel atomics and acquire polls, 1 release
+                   * reductions and relaxed polls then a fence, 2 as 1 with a 100 ns back-off, 3 no waiting at
+                   * all (wrong results: the barrier's cost, for benchmarks only) */
+};
+
+__device__ __forceinline__ int ld_acquire_gpu(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ int ld_relaxed_gpu(const int *p) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <int P>
+__global__ void __launch_bounds__(GM_WARPS * 32, 2) gemv_q4_chain(const __grid_constant__ gemv_chain_kargs c) {
+    __shared__ float red[2][GM_WARPS][16];
+    __shared__ double redd[32];
+    const int G = (int)gridDim.x;
+    spx_pdl_trigger();
+    for (int p = 0; p < c.n_ph; p++) {
+        gm_tiled_run<P, true>(c.ph[p], G, blockIdx.x, red, redd, [&] {
+            if (p == 0) {
+                spx_pdl_wait();
+                return;
+            }
+            if (threadIdx.x == 0 && c.bar_mode != 3) {
+                if (c.bar_mode == 0) {
+                    while (ld_acquire_gpu(c.bar) < p * G) {
+                    }
+                } else {
+                    while (ld_relaxed_gpu(c.bar) < p * G)
+                        if (c.bar_mode == 2) __nanosleep(100);
+                    __threadfence();
+                }
+            }
+            __syncthreads();
+        });
+        __syncthreads(); /* this block's outputs of phase p are written */
+        if (threadIdx.x == 0) {
+            if (c.bar_mode == 0 || p == c.n_ph - 1) {
+                int old;
+                asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(c.bar) : "memory");
+                if (old == c.n_ph * G - 1) atomicExch(c.bar, 0); /* the last arrival of the launch: nobody waits any more */
+            } else {
+                asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(c.bar) : "memory");
+            }
+        }
+    }
 }
 
 /* ---- the tiled layout through the bulk-copy engine: gemv_q4_tiled_tma ----------
@@ -1184,6 +1277,8 @@ static int g_tl_env = -1;     /* SPECTRA_GEMV_TILED_VARIANT, what force(-1) retu
 void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 3 ? v : g_tl_env; }
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
 static int g_default = 0;
+static int g_chain_bar = 0, g_chain_bar_env = 0; /* SPECTRA_GEMV_CHAIN_BAR (gemv_chain_kargs.bar_mode) */
+void spx_gemv_q4_chain_bar_mode(int m) { g_chain_bar = m >= 0 && m <= 3 ? m : g_chain_bar_env; }
 
 int spx_gemv_q4_impls(void) { return 2 + N_MMA; }
 
@@ -1207,10 +1302,14 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
         cudaError_t err = cudaFuncSetAttribute(g_mma_tl[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
         if (err != cudaSuccess) return err;
     }
+    cudaError_t cerr = cudaFuncSetAttribute(gemv_q4_chain<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
+    if (cerr != cudaSuccess) return cerr;
     cudaError_t terr = cudaFuncSetAttribute(gemv_q4_tiled_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TT_SMEM_MAX);
     if (terr != cudaSuccess) return terr;
     const char *ts = getenv("SPECTRA_GEMV_TMA_STAGES");
     if (ts && atoi(ts) >= 2 && atoi(ts) <= TT_MAX_STAGES) g_tma_stages = atoi(ts);
+    const char *cb = getenv("SPECTRA_GEMV_CHAIN_BAR");
+    if (cb && *cb >= '0' && *cb <= '3' && !cb[1]) g_chain_bar = g_chain_bar_env = *cb - '0';
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
     if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
     const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
@@ -1286,11 +1385,12 @@ static cudaError_t launch_tma(gemv_kargs &k, int n_sm, cudaStream_t st, bool pdl
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
+/* Checks a launch and fills k (everything but n_tiles for the row-major
+ * kernels); *smem: the tensor-core kernels' shared memory. */
+static cudaError_t prep_kargs(const spx_gemv_args &a, gemv_kargs &k, size_t *smem, bool *tl_out, bool *silu_out) {
     if (a.n_mats < 1 || a.n_mats > SPX_GEMV_MAX_MATS || (a.mode == SPX_GEMV_SWIGLU && a.n_mats != 2))
         return cudaErrorInvalidValue;
     if (a.impl < 0 || a.impl >= 2 + N_MMA) return cudaErrorInvalidValue;
-    gemv_kargs k;
     memset(&k, 0, sizeof k);
     k.a = a;
     k.cols = (int)a.w[0].cols;
@@ -1326,9 +1426,20 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
     k.n_items = (ng + 3) / 4;
     k.niw = (k.n_items + GM_WARPS - 1) / GM_WARPS;
     k.niw += k.niw & 1; /* the kernel takes items in pairs */
-    const size_t smem = tc_smem(k.cols, k.n_out_tot);
-    cudaError_t err;
-    if ((tl || a.x2 || silu) && smem > GM_SMEM_MAX) return cudaErrorInvalidValue; /* see spx_gemv_q4_fits */
+    *smem = tc_smem(k.cols, k.n_out_tot);
+    if ((tl || a.x2 || silu) && *smem > GM_SMEM_MAX) return cudaErrorInvalidValue; /* see spx_gemv_q4_fits */
+    if (tl) k.n_tiles = k.tstart[a.n_mats];
+    *tl_out = tl;
+    *silu_out = silu;
+    return cudaSuccess;
+}
+
+cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
+    gemv_kargs k;
+    size_t smem = 0;
+    bool tl = false, silu = false;
+    cudaError_t err = prep_kargs(a, k, &smem, &tl, &silu);
+    if (err != cudaSuccess) return err;
     if (a.impl == 1 || smem > GM_SMEM_MAX) {
         err = launch_pipe(k, n_sm, st, pdl);
     } else {
@@ -1357,6 +1468,33 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         if (blocks < 1) blocks = 1;
         err = spx_launch(fn, dim3((unsigned)blocks), dim3(GM_WARPS * 32), smem, st, pdl, k);
     }
+    return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+cudaError_t spx_gemv_q4_chain(const spx_gemv_args *ph, int n_ph, int *bar, int n_sm, cudaStream_t st, bool pdl) {
+    if (n_ph < 1 || n_ph > SPX_GEMV_CHAIN_MAX || !bar) return cudaErrorInvalidValue;
+    gemv_chain_kargs c;
+    memset(&c, 0, sizeof c);
+    size_t smem = 0;
+    for (int p = 0; p < n_ph; p++) {
+        size_t sm = 0;
+        bool tl = false, silu = false;
+        cudaError_t err = prep_kargs(ph[p], c.ph[p], &sm, &tl, &silu);
+        if (err != cudaSuccess) return err;
+        if (!tl || ph[p].impl != 0 || ph[p].mode == SPX_GEMV_ARGMAX) return cudaErrorInvalidValue;
+        if (sm > smem) smem = sm;
+    }
+    c.n_ph = n_ph;
+    c.bar = bar;
+    c.bar_mode = g_chain_bar;
+    /* every block must be resident at once (the grid barriers spin) */
+    int occ = 0;
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_q4_chain<4>, GM_WARPS * 32, smem);
+    if (err != cudaSuccess) return err;
+    if (occ < 1) return cudaErrorInvalidConfiguration;
+    if (occ > 2) occ = 2;
+    const int blocks = (n_sm > 0 ? n_sm : 1) * occ;
+    err = spx_launch(gemv_q4_chain<4>, dim3((unsigned)blocks), dim3(GM_WARPS * 32), smem, st, pdl, c);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
