@@ -200,83 +200,6 @@ template <typename F> static double time_launches(cudaStream_t st, cudaEvent_t e
     return median(t);
 }
 
-/* The decode step's GEMVs from O to the next layer's q/k/v on Llama-3.1-8B
- * shapes (O 4096x4096 added into h; gate/up 2 x 14336x4096 on rmsnorm(h);
- * down 4096x14336 on silu(gate) * up added into h; q/k/v 6144x4096 on
- * rmsnorm(h)), tiled: four launches with PDL (as the decode graph ran them
- * before gemv_q4_chain) against one gemv_q4_chain launch, for each of its
- * barrier modes (3: no barrier, wrong results, the barrier's cost). */
-static void chain_case(int n_sm, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs, bool json) {
-    struct mats {
-        spx_dqmat o, g, u, d, q, k, v;
-    };
-    std::vector<mats> sets;
-    size_t per = 0;
-    while (sets.size() < 2 || per * sets.size() < ((size_t)400 << 20)) {
-        const uint64_t sd = 50000 + 10 * sets.size();
-        size_t b[7];
-        mats m;
-        m.o = tile_mat(make_mat(4096, 4096, 40, sd, &b[0]));
-        m.g = tile_mat(make_mat(14336, 4096, 40, sd + 1, &b[1]));
-        m.u = tile_mat(make_mat(14336, 4096, 40, sd + 2, &b[2]));
-        m.d = tile_mat(make_mat(4096, 14336, 143, sd + 3, &b[3]));
-        m.q = tile_mat(make_mat(4096, 4096, 40, sd + 4, &b[4]));
-        m.k = tile_mat(make_mat(1024, 4096, 40, sd + 5, &b[5]));
-        m.v = tile_mat(make_mat(1024, 4096, 40, sd + 6, &b[6]));
-        per = b[0] + b[1] + b[2] + b[3] + b[4] + b[5] + b[6];
-        sets.push_back(m);
-    }
-    float *buf;
-    const size_t nb = 4096 * 4 + 14336 * 2 + 2048;
-    CK(cudaMalloc(&buf, nb * 4));
-    fill_scales<<<64, 256>>>((__half *)buf, nb * 2, 5); /* finite values */
-    float *att = buf, *h = att + 4096, *gn = h + 4096, *gate = gn + 4096, *up = gate + 14336, *q = up + 14336,
-          *kv = q + 4096;
-    int *bar;
-    CK(cudaMalloc(&bar, sets.size() * 4));
-    CK(cudaMemset(bar, 0, sets.size() * 4));
-    CK(cudaDeviceSynchronize());
-    auto phases = [&](const mats &m, spx_gemv_args *ph) {
-        memset(ph, 0, 4 * sizeof *ph);
-        ph[0].w[0] = m.o, ph[0].o[0].y = h, ph[0].n_mats = 1, ph[0].mode = SPX_GEMV_ADD, ph[0].x = att;
-        ph[1].w[0] = m.g, ph[1].w[1] = m.u, ph[1].o[0].y = gate, ph[1].o[0].silu = 1, ph[1].o[1].y = up;
-        ph[1].n_mats = 2, ph[1].mode = SPX_GEMV_STORE, ph[1].x = h, ph[1].gain = gn, ph[1].eps = 1e-5f;
-        ph[2].w[0] = m.d, ph[2].o[0].y = h, ph[2].n_mats = 1, ph[2].mode = SPX_GEMV_ADD, ph[2].x = gate, ph[2].x2 = up;
-        ph[3].w[0] = m.q, ph[3].w[1] = m.k, ph[3].w[2] = m.v, ph[3].o[0].y = q, ph[3].o[1].y = kv;
-        ph[3].o[2].y = kv + 1024, ph[3].n_mats = 3, ph[3].mode = SPX_GEMV_STORE, ph[3].x = h, ph[3].gain = gn;
-        ph[3].eps = 1e-5f;
-    };
-    for (int run = -1; run < 4; run++) {
-        double tm;
-        if (run < 0) {
-            tm = time_launches(st, e0, e1, [&](int i) {
-                spx_gemv_args ph[4];
-                phases(sets[i % sets.size()], ph);
-                for (int p = 0; p < 4; p++) CK(spx_gemv_q4(ph[p], n_sm, st, true));
-            });
-        } else {
-            spx_gemv_q4_chain_bar_mode(run);
-            tm = time_launches(st, e0, e1, [&](int i) {
-                spx_gemv_args ph[4];
-                phases(sets[i % sets.size()], ph);
-                CK(spx_gemv_q4_chain(ph, 4, bar + i % sets.size(), n_sm, st, true));
-            });
-        }
-        const double gbs = (double)per / tm / 1e9;
-        char nm[128];
-        if (run < 0) snprintf(nm, sizeof nm, "layer O..qkv, 4 launches, PDL");
-        else snprintf(nm, sizeof nm, "layer O..qkv, chain, barrier %d%s", run, run == 3 ? " (none)" : "");
-        if (json)
-            printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": 0, \"bytes\": %zu, \"us\": %.2f, \"gbps\": %.1f, "
-                   "\"of_copy\": %.3f}\n",
-                   nm, per, tm * 1e6, gbs, gbs / copy_gbs);
-        else
-            printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%\n", nm, 0, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs);
-    }
-    spx_gemv_q4_chain_bar_mode(-1);
-    CK(cudaDeviceSynchronize());
-}
-
 int main(int argc, char **argv) {
     int json = argc > 1 && !strcmp(argv[1], "--json");  /* [--json] [--ncu] */
     cudaDeviceProp prop;
@@ -385,8 +308,13 @@ int main(int argc, char **argv) {
         };
         const int mode = c.mode == -1 ? SPX_GEMV_STORE : c.mode;
         for (int impl = 0; impl < (ncu ? 1 : n_impls); impl++) {
-        if (ncu) { /* one plain launch per case for the profiler */
+        if (ncu) { /* one plain launch per case for the profiler, and one of the tiled layout (the default kernel) */
             CK(spx_gemv_q4(args(sets[0], y, mode, false), n_sm, st));
+            if (c.cols % 128 == 0) {
+                std::vector<spx_dqmat> t;
+                for (auto &m : sets[0]) t.push_back(tile_mat(m));
+                CK(spx_gemv_q4(args(t, y, mode == SPX_GEMV_SWIGLU ? SPX_GEMV_STORE : mode, false), n_sm, st));
+            }
             CK(cudaStreamSynchronize(st));
             continue;
         }
@@ -419,9 +347,12 @@ int main(int argc, char **argv) {
             const int tmode = c.mode == SPX_GEMV_SWIGLU || c.mode == -1 ? SPX_GEMV_STORE : c.mode;
             const bool x2 = c.cols == 14336; /* the down projection: also with x2 */
             /* (variant, PDL, x2 input): 0 and 1 register-fed, 2 the bulk-copy kernel */
-            static const int runs[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {0, 1, 0}, {1, 1, 0}, {2, 1, 0},
-                                          {0, 0, 1}, {1, 0, 1}, {2, 0, 1}, {2, 1, 1}};
-            for (int run = 0; run < (x2 ? 10 : 6); run++) {
+            /* (3: two groups of 8 warps per block sharing one image) */
+            /* (4, 5: a tile's columns over 4 or 2 warps) */
+            static const int runs[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 0, 0}, {4, 0, 0}, {5, 0, 0},
+                                          {0, 1, 0}, {1, 1, 0}, {2, 1, 0}, {3, 1, 0}, {4, 1, 0}, {5, 1, 0},
+                                          {0, 1, 1}, {2, 1, 1}, {3, 1, 1}, {4, 1, 1}, {5, 1, 1}};
+            for (int run = 0; run < (x2 ? 17 : 12); run++) {
                 const int v = runs[run][0];
                 const bool pdl = runs[run][1], wx2 = runs[run][2];
                 spx_gemv_q4_force_tiled_variant(v);
@@ -447,6 +378,9 @@ int main(int argc, char **argv) {
                 char nm[160];
                 if (v < 2) snprintf(nm, sizeof nm, "%s, tiled %d blocks/SM%s%s", c.name, 2 + v, pdl ? ", PDL" : "",
                                     wx2 ? ", x2 input" : "");
+                else if (v >= 3) snprintf(nm, sizeof nm, "%s, tiled %s%s%s", c.name,
+                                          v == 3 ? "2 groups/block" : v == 4 ? "tile over 4 warps" : "tile over 2 warps",
+                                          pdl ? ", PDL" : "", wx2 ? ", x2 input" : "");
                 else snprintf(nm, sizeof nm, "%s, tiled bulk-copy%s%s", c.name, pdl ? ", PDL" : "", wx2 ? ", x2 input" : "");
                 char dj[64] = "null, \"max_abs\": null"; /* JSON has no NaN: null where the modes differ */
                 if (!isnan(md)) snprintf(dj, sizeof dj, "%.3g, \"max_abs\": %.3g", md, mx);
@@ -469,6 +403,5 @@ int main(int argc, char **argv) {
         for (auto &s : sets)
             for (auto &m : s) free_mat(m);
     }
-    if (!ncu) chain_case(n_sm, st, e0, e1, copy_gbs, json);
     return 0;
 }

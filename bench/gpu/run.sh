@@ -105,6 +105,20 @@ PY
     exit 0
 fi
 
+if [ "$MODE" = ncu-gemv ]; then # the GEMV kernels alone under ncu (scheduler, warp states, memory), and their SASS
+    NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    [ -n "$NCU" ] || { echo "ncu: not found" | tee /dev/fd/3; exit 1; }
+    timeout 500 "$NCU" --clock-control none -k "regex:${KERNEL:-gemv_q4_tiled}" --section SpeedOfLight --section SchedulerStats \
+        --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        --section Occupancy $B/bench_gemv --json --ncu > "$OUT/ncu_gemv.txt" 2>&1
+    echo "ncu exit $?" | tee /dev/fd/3
+    grep -E '^  [a-z_]+.*\(|Duration|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions  |DRAM Throughput|Achieved Occupancy|Registers Per|Memory Throughput|L2 Hit|L1/TEX Hit|Active Warps Per' "$OUT/ncu_gemv.txt" | head -n 150 >&3
+    CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -n 1)
+    [ -n "$CUOBJ" ] && "$CUOBJ" -sass -fun "${SASS_FUN:-_Z13gemv_q4_tiledILi4ELi2EEv10gemv_kargs}" $B/bench_gemv > "$OUT/sass.txt" 2>&1
+    echo "cuobjdump: ${CUOBJ:-none}" | tee /dev/fd/3
+    exit 0
+fi
+
 if [ "${CHECKS:-1}" != 0 ]; then
     echo "== checks"
     timeout 400 $B/test_cuda $D/models/*.trdc > "$OUT/test.log" 2>&1

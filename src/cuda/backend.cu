@@ -78,7 +78,7 @@ struct cu_layer {
 struct cu_model {
     int dev, n_sm;
     bool pdl;                 /* decode kernels use programmatic dependent launch */
-    bool chain;               /* decode: O, gate/up, down and the next q/k/v as one gemv_q4_chain launch */
+    int gemv_groups;          /* spx_gemv_args.groups for every decode GEMV (gemv_groups_for) */
     uint8_t *arena;
     size_t arena_bytes;
     cu_layer *layers;
@@ -159,6 +159,29 @@ static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *n
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: matrix '%s' is [%lld, %lld]; the cuda backend needs cols <= %d",
                         m->path, name, (long long)q->rows, (long long)q->cols, SPX_GEMV_MAX_COLS);
     return SPX_OK;
+}
+
+/* Whether the decode GEMVs run as blocks of two warp groups sharing one
+ * input image (spx_gemv_args.groups): for all of a model's launches or for
+ * none, since mixing the two forms in one step costs more than either gains
+ * (H200: Llama-3.1-8B 490.1 tok/s all, 486.6 all but the LM head, 481.7
+ * none; Llama-3.2-1B, whose O, down and q/k/v launches have fewer tiles than
+ * two per SM, 1,798 none, 1,723 all; bench/gpu/NOTES.md 28). So: every launch
+ * tiled with at least 1.9 tiles (16 rows) per SM. */
+static int gemv_groups_for(const spx_model *m, int n_sm) {
+    auto tiles = [](const spx_wmat &w) { return (w.q.rows + 15) / 16; };
+    auto ok = [&](int64_t t) { return t * 10 >= (int64_t)n_sm * 19; };
+    if (m->lm_head.q.layout != SPX_Q_TILED || !ok(tiles(m->lm_head))) return 0;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        const spx_layer *L = &m->layers[l];
+        const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (const spx_wmat *x : w)
+            if (x->q.layout != SPX_Q_TILED) return 0;
+        if (!ok(tiles(L->wq) + tiles(L->wk) + tiles(L->wv)) || !ok(tiles(L->wo)) ||
+            !ok(tiles(L->w_gate) + tiles(L->w_up)) || !ok(tiles(L->w_down)))
+            return 0;
+    }
+    return 1;
 }
 
 /* The decode GEMV launches of layer l: q/k/v one launch and gate/up one,
@@ -332,8 +355,6 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     SPX_CUDA_TRY(e, cudaDeviceGetAttribute(&cm->n_sm, cudaDevAttrMultiProcessorCount, cm->dev));
     const char *pdl = getenv("SPECTRA_CUDA_PDL"); /* benchmarking knob: 0 turns PDL off */
     cm->pdl = !(pdl && !strcmp(pdl, "0"));
-    const char *chain = getenv("SPECTRA_CUDA_CHAIN"); /* benchmarking knob: 0 launches the GEMVs one by one */
-    cm->chain = !(chain && !strcmp(chain, "0"));
 
     if (c->head_dim > SPX_ATTN_MAX_HD || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
@@ -355,6 +376,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
         }
         SPX_TRY(check_launches(m, l, e));
     }
+    cm->gemv_groups = gemv_groups_for(m, cm->n_sm);
     if (m->lm_head.q.layout == SPX_Q_TILED && !spx_gemv_q4_fits(m->lm_head.q.cols, m->lm_head.q.n_outliers))
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: lm_head.weight is tiled with %lld outlier columns, more than the decode GEMV takes at "
@@ -480,7 +502,6 @@ struct cu_sess {
     int32_t *d_ids, *d_pos;
     unsigned long long *d_best;
     int *attn_cnt;                   /* [n_heads] the decode attention's split counters (spx_attn_args.cnt) */
-    int *chain_bar;                  /* [n_layers] gemv_q4_chain's barrier counters, zero between launches */
     spx_sample_dev *d_samp, *pin_samp; /* sampling parameters and RNG state (device, pinned) */
     cudaGraphExec_t graph_s;           /* the decode step ending with the device sampler */
     int have_graph_s;
@@ -628,8 +649,6 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_cnt, (size_t)c->n_heads * 4));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->attn_cnt, 0, (size_t)c->n_heads * 4, cs->st));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->chain_bar, (size_t)c->n_layers * 4));
-    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->chain_bar, 0, (size_t)c->n_layers * 4, cs->st));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
@@ -711,10 +730,6 @@ static spx_gemv_args gemv_down(const cu_layer *L, cu_sess *cs) {
     spx_gemv_args g = gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD);
     g.x2 = L->wg.tiled ? cs->up : NULL;
     return g;
-}
-/* Whether layer L's GEMVs from O on can go into one gemv_q4_chain launch. */
-static bool chain_layer(const cu_layer *L) {
-    return L->wq.tiled && L->wk.tiled && L->wv.tiled && L->wo.tiled && L->wg.tiled && L->wu.tiled && L->wd.tiled;
 }
 
 static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __half *x, int64_t ldx, float *y,
@@ -847,11 +862,12 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     const bool pdl = cm->pdl && n == 1; /* the decode chain only */
     /* the decode kernel does rope_store's work for the fp16 cache (q4: rope_store quantizes row p) */
     const bool fuse_rope = n == 1 && s->kv.type != SPX_KV_Q4 && spx_attention_decode_fast((int)hd);
-    /* one token, every layer resident and tiled: O, gate/up, down and the
-     * next layer's q/k/v as one persistent launch (gemv_q4_chain) */
-    bool chain = pdl && cm->chain && cm->n_resident == c->n_layers;
-    for (int64_t l = 0; chain && l < c->n_layers; l++) chain = chain_layer(&cm->layers[l]);
 
+    /* a decode GEMV launch in the model's form (cm->gemv_groups) */
+    auto dec = [cm](spx_gemv_args g) {
+        g.groups = cm->gemv_groups;
+        return g;
+    };
     SPX_TRY(pp_begin(m, cm, cs, e));
     SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));
     for (int64_t l = 0; l < c->n_layers; l++) {
@@ -867,7 +883,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         __half *vc = cs->vc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
         /* attention block */
         if (n == 1) {
-            if (!chain || l == 0) SPX_CUDA_TRY(e, spx_gemv_q4(gemv_qkv(L, cs, eps), nsm, st, pdl0));
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_qkv(L, cs, eps)), nsm, st, pdl0));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->attn_norm, eps, n, H, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
@@ -917,18 +933,8 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             aa.eps = eps;
         }
         SPX_CUDA_TRY(e, spx_attention(aa, st, pdl));
-        if (chain) {
-            spx_gemv_args ph[SPX_GEMV_CHAIN_MAX];
-            int np = 0;
-            ph[np++] = gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD);
-            ph[np++] = gemv_gate_up(L, cs, eps);
-            ph[np++] = gemv_down(L, cs);
-            if (l + 1 < c->n_layers) ph[np++] = gemv_qkv(&cm->layers[l + 1], cs, eps);
-            SPX_CUDA_TRY(e, spx_gemv_q4_chain(ph, np, cs->chain_bar + l, nsm, st, pdl));
-            continue;
-        }
         if (n == 1) {
-            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD), nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD)), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_to_half(cs->att, (int64_t)n * qd, cs->x16, st));
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wo, cs->x16, qd, cs->h, H, L->bo, n, 1), nsm, st));
@@ -937,8 +943,8 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         if (n == 1) {
             /* row-major: one fused SwiGLU launch; tiled: silu(gate) and up
              * stored by one launch, their product formed by the down GEMV's input */
-            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_gate_up(L, cs, eps), nsm, st, pdl));
-            SPX_CUDA_TRY(e, spx_gemv_q4(gemv_down(L, cs), nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_gate_up(L, cs, eps)), nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_down(L, cs)), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));
@@ -967,7 +973,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     g.gain = cm->final_norm;
     g.eps = eps;
     g.best = cs->d_best;
-    SPX_CUDA_TRY(e, spx_gemv_q4(g, nsm, st, pdl));
+    SPX_CUDA_TRY(e, spx_gemv_q4(dec(g), nsm, st, pdl));
     if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, pdl));
     if (lmode == LM_SAMPLE) SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, pdl));
     return SPX_OK;

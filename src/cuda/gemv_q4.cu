@@ -476,18 +476,6 @@ __device__ __forceinline__ float gm_silu(float g) { return g / (1.0f + expf(-g))
  * factor (1 without gain). Threads take (group g, word w) slots: columns
  * 32g + 4w..+3 (low k-slots) and 32g + 16 + 4w..+3 (high). Ends with a
  * barrier. */
-/* x (and x2) as another block of the same grid may have written it: CG
- * (the chain kernel, inside one launch) reads through L2, never the
- * read-only path. */
-template <bool CG>
-__device__ __forceinline__ float4 gm_ldx(const float4 *p) {
-    return CG ? __ldcg(p) : __ldg(p);
-}
-template <bool CG>
-__device__ __forceinline__ float gm_ldx1(const float *p) {
-    return CG ? __ldcg(p) : __ldg(p);
-}
-template <bool CG = false>
 __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int2 *meta, float *xo, double *redd) {
     const spx_gemv_args &a = k.a;
     const int ng = k.cols >> 5, nslots = k.n_items * 16, tid = threadIdx.x;
@@ -498,11 +486,11 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         const int i = base + tid, g = i >> 2, w = i & 3;
         float4 lo = make_float4(0, 0, 0, 0), hi = lo;
         if (i < nslots && g < ng) {
-            lo = gm_ldx<CG>(x4 + g * 8 + w);
-            hi = gm_ldx<CG>(x4 + g * 8 + 4 + w);
+            lo = __ldg(x4 + g * 8 + w);
+            hi = __ldg(x4 + g * 8 + 4 + w);
             if (a.x2) { /* silu(gate) * up, as spx_cpu_silu_mul (silu applied by the gate's GEMV) */
                 const float4 *u4 = reinterpret_cast<const float4 *>(a.x2);
-                const float4 ul = gm_ldx<CG>(u4 + g * 8 + w), uh = gm_ldx<CG>(u4 + g * 8 + 4 + w);
+                const float4 ul = __ldg(u4 + g * 8 + w), uh = __ldg(u4 + g * 8 + 4 + w);
                 lo = make_float4(lo.x * ul.x, lo.y * ul.y, lo.z * ul.z, lo.w * ul.w);
                 hi = make_float4(hi.x * uh.x, hi.y * uh.y, hi.z * uh.z, hi.w * uh.w);
             }
@@ -541,8 +529,8 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
         const spx_dqmat &wm = a.w[m];
         for (int j = tid; j < wm.n_out; j += blockDim.x) {
             const int c = __ldg(wm.oidx + j);
-            float v = gm_ldx1<CG>(a.x + c);
-            if (a.x2) v *= gm_ldx1<CG>(a.x2 + c);
+            float v = __ldg(a.x + c);
+            if (a.x2) v *= __ldg(a.x2 + c);
             if (a.gain) v *= __ldg(a.gain + c);
             xo[k.out_off[m] + j] = v;
         }
@@ -594,10 +582,10 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
  * kernel with a producer warp beside them) and warp 0 adds the warps'
  * parts: returns true in warp 0, where lane i < 16 then holds slot i's sum
  * times inv in v (lanes 16..31: the same as lane i - 16). */
-template <bool NAMED = false>
+template <bool NAMED = false, int W = GM_WARPS>
 __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&red)[2][GM_WARPS][16], int kb, float inv,
-                                               float &v) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
+                                               float &v, int bar_id = 1) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % W, t = lane & 3, r = lane >> 2;
     tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
     tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
     tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
@@ -606,13 +594,13 @@ __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&r
         red[kb][warp][r] = tot0;
         red[kb][warp][r + 8] = tot1;
     }
-    if (NAMED) named_sync(1, GM_WARPS * 32);
+    if (NAMED) named_sync(bar_id, W * 32);
     else __syncthreads();
     if (warp != 0) return false;
     const int i = lane & 15;
     v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < GM_WARPS; w++) v += red[kb][w][i];
+    for (int w = 0; w < W; w++) v += red[kb][w][i];
     v *= inv;
     return true;
 }
@@ -660,8 +648,9 @@ __device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, in
 }
 
 /* After the last tile: warp 0's ARGMAX keys into *a.best. */
-__device__ __forceinline__ void gm_argmax_flush(const spx_gemv_args &a, unsigned long long best) {
-    if (a.mode != SPX_GEMV_ARGMAX || (threadIdx.x >> 5) != 0) return;
+__device__ __forceinline__ void gm_argmax_flush(const spx_gemv_args &a, unsigned long long best,
+                                                int group_warps = GM_WARPS) {
+    if (a.mode != SPX_GEMV_ARGMAX || (threadIdx.x >> 5) % group_warps != 0) return; /* warp 0 of each group */
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
@@ -843,11 +832,10 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
  * SwiGLU is not fused here: gate and up are one two-matrix launch, and
  * the down projection's input is silu(gate) * up (spx_gemv_args.x2), so
  * the tiles stay 16 rows of one matrix and the grid's share stays fine. */
-/* One launch's work for block bid of G (gemv_q4_tiled, or one phase of
- * gemv_q4_chain): the first P items of this block's tiles are issued, then
- * wait() (the PDL wait, or the chain's grid barrier), then the image is
+/* One launch's work for block bid of G: the first P items of this block's tiles are issued, then
+ * wait() (the PDL wait), then the image is
  * built and the tiles computed. A block with no tile returns after wait(). */
-template <int P, bool CG, typename Wait>
+template <int P, int GR, int WPT, typename Wait>
 __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int64_t bid, float (&red)[2][GM_WARPS][16],
                                              double *redd, Wait wait) {
     extern __shared__ float4 gemv_sm[];
@@ -857,11 +845,11 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     int2 *meta = reinterpret_cast<int2 *>(img + (size_t)n_items * 4 * GM_IMG_GROUP);
     uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
     float *xo = reinterpret_cast<float *>(zero + 2);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % WPT, t = lane & 3, r = lane >> 2;
     const int ntl = bid < k.n_tiles ? (int)((k.n_tiles - 1 - bid) / G) + 1 : 0;
     const int total = ntl * niw;
     const int iw0 = warp * niw;
-    const int sl = 32 * niw;
+    const int sl = 4 * WPT * niw; /* outlier slots carried in the item stream (items of the WPT warps x 4 groups) */
     auto mat_of = [&](int64_t T) { return (int)(T >= k.tstart[1]) + (int)(T >= k.tstart[2]); };
 
     /* Issue side: the tile's code / scale / zero bases for this lane, its
@@ -870,9 +858,8 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     int64_t is_tile = bid;
     const uint8_t *ic = nullptr, *iz = nullptr;
     const uint32_t *isc = nullptr;
-    const unsigned short *iov = nullptr;
+    const unsigned short *iov0 = nullptr, *iov1 = nullptr; /* outlier values of the lane's rows r, r + 8 (NULL: past the end) */
     int ino = 0;
-    int64_t ir0 = 0, irows = 0;
     auto is_set = [&]() {
         const int m = mat_of(is_tile);
         const spx_dqmat &w = a.w[m];
@@ -880,10 +867,11 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
         ic = w.codes + ti * 1024 + lane * 16;
         isc = reinterpret_cast<const uint32_t *>(w.scales) + ti * 32 + lane;
         iz = w.zeros + ti * 32 + lane;
-        iov = reinterpret_cast<const unsigned short *>(w.oval);
         ino = w.n_out;
-        ir0 = (is_tile - k.tstart[m]) * 16 + r;
-        irows = w.rows;
+        const int64_t ir0 = (is_tile - k.tstart[m]) * 16 + r;
+        const unsigned short *ov = reinterpret_cast<const unsigned short *>(w.oval);
+        iov0 = ino && ir0 < w.rows ? ov + ir0 * ino : nullptr;
+        iov1 = ino && ir0 + 8 < w.rows ? ov + (ir0 + 8) * ino : nullptr;
     };
     auto issue = [&](gm_item &it) {
         if (is_n < total) {
@@ -898,8 +886,8 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
                 it.z0 = __ldg(iz + item * 32);
             }
             if (g < ino) {
-                if (ir0 < irows) it.o0 = __ldg(iov + ir0 * ino + g);
-                if (ir0 + 8 < irows) it.o1 = __ldg(iov + (ir0 + 8) * ino + g);
+                if (iov0) it.o0 = __ldg(iov0 + g);
+                if (iov1) it.o1 = __ldg(iov1 + g);
             }
             is_n++;
             if (++is_j == niw) {
@@ -914,9 +902,10 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
 #pragma unroll
     for (int s = 0; s < P; s++) issue(buf[s]);
     wait();
-    if (ntl == 0) return; /* block-uniform */
+    if (GR == 1 && ntl == 0) return; /* block-uniform (GR > 1: the groups share gm_build's barriers) */
     if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-    const float inv = gm_build<CG>(k, img, meta, xo, redd);
+    const float inv = gm_build(k, img, meta, xo, redd);
+    if (ntl == 0) return;
     const bool bval = t == (r >> 1);
     const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
     const int bstride = bval ? 4 * GM_IMG_GROUP : 0;
@@ -950,13 +939,13 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
             const spx_dqmat &w = a.w[cm];
             const unsigned short *ov = reinterpret_cast<const unsigned short *>(w.oval);
             const int64_t r0 = cr0 + r, r1 = r0 + 8;
-            for (int j = sl + warp * 4 + t; j < cno; j += GM_WARPS * 4) {
+            for (int j = sl + warp * 4 + t; j < cno; j += WPT * 4) {
                 if (r0 < w.rows) tot0 = fmaf(__half2float(__ushort_as_half(__ldg(ov + r0 * cno + j))), cxo[j], tot0);
                 if (r1 < w.rows) tot1 = fmaf(__half2float(__ushort_as_half(__ldg(ov + r1 * cno + j))), cxo[j], tot1);
             }
         }
         float v;
-        if (gm_tile_reduce(tot0, tot1, red, ck & 1, inv, v)) {
+        if (gm_tile_reduce<(GR > 1), WPT>(tot0, tot1, red, ck & 1, inv, v, 1 + (int)(threadIdx.x >> 5) / WPT)) {
             const int i = lane & 15;
             const int64_t rr = cr0 + i;
             if (lane < 16 && rr < a.w[cm].rows) gm_store(k, cm, rr, v, best);
@@ -982,86 +971,24 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
             }
         }
     }
-    gm_argmax_flush(a, best);
+    gm_argmax_flush(a, best, WPT);
 }
 
-template <int P, int MINB>
-__global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
-    __shared__ float red[2][GM_WARPS][16];
+/* GR groups of WPT warps per block, each group its own tiles (virtual
+ * block blockIdx.x * GR + group of gridDim.x * GR; the group's warps split
+ * a tile's columns, k.niw items each), sharing one input image. GR = 2,
+ * WPT = 8 builds the image once per SM instead of once per block (for the
+ * 8B down projection the image is ~20 % of the instructions); WPT < 8
+ * meets at a tile's end less often per item (K = 4096: every 4 items with
+ * 8 warps). See bench/gpu/NOTES.md. */
+template <int P, int MINB, int GR = 1, int WPT = GM_WARPS>
+__global__ void __launch_bounds__(GR * WPT * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
+    __shared__ float red[GR][2][GM_WARPS][16];
     __shared__ double redd[32];
     spx_pdl_trigger();
-    gm_tiled_run<P, false>(k, gridDim.x, blockIdx.x, red, redd, [] { spx_pdl_wait(); });
-}
-
-/* ---- several tiled launches in one persistent grid: gemv_q4_chain ------------
- * The decode step's GEMVs between two attentions (O, gate/up, down, the next
- * layer's q/k/v) each wait for the one before, and as separate launches each
- * boundary costs ~1 us plus a staggered start: the next grid's blocks become
- * resident only as the last one's leave, then issue their first loads
- * (bench/gpu/NOTES.md 19). Here every block of a grid sized to be resident
- * at once runs the phases in order; between phases a grid barrier (one
- * counter, bar, that every block increments once per phase: phase p starts
- * when it reaches p * gridDim) and each block issues its first items of
- * phase p before it waits, so the weights stream while the barrier settles.
- * The inputs written in the same launch are read through L2 (gm_build<true>).
- * The last block to arrive after the last phase puts the counter back to 0
- * for the next launch. Needs the whole grid resident (the host sizes it by
- * occupancy); a phase's x must not be a y of the same phase. */
-struct gemv_chain_kargs {
-    gemv_kargs ph[SPX_GEMV_CHAIN_MAX];
-    int n_ph;
-    int *bar;
-    int bar_mode; /* SPECTRA_GEMV_CHAIN_BAR (measurements): 0 acq_rel atomics and acquire polls, 1 release
-                   * reductions and relaxed polls then a fence, 2 as 1 with a 100 ns back-off, 3 no waiting at
-                   * all (wrong results: the barrier's cost, for benchmarks only) */
-};
-
-__device__ __forceinline__ int ld_acquire_gpu(const int *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ int ld_relaxed_gpu(const int *p) {
-    int v;
-    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-template <int P>
-__global__ void __launch_bounds__(GM_WARPS * 32, 2) gemv_q4_chain(const __grid_constant__ gemv_chain_kargs c) {
-    __shared__ float red[2][GM_WARPS][16];
-    __shared__ double redd[32];
-    const int G = (int)gridDim.x;
-    spx_pdl_trigger();
-    for (int p = 0; p < c.n_ph; p++) {
-        gm_tiled_run<P, true>(c.ph[p], G, blockIdx.x, red, redd, [&] {
-            if (p == 0) {
-                spx_pdl_wait();
-                return;
-            }
-            if (threadIdx.x == 0 && c.bar_mode != 3) {
-                if (c.bar_mode == 0) {
-                    while (ld_acquire_gpu(c.bar) < p * G) {
-                    }
-                } else {
-                    while (ld_relaxed_gpu(c.bar) < p * G)
-                        if (c.bar_mode == 2) __nanosleep(100);
-                    __threadfence();
-                }
-            }
-            __syncthreads();
-        });
-        __syncthreads(); /* this block's outputs of phase p are written */
-        if (threadIdx.x == 0) {
-            if (c.bar_mode == 0 || p == c.n_ph - 1) {
-                int old;
-                asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(c.bar) : "memory");
-                if (old == c.n_ph * G - 1) atomicExch(c.bar, 0); /* the last arrival of the launch: nobody waits any more */
-            } else {
-                asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(c.bar) : "memory");
-            }
-        }
-    }
+    const int grp = GR > 1 ? (int)(threadIdx.x >> 5) / WPT : 0;
+    gm_tiled_run<P, GR, WPT>(k, (int64_t)gridDim.x * GR, (int64_t)blockIdx.x * GR + grp, red[grp], redd,
+                             [] { spx_pdl_wait(); });
 }
 
 /* ---- the tiled layout through the bulk-copy engine: gemv_q4_tiled_tma ----------
@@ -1265,8 +1192,13 @@ static const int g_mma_maxb[] = {2, 2};
 /* On the tiled layout: two blocks per multiprocessor with 4 items in flight
  * per warp (128 registers), or three with 2 (80; <4, 3> spilled); the
  * launch picks by its tile count. */
-static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<2, 3>};
-static const int g_mma_tl_maxb[] = {2, 3};
+/* the tiled kernel's forms: (items in flight, blocks/SM, warp groups per block, warps per group) */
+static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<2, 3>, gemv_q4_tiled<4, 1, 2, 8>,
+                                   gemv_q4_tiled<4, 2, 2, 4>, gemv_q4_tiled<4, 2, 4, 2>};
+static const int g_mma_tl_maxb[] = {2, 3, 1, 2, 2};
+static const int g_mma_tl_groups[] = {1, 1, 2, 2, 4};
+static const int g_mma_tl_wpt[] = {8, 8, 8, 4, 2};
+#define N_TL 5
 static int g_tl_force = -1; /* benchmarks: spx_gemv_q4_force_tiled_variant */
 
 static int g_tma_stages = 3; /* gemv_q4_tiled_tma's ring (SPECTRA_GEMV_TMA_STAGES): 3 gave two blocks per SM on the 8B's down projection */
@@ -1274,11 +1206,10 @@ static int g_tma_stages = 3; /* gemv_q4_tiled_tma's ring (SPECTRA_GEMV_TMA_STAGE
 
 static int g_tl_env = -1;     /* SPECTRA_GEMV_TILED_VARIANT, what force(-1) returns to */
 
-void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 3 ? v : g_tl_env; }
+void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 2 + N_TL - 1 ? v : g_tl_env; }
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
 static int g_default = 0;
-static int g_chain_bar = 0, g_chain_bar_env = 0; /* SPECTRA_GEMV_CHAIN_BAR (gemv_chain_kargs.bar_mode) */
-void spx_gemv_q4_chain_bar_mode(int m) { g_chain_bar = m >= 0 && m <= 3 ? m : g_chain_bar_env; }
+static int g_groups = 1; /* SPECTRA_GEMV_GROUPS=0: spx_gemv_args.groups ignored (measurements) */
 
 int spx_gemv_q4_impls(void) { return 2 + N_MMA; }
 
@@ -1298,22 +1229,20 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
         cudaError_t err = cudaFuncSetAttribute(g_mma[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
         if (err != cudaSuccess) return err;
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < N_TL; i++) {
         cudaError_t err = cudaFuncSetAttribute(g_mma_tl[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
         if (err != cudaSuccess) return err;
     }
-    cudaError_t cerr = cudaFuncSetAttribute(gemv_q4_chain<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
-    if (cerr != cudaSuccess) return cerr;
     cudaError_t terr = cudaFuncSetAttribute(gemv_q4_tiled_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TT_SMEM_MAX);
     if (terr != cudaSuccess) return terr;
     const char *ts = getenv("SPECTRA_GEMV_TMA_STAGES");
     if (ts && atoi(ts) >= 2 && atoi(ts) <= TT_MAX_STAGES) g_tma_stages = atoi(ts);
-    const char *cb = getenv("SPECTRA_GEMV_CHAIN_BAR");
-    if (cb && *cb >= '0' && *cb <= '3' && !cb[1]) g_chain_bar = g_chain_bar_env = *cb - '0';
+    const char *gg = getenv("SPECTRA_GEMV_GROUPS");
+    if (gg && *gg >= '0' && *gg <= '1' && !gg[1]) g_groups = *gg - '0';
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
     if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
     const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
-    if (tv && *tv >= '0' && *tv <= '2' && !tv[1]) g_tl_force = g_tl_env = *tv - '0';
+    if (tv && *tv >= '0' && *tv < '0' + 2 + N_TL - 1 && !tv[1]) g_tl_force = g_tl_env = *tv - '0';
     return cudaSuccess;
 }
 
@@ -1454,47 +1383,33 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         /* (Three for the 8B's merged q/k/v, one wave of 384 tiles instead
          * of two: 460.6 vs 474.6 tok/s, same run.) */
         if (tl && g_tl_force == 2 && tma_ok(k)) return launch_tma(k, n_sm, st, pdl);
-        const int tv = g_tl_force >= 0 && g_tl_force < 2 ? g_tl_force
-                       : k.n_tiles >= 48 * (int64_t)(n_sm > 0 ? n_sm : 1) ? 1
-                                                                         : 0;
+        /* a.groups: two groups of 8 warps per block (one block and one input
+         * image per SM; variant 3), for every decode launch of a model or
+         * none (the backend's choice; SPECTRA_GEMV_GROUPS=0: never) */
+        const int64_t nsm1 = n_sm > 0 ? n_sm : 1;
+        const bool groups = a.groups && g_groups;
+        /* (variants 3..5: g_mma_tl[2..4], warp groups) */
+        const int tv = g_tl_force >= 3 ? g_tl_force - 1
+                       : g_tl_force >= 0 && g_tl_force < 2 ? g_tl_force
+                       : groups ? 2
+                       : k.n_tiles >= 48 * nsm1 ? 1
+                                : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
-        const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v];
+        const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v], gr = tl ? g_mma_tl_groups[tv] : 1;
+        const int wpt = tl ? g_mma_tl_wpt[tv] : GM_WARPS;
+        if (wpt != GM_WARPS) { /* items per warp of a tile for this split */
+            k.niw = (k.n_items + wpt - 1) / wpt;
+            k.niw += k.niw & 1;
+        }
         int occ = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, GM_WARPS * 32, smem) != cudaSuccess || occ < 1)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, gr * wpt * 32, smem) != cudaSuccess || occ < 1)
             occ = 1;
         if (occ > maxb) occ = maxb;
         int64_t blocks = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
-        if (blocks > k.n_tiles) blocks = k.n_tiles;
+        if (blocks > (k.n_tiles + gr - 1) / gr) blocks = (k.n_tiles + gr - 1) / gr;
         if (blocks < 1) blocks = 1;
-        err = spx_launch(fn, dim3((unsigned)blocks), dim3(GM_WARPS * 32), smem, st, pdl, k);
+        err = spx_launch(fn, dim3((unsigned)blocks), dim3(gr * wpt * 32), smem, st, pdl, k);
     }
-    return err != cudaSuccess ? err : cudaGetLastError();
-}
-
-cudaError_t spx_gemv_q4_chain(const spx_gemv_args *ph, int n_ph, int *bar, int n_sm, cudaStream_t st, bool pdl) {
-    if (n_ph < 1 || n_ph > SPX_GEMV_CHAIN_MAX || !bar) return cudaErrorInvalidValue;
-    gemv_chain_kargs c;
-    memset(&c, 0, sizeof c);
-    size_t smem = 0;
-    for (int p = 0; p < n_ph; p++) {
-        size_t sm = 0;
-        bool tl = false, silu = false;
-        cudaError_t err = prep_kargs(ph[p], c.ph[p], &sm, &tl, &silu);
-        if (err != cudaSuccess) return err;
-        if (!tl || ph[p].impl != 0 || ph[p].mode == SPX_GEMV_ARGMAX) return cudaErrorInvalidValue;
-        if (sm > smem) smem = sm;
-    }
-    c.n_ph = n_ph;
-    c.bar = bar;
-    c.bar_mode = g_chain_bar;
-    /* every block must be resident at once (the grid barriers spin) */
-    int occ = 0;
-    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_q4_chain<4>, GM_WARPS * 32, smem);
-    if (err != cudaSuccess) return err;
-    if (occ < 1) return cudaErrorInvalidConfiguration;
-    if (occ > 2) occ = 2;
-    const int blocks = (n_sm > 0 ? n_sm : 1) * occ;
-    err = spx_launch(gemv_q4_chain<4>, dim3((unsigned)blocks), dim3(GM_WARPS * 32), smem, st, pdl, c);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 

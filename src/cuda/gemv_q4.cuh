@@ -59,6 +59,10 @@ struct spx_gemv_args {
     unsigned long long *best;   /* ARGMAX only */
     int impl;                   /* 0: the int8 tensor-core kernel (default); 1: the previous float32 one;
                                  * 2..: each tensor-core variant (benchmarks; see gemv_q4.cu) */
+    int groups;                 /* tiled, impl 0: blocks of two 8-warp groups, one per SM, sharing one input
+                                 * image (the backend sets it for every decode launch of a model whose
+                                 * launches all have >= 1.9 tiles per SM: Llama-3.1-8B 490 vs 482 tok/s, and
+                                 * mixed with the default form in one step it loses: bench/gpu/NOTES.md 28) */
 };
 
 /* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3,
@@ -70,21 +74,6 @@ void spx_gemv_q4_force_tiled_variant(int v);
  * launch: rows multiples of 16, 16-byte aligned arrays, at most 512
  * outliers per matrix, its shared memory. */
 bool spx_gemv_q4_tma_takes(const spx_gemv_args &a);
-/* Up to SPX_GEMV_CHAIN_MAX tiled launches (impl 0, not ARGMAX), each
- * reading what the ones before it wrote, as one persistent launch: phase
- * p + 1 starts after every block finished phase p (a grid barrier on the
- * counter *bar, zeroed once by the caller and left zeroed), and each block
- * fetches its first weights of p + 1 while it waits. Same results as the
- * launches one by one (the same arithmetic, bit for bit). The grid is
- * two blocks per SM (the occupancy), all resident: nothing else may hold
- * the device's SMs for good while it runs (no concurrent persistent work). */
-#define SPX_GEMV_CHAIN_MAX 4
-cudaError_t spx_gemv_q4_chain(const spx_gemv_args *ph, int n_ph, int *bar, int n_sm, cudaStream_t st, bool pdl = false);
-/* Benchmarks: the chain's grid barrier in mode m (0..3, see gemv_q4.cu's
- * gemv_chain_kargs; 3 does not wait: wrong results), -1: back to the
- * default (SPECTRA_GEMV_CHAIN_BAR at setup sets it too). */
-void spx_gemv_q4_chain_bar_mode(int m);
-
 /* Whether the tensor-core kernels (the only ones for tiled matrices or
  * x2) take a launch of this width with n_out_total outlier columns over
  * all its matrices (shared memory; the backend checks at load). */
