@@ -31,6 +31,12 @@
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
 #                                one by one under Nsight Compute (8B, 3 tokens),
 #                                time per kernel name (ncu.txt).
+#   sh bench/gpu/run.sh ncu-gemv bench_gemv's single launches of the tiled GEMV
+#                                (KERNEL: a name regex) under ncu's speed-of-
+#                                light, scheduler, warp-state, instruction,
+#                                memory and occupancy sections (ncu_gemv.txt),
+#                                and its SASS by cuobjdump (sass.txt; SASS_FUN:
+#                                the mangled name).
 # CHECKS=0 skips the checks (a staging folder without models).
 # Logs and the table go to $OUT (the device tool's folder) or /tmp/spx-gpu.
 # SPX_GPU_DIR (default .dev/gpu) names the staging folder, here and there.
