@@ -143,6 +143,13 @@ AVX2_INLINE float hsum_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+AVX2_INLINE float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 AVX2_INLINE int hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -171,10 +178,7 @@ AVX2_FN static void avx2_prepare(const float *x, int64_t T, int64_t cols, int gr
             __m256 v2 = _mm256_loadu_ps(hi), v3 = _mm256_loadu_ps(hi + 8);
             __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
                                      _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            float amax = _mm_cvtss_f32(m4);
+            float amax = hmax_ps(m);
             float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
             __m256 vid = _mm256_set1_ps(id);
             /* round to nearest even (MXCSR default); |x * id| <= 127 */
@@ -729,11 +733,7 @@ AVX2_FN static float avx2_dot_f16(const float *q, const uint16_t *h, int64_t n) 
     }
     for (; j + 8 <= n; j += 8)
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))), a0);
-    const __m256 s8 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-    float d = _mm_cvtss_f32(s4);
+    float d = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; j < n; j++) d += q[j] * _cvtsh_ss(h[j]);
     return d;
 }
@@ -861,11 +861,7 @@ AVX2_FN static void avx2_dot_q4g(const float *q, int64_t qs, int G, const uint8_
         const float *qg = q + g * qs;
         const __m256 a = _mm256_fmadd_ps(c1, _mm256_loadu_ps(qg + 8), _mm256_mul_ps(c0, _mm256_loadu_ps(qg)));
         const __m256 b = _mm256_fmadd_ps(c3, _mm256_loadu_ps(qg + 24), _mm256_mul_ps(c2, _mm256_loadu_ps(qg + 16)));
-        const __m256 s8 = _mm256_add_ps(a, b);
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-        out[g] = _mm_cvtss_f32(s4);
+        out[g] = hsum_ps(_mm256_add_ps(a, b));
     }
 }
 
@@ -916,13 +912,7 @@ AVX2_FN static void avx2_softmax(float *x, int64_t n) {
     __m256 mv = _mm256_set1_ps(-INFINITY);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-    float mx;
-    {
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        mx = _mm_cvtss_f32(m4);
-    }
+    float mx = hmax_ps(mv);
     for (int64_t k = i; k < n; k++) mx = x[k] > mx ? x[k] : mx;
     const __m256 vm = _mm256_set1_ps(mx);
     __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();

@@ -578,14 +578,15 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 }
 
 /* End of a tile: the lanes' sums (rows r and r + 8) meet in red[kb] (a
- * block barrier; NAMED: barrier 1 of the GM_WARPS warps 0.. only, for a
- * kernel with a producer warp beside them) and warp 0 adds the warps'
- * parts: returns true in warp 0, where lane i < 16 then holds slot i's sum
- * times inv in v (lanes 16..31: the same as lane i - 16). */
-template <bool NAMED = false, int W = GM_WARPS>
+ * block barrier; NAMED: named barrier bar_id of one group of GM_WARPS
+ * warps only, for a kernel with a producer warp or a second group beside
+ * them) and the group's warp 0 adds the warps' parts: returns true in that
+ * warp, where lane i < 16 then holds slot i's sum times inv in v (lanes
+ * 16..31: the same as lane i - 16). */
+template <bool NAMED = false>
 __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&red)[2][GM_WARPS][16], int kb, float inv,
                                                float &v, int bar_id = 1) {
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % W, t = lane & 3, r = lane >> 2;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % GM_WARPS, t = lane & 3, r = lane >> 2;
     tot0 += __shfl_xor_sync(0xffffffffu, tot0, 1);
     tot1 += __shfl_xor_sync(0xffffffffu, tot1, 1);
     tot0 += __shfl_xor_sync(0xffffffffu, tot0, 2);
@@ -594,13 +595,13 @@ __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&r
         red[kb][warp][r] = tot0;
         red[kb][warp][r + 8] = tot1;
     }
-    if (NAMED) named_sync(bar_id, W * 32);
+    if (NAMED) named_sync(bar_id, GM_WARPS * 32);
     else __syncthreads();
     if (warp != 0) return false;
     const int i = lane & 15;
     v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < W; w++) v += red[kb][w][i];
+    for (int w = 0; w < GM_WARPS; w++) v += red[kb][w][i];
     v *= inv;
     return true;
 }
@@ -648,9 +649,8 @@ __device__ __forceinline__ void gm_tile_out(const gemv_kargs &k, bool swiglu, in
 }
 
 /* After the last tile: warp 0's ARGMAX keys into *a.best. */
-__device__ __forceinline__ void gm_argmax_flush(const spx_gemv_args &a, unsigned long long best,
-                                                int group_warps = GM_WARPS) {
-    if (a.mode != SPX_GEMV_ARGMAX || (threadIdx.x >> 5) % group_warps != 0) return; /* warp 0 of each group */
+__device__ __forceinline__ void gm_argmax_flush(const spx_gemv_args &a, unsigned long long best) {
+    if (a.mode != SPX_GEMV_ARGMAX || (threadIdx.x >> 5) % GM_WARPS != 0) return; /* warp 0 of each group */
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const unsigned long long b = __shfl_xor_sync(0xffffffffu, best, o);
@@ -832,12 +832,13 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
  * SwiGLU is not fused here: gate and up are one two-matrix launch, and
  * the down projection's input is silu(gate) * up (spx_gemv_args.x2), so
  * the tiles stay 16 rows of one matrix and the grid's share stays fine. */
-/* One launch's work for block bid of G: the first P items of this block's tiles are issued, then
- * wait() (the PDL wait), then the image is
- * built and the tiles computed. A block with no tile returns after wait(). */
-template <int P, int GR, int WPT, typename Wait>
+/* One group's work as virtual block bid of G (GR groups of GM_WARPS warps
+ * per block, sharing the input image): the first P items of its tiles are
+ * issued, then the PDL wait, then the image is built (by the whole block)
+ * and the tiles computed. */
+template <int P, int GR>
 __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int64_t bid, float (&red)[2][GM_WARPS][16],
-                                             double *redd, Wait wait) {
+                                             double *redd) {
     extern __shared__ float4 gemv_sm[];
     const spx_gemv_args &a = k.a;
     const int n_items = k.n_items, niw = k.niw;
@@ -845,11 +846,11 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     int2 *meta = reinterpret_cast<int2 *>(img + (size_t)n_items * 4 * GM_IMG_GROUP);
     uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
     float *xo = reinterpret_cast<float *>(zero + 2);
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % WPT, t = lane & 3, r = lane >> 2;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % GM_WARPS, t = lane & 3, r = lane >> 2;
     const int ntl = bid < k.n_tiles ? (int)((k.n_tiles - 1 - bid) / G) + 1 : 0;
     const int total = ntl * niw;
     const int iw0 = warp * niw;
-    const int sl = 4 * WPT * niw; /* outlier slots carried in the item stream (items of the WPT warps x 4 groups) */
+    const int sl = 32 * niw;
     auto mat_of = [&](int64_t T) { return (int)(T >= k.tstart[1]) + (int)(T >= k.tstart[2]); };
 
     /* Issue side: the tile's code / scale / zero bases for this lane, its
@@ -901,7 +902,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     if (ntl > 0) is_set();
 #pragma unroll
     for (int s = 0; s < P; s++) issue(buf[s]);
-    wait();
+    spx_pdl_wait();
     if (GR == 1 && ntl == 0) return; /* block-uniform (GR > 1: the groups share gm_build's barriers) */
     if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
     const float inv = gm_build(k, img, meta, xo, redd);
@@ -939,13 +940,13 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
             const spx_dqmat &w = a.w[cm];
             const unsigned short *ov = reinterpret_cast<const unsigned short *>(w.oval);
             const int64_t r0 = cr0 + r, r1 = r0 + 8;
-            for (int j = sl + warp * 4 + t; j < cno; j += WPT * 4) {
+            for (int j = sl + warp * 4 + t; j < cno; j += GM_WARPS * 4) {
                 if (r0 < w.rows) tot0 = fmaf(__half2float(__ushort_as_half(__ldg(ov + r0 * cno + j))), cxo[j], tot0);
                 if (r1 < w.rows) tot1 = fmaf(__half2float(__ushort_as_half(__ldg(ov + r1 * cno + j))), cxo[j], tot1);
             }
         }
         float v;
-        if (gm_tile_reduce<(GR > 1), WPT>(tot0, tot1, red, ck & 1, inv, v, 1 + (int)(threadIdx.x >> 5) / WPT)) {
+        if (gm_tile_reduce<(GR > 1)>(tot0, tot1, red, ck & 1, inv, v, 1 + (int)(threadIdx.x >> 5) / GM_WARPS)) {
             const int i = lane & 15;
             const int64_t rr = cr0 + i;
             if (lane < 16 && rr < a.w[cm].rows) gm_store(k, cm, rr, v, best);
@@ -971,24 +972,21 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
             }
         }
     }
-    gm_argmax_flush(a, best, WPT);
+    gm_argmax_flush(a, best);
 }
 
-/* GR groups of WPT warps per block, each group its own tiles (virtual
- * block blockIdx.x * GR + group of gridDim.x * GR; the group's warps split
- * a tile's columns, k.niw items each), sharing one input image. GR = 2,
- * WPT = 8 builds the image once per SM instead of once per block (for the
- * 8B down projection the image is ~20 % of the instructions); WPT < 8
- * meets at a tile's end less often per item (K = 4096: every 4 items with
- * 8 warps). See bench/gpu/NOTES.md. */
-template <int P, int MINB, int GR = 1, int WPT = GM_WARPS>
-__global__ void __launch_bounds__(GR * WPT * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
+/* GR groups of GM_WARPS warps per block, each group its own tiles (virtual
+ * block blockIdx.x * GR + group of gridDim.x * GR), sharing one input
+ * image: GR = 2 builds it once per SM instead of once per block (for the
+ * 8B down projection the image is ~20 % of the instructions; see
+ * bench/gpu/NOTES.md 27-28). */
+template <int P, int MINB, int GR = 1>
+__global__ void __launch_bounds__(GR * GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
     __shared__ float red[GR][2][GM_WARPS][16];
     __shared__ double redd[32];
     spx_pdl_trigger();
-    const int grp = GR > 1 ? (int)(threadIdx.x >> 5) / WPT : 0;
-    gm_tiled_run<P, GR, WPT>(k, (int64_t)gridDim.x * GR, (int64_t)blockIdx.x * GR + grp, red[grp], redd,
-                             [] { spx_pdl_wait(); });
+    const int grp = GR > 1 ? (int)(threadIdx.x >> 5) / GM_WARPS : 0;
+    gm_tiled_run<P, GR>(k, (int64_t)gridDim.x * GR, (int64_t)blockIdx.x * GR + grp, red[grp], redd);
 }
 
 /* ---- the tiled layout through the bulk-copy engine: gemv_q4_tiled_tma ----------
@@ -1192,13 +1190,13 @@ static const int g_mma_maxb[] = {2, 2};
 /* On the tiled layout: two blocks per multiprocessor with 4 items in flight
  * per warp (128 registers), or three with 2 (80; <4, 3> spilled); the
  * launch picks by its tile count. */
-/* the tiled kernel's forms: (items in flight, blocks/SM, warp groups per block, warps per group) */
-static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<2, 3>, gemv_q4_tiled<4, 1, 2, 8>,
-                                   gemv_q4_tiled<4, 2, 2, 4>, gemv_q4_tiled<4, 2, 4, 2>};
-static const int g_mma_tl_maxb[] = {2, 3, 1, 2, 2};
-static const int g_mma_tl_groups[] = {1, 1, 2, 2, 4};
-static const int g_mma_tl_wpt[] = {8, 8, 8, 4, 2};
-#define N_TL 5
+/* the tiled kernel's forms: (items in flight, blocks/SM, warp groups per block); variant v < 2 is
+ * form v, variant 3 form 2 (variant 2 is the bulk-copy kernel). A tile's columns over 4 or 2 warps
+ * instead of 8 lost everywhere and is gone (NOTES 28). */
+static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<2, 3>, gemv_q4_tiled<4, 1, 2>};
+static const int g_mma_tl_maxb[] = {2, 3, 1};
+static const int g_mma_tl_groups[] = {1, 1, 2};
+#define N_TL 3
 static int g_tl_force = -1; /* benchmarks: spx_gemv_q4_force_tiled_variant */
 
 static int g_tma_stages = 3; /* gemv_q4_tiled_tma's ring (SPECTRA_GEMV_TMA_STAGES): 3 gave two blocks per SM on the 8B's down projection */
@@ -1287,19 +1285,6 @@ static bool tma_ok(const gemv_kargs &k) {
     return (size_t)g_tma_stages * tt_stage_bytes(k.n_out_max) + tc_smem(k.cols, k.n_out_tot) <= TT_SMEM_MAX;
 }
 
-bool spx_gemv_q4_tma_takes(const spx_gemv_args &a) {
-    if (a.n_mats < 1 || a.n_mats > SPX_GEMV_MAX_MATS || !a.w[0].tiled || a.impl != 0) return false;
-    gemv_kargs k;
-    memset(&k, 0, sizeof k);
-    k.a = a;
-    k.cols = (int)a.w[0].cols;
-    for (int i = 0; i < a.n_mats; i++) {
-        k.n_out_tot += a.w[i].n_out;
-        if (a.w[i].n_out > k.n_out_max) k.n_out_max = a.w[i].n_out;
-    }
-    return tma_ok(k);
-}
-
 static cudaError_t launch_tma(gemv_kargs &k, int n_sm, cudaStream_t st, bool pdl) {
     const size_t smem = (size_t)g_tma_stages * tt_stage_bytes(k.n_out_max) + tc_smem(k.cols, k.n_out_tot);
     int occ = 0;
@@ -1363,6 +1348,13 @@ static cudaError_t prep_kargs(const spx_gemv_args &a, gemv_kargs &k, size_t *sme
     return cudaSuccess;
 }
 
+bool spx_gemv_q4_tma_takes(const spx_gemv_args &a) {
+    gemv_kargs k;
+    size_t smem = 0;
+    bool tl = false, silu = false;
+    return prep_kargs(a, k, &smem, &tl, &silu) == cudaSuccess && tl && tma_ok(k); /* (tiled: impl 0) */
+}
+
 cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool pdl) {
     gemv_kargs k;
     size_t smem = 0;
@@ -1388,27 +1380,21 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
          * none (the backend's choice; SPECTRA_GEMV_GROUPS=0: never) */
         const int64_t nsm1 = n_sm > 0 ? n_sm : 1;
         const bool groups = a.groups && g_groups;
-        /* (variants 3..5: g_mma_tl[2..4], warp groups) */
-        const int tv = g_tl_force >= 3 ? g_tl_force - 1
+        const int tv = g_tl_force == 3 ? 2
                        : g_tl_force >= 0 && g_tl_force < 2 ? g_tl_force
                        : groups ? 2
                        : k.n_tiles >= 48 * nsm1 ? 1
                                 : 0;
         const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma[v];
         const int maxb = tl ? g_mma_tl_maxb[tv] : g_mma_maxb[v], gr = tl ? g_mma_tl_groups[tv] : 1;
-        const int wpt = tl ? g_mma_tl_wpt[tv] : GM_WARPS;
-        if (wpt != GM_WARPS) { /* items per warp of a tile for this split */
-            k.niw = (k.n_items + wpt - 1) / wpt;
-            k.niw += k.niw & 1;
-        }
         int occ = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, gr * wpt * 32, smem) != cudaSuccess || occ < 1)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, gr * GM_WARPS * 32, smem) != cudaSuccess || occ < 1)
             occ = 1;
         if (occ > maxb) occ = maxb;
         int64_t blocks = (int64_t)(n_sm > 0 ? n_sm : 1) * occ;
         if (blocks > (k.n_tiles + gr - 1) / gr) blocks = (k.n_tiles + gr - 1) / gr;
         if (blocks < 1) blocks = 1;
-        err = spx_launch(fn, dim3((unsigned)blocks), dim3(gr * wpt * 32), smem, st, pdl, k);
+        err = spx_launch(fn, dim3((unsigned)blocks), dim3(gr * GM_WARPS * 32), smem, st, pdl, k);
     }
     return err != cudaSuccess ? err : cudaGetLastError();
 }
