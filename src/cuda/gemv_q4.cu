@@ -110,7 +110,16 @@ struct gemv_kargs {
     int n_out_tot;                   /* slots in that table */
     int n_out_max;                   /* most outliers of one matrix */
     int64_t tstart[SPX_GEMV_MAX_MATS + 1]; /* tiled: first tile of each matrix; unused: INT64_MAX */
+    int early_oidx; /* tiled: each thread's first outlier index of every matrix loaded before the PDL wait */
+#ifdef SPX_GEMV_DIAG
+    int diag; /* diagnostic builds only (SPECTRA_GEMV_DIAG): 1 no image, 2 no arithmetic, 4 no weight loads */
+#endif
 };
+#ifdef SPX_GEMV_DIAG
+#define GM_DIAG(k, b) ((k).diag & (b))
+#else
+#define GM_DIAG(k, b) 0
+#endif
 
 __device__ __forceinline__ float pow2f(int e) { return __int_as_float((127 + e) << 23); }
 
@@ -474,33 +483,44 @@ __device__ __forceinline__ float gm_silu(float g) { return g / (1.0f + expf(-g))
 
 /* The input image (see the top), the outlier input table, and the rmsnorm
  * factor (1 without gain). Threads take (group g, word w) slots: columns
- * 32g + 4w..+3 (low k-slots) and 32g + 16 + 4w..+3 (high). Ends with a
- * barrier. */
-__device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int2 *meta, float *xo, double *redd) {
+ * 32g + 4w..+3 (low k-slots) and 32g + 16 + 4w..+3 (high). HAVE_OI:
+ * oi0..oi2 hold outlier index threadIdx.x of matrices 0..2 (where it
+ * exists), loaded before the PDL wait: the first pass over the outlier
+ * table waits one L2 round trip (x[index]) instead of two, the first of
+ * them a DRAM miss (bench/gpu/NOTES.md 32). Ends with a barrier. */
+template <bool HAVE_OI = false>
+__device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int2 *meta, float *xo, double *redd,
+                                          int oi0 = 0, int oi1 = 0, int oi2 = 0) {
     const spx_gemv_args &a = k.a;
     const int ng = k.cols >> 5, nslots = k.n_items * 16, tid = threadIdx.x;
     const float4 *x4 = reinterpret_cast<const float4 *>(a.x);
-    const float4 *g4 = reinterpret_cast<const float4 *>(a.gain);
+    /* the second input: x2 (multiplied before the norm's sum) or gain (after); never both */
+    const float4 *v4 = reinterpret_cast<const float4 *>(a.x2 ? a.x2 : a.gain);
+    const bool has_gain = a.gain != NULL;
     double ss = 0;
-    for (int base = 0; base < nslots; base += blockDim.x) { /* the same trip count in every thread */
+    auto fetch = [&](int base, float4 &lo, float4 &hi, float4 &vl, float4 &vh) {
         const int i = base + tid, g = i >> 2, w = i & 3;
-        float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+        lo = make_float4(0, 0, 0, 0);
+        hi = vl = vh = lo;
         if (i < nslots && g < ng) {
             lo = __ldg(x4 + g * 8 + w);
             hi = __ldg(x4 + g * 8 + 4 + w);
-            if (a.x2) { /* silu(gate) * up, as spx_cpu_silu_mul (silu applied by the gate's GEMV) */
-                const float4 *u4 = reinterpret_cast<const float4 *>(a.x2);
-                const float4 ul = __ldg(u4 + g * 8 + w), uh = __ldg(u4 + g * 8 + 4 + w);
-                lo = make_float4(lo.x * ul.x, lo.y * ul.y, lo.z * ul.z, lo.w * ul.w);
-                hi = make_float4(hi.x * uh.x, hi.y * uh.y, hi.z * uh.z, hi.w * uh.w);
+            if (v4) {
+                vl = __ldg(v4 + g * 8 + w);
+                vh = __ldg(v4 + g * 8 + 4 + w);
             }
-            if (a.gain) {
+        }
+    };
+    auto slot = [&](int base, float4 lo, float4 hi, float4 vl, float4 vh) {
+        const int i = base + tid, g = i >> 2, w = i & 3;
+        if (v4) {
+            if (has_gain) {
                 ss += (double)lo.x * lo.x + (double)lo.y * lo.y + (double)lo.z * lo.z + (double)lo.w * lo.w;
                 ss += (double)hi.x * hi.x + (double)hi.y * hi.y + (double)hi.z * hi.z + (double)hi.w * hi.w;
-                const float4 gl = __ldg(g4 + g * 8 + w), gh = __ldg(g4 + g * 8 + 4 + w);
-                lo = make_float4(lo.x * gl.x, lo.y * gl.y, lo.z * gl.z, lo.w * gl.w);
-                hi = make_float4(hi.x * gh.x, hi.y * gh.y, hi.z * gh.z, hi.w * gh.w);
             }
+            /* x2: silu(gate) * up, as spx_cpu_silu_mul (silu applied by the gate's GEMV); or x * gain */
+            lo = make_float4(lo.x * vl.x, lo.y * vl.y, lo.z * vl.z, lo.w * vl.w);
+            hi = make_float4(hi.x * vh.x, hi.y * vh.y, hi.z * vh.z, hi.w * vh.w);
         }
         /* max |x| of the group as bits (NaN and inf order above every finite value) */
         unsigned mb = max(max(max(gm_absbits(lo.x), gm_absbits(lo.y)), max(gm_absbits(lo.z), gm_absbits(lo.w))),
@@ -524,11 +544,17 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
             *reinterpret_cast<uint2 *>(gi + 32) = make_uint2(gm_digits_hi(u0, u1, u2, u3), gm_digits_hi(u4, u5, u6, u7));
             if (w == 0) meta[g] = make_int2(__float_as_int(S), -sx);
         }
+    };
+    for (int base = 0; base < nslots; base += blockDim.x) { /* the same trip count in every thread */
+        float4 lo, hi, vl, vh;
+        fetch(base, lo, hi, vl, vh);
+        slot(base, lo, hi, vl, vh);
     }
     for (int m = 0; m < a.n_mats; m++) {
         const spx_dqmat &wm = a.w[m];
+        const int pre = m == 0 ? oi0 : m == 1 ? oi1 : oi2;
         for (int j = tid; j < wm.n_out; j += blockDim.x) {
-            const int c = __ldg(wm.oidx + j);
+            const int c = HAVE_OI && j == tid ? pre : __ldg(wm.oidx + j);
             float v = __ldg(a.x + c);
             if (a.x2) v *= __ldg(a.x2 + c);
             if (a.gain) v *= __ldg(a.gain + c);
@@ -880,7 +906,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
             it.c0 = make_uint4(0, 0, 0, 0);
             it.c1 = it.c0;
             it.s0 = it.z0 = it.o0 = it.o1 = 0;
-            if (item < n_items) {
+            if (item < n_items && !GM_DIAG(k, 4)) {
                 it.c0 = ld_stream16(ic + item * 1024);
                 it.c1 = ld_stream16(ic + item * 1024 + 512);
                 it.s0 = __ldg(isc + item * 32);
@@ -902,10 +928,21 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     if (ntl > 0) is_set();
 #pragma unroll
     for (int s = 0; s < P; s++) issue(buf[s]);
+    /* the image's outlier indices (weights) too: after the wait, only the inputs' L2 round trips remain */
+    int oi[SPX_GEMV_MAX_MATS] = {0, 0, 0};
+    static_assert(SPX_GEMV_MAX_MATS == 3, "gm_build takes three");
+    constexpr bool ROOM = P >= 4; /* the 80-register form (P = 2) spills with it */
+    if (ROOM && k.early_oidx) {
+#pragma unroll
+        for (int m = 0; m < SPX_GEMV_MAX_MATS; m++)
+            if (m < a.n_mats && (int)threadIdx.x < a.w[m].n_out) oi[m] = __ldg(a.w[m].oidx + threadIdx.x);
+    }
     spx_pdl_wait();
     if (GR == 1 && ntl == 0) return; /* block-uniform (GR > 1: the groups share gm_build's barriers) */
     if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-    const float inv = gm_build(k, img, meta, xo, redd);
+    const float inv = GM_DIAG(k, 1) ? 1.0f
+                      : ROOM && k.early_oidx ? gm_build<true>(k, img, meta, xo, redd, oi[0], oi[1], oi[2])
+                                             : gm_build(k, img, meta, xo, redd);
     if (ntl == 0) return;
     const bool bval = t == (r >> 1);
     const uint8_t *bbase = bval ? img + t * GM_IMG_GROUP + (r & 1) * 32 : reinterpret_cast<const uint8_t *>(zero);
@@ -928,6 +965,11 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     unsigned long long best = 0;
     auto consume = [&](const gm_item &it, int h) {
         const int item = iw0 + cj + h, bi = item < n_items ? item : n_items - 1, g = item * 4 + t;
+        if (GM_DIAG(k, 2)) { /* diagnostics: the loads kept alive, no arithmetic */
+            tot0 += __uint_as_float((it.c0.x ^ it.c0.y ^ it.c0.z ^ it.c0.w ^ it.c1.x ^ it.c1.y ^ it.c1.z ^ it.c1.w ^ it.s0 ^
+                                     it.z0 ^ it.o0 ^ it.o1) & 0x007fffffu);
+            return;
+        }
         gm_tiled_item(it.c0, it.c1, it.s0, it.z0, reinterpret_cast<const uint4 *>(bbase + bi * bstride),
                       meta[bi * 4 + t], tot0, tot1);
         if (g < cno) {
@@ -1207,6 +1249,13 @@ static int g_tl_env = -1;     /* SPECTRA_GEMV_TILED_VARIANT, what force(-1) retu
 void spx_gemv_q4_force_tiled_variant(int v) { g_tl_force = v >= 0 && v < 2 + N_TL - 1 ? v : g_tl_env; }
 #define N_MMA ((int)(sizeof g_mma / sizeof g_mma[0]))
 static int g_default = 0;
+#ifdef SPX_GEMV_DIAG
+static int g_diag = 0;
+#endif
+static int g_early_oidx = 1;     /* SPECTRA_GEMV_EARLY_OIDX=0: off (measurements) */
+static int g_early_oidx_env = 1; /* what spx_gemv_q4_force_early_oidx(-1) returns to */
+
+void spx_gemv_q4_force_early_oidx(int on) { g_early_oidx = on == 0 || on == 1 ? on : g_early_oidx_env; }
 static int g_groups = 1; /* SPECTRA_GEMV_GROUPS=0: spx_gemv_args.groups ignored (measurements) */
 
 int spx_gemv_q4_impls(void) { return 2 + N_MMA; }
@@ -1239,6 +1288,12 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
     if (gg && *gg >= '0' && *gg <= '1' && !gg[1]) g_groups = *gg - '0';
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
     if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
+#ifdef SPX_GEMV_DIAG
+    const char *dg = getenv("SPECTRA_GEMV_DIAG");
+    g_diag = dg ? atoi(dg) : 0;
+#endif
+    const char *eo = getenv("SPECTRA_GEMV_EARLY_OIDX");
+    if (eo && *eo >= '0' && *eo <= '1' && !eo[1]) g_early_oidx = g_early_oidx_env = *eo - '0';
     const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
     if (tv && *tv >= '0' && *tv < '0' + 2 + N_TL - 1 && !tv[1]) g_tl_force = g_tl_env = *tv - '0';
     return cudaSuccess;
@@ -1323,6 +1378,10 @@ static cudaError_t prep_kargs(const spx_gemv_args &a, gemv_kargs &k, size_t *sme
         }
     }
     k.total = k.start[a.n_mats];
+    k.early_oidx = g_early_oidx;
+#ifdef SPX_GEMV_DIAG
+    k.diag = g_diag;
+#endif
     if (a.mode == SPX_GEMV_SWIGLU && a.w[1].rows != a.w[0].rows) return cudaErrorInvalidValue;
     /* the tiled layout: every matrix of the launch has it, impl 0, no fused SwiGLU */
     const bool tl = a.w[0].tiled != 0;

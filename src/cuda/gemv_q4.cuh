@@ -70,6 +70,11 @@ struct spx_gemv_args {
  * spx_gemv_q4_tma_takes), -1: the default choice (SPECTRA_GEMV_TILED_VARIANT=v
  * at setup does the same; SPECTRA_GEMV_TMA_STAGES=n its ring, 2..8). */
 void spx_gemv_q4_force_tiled_variant(int v);
+/* Tests: on = 0 has the register-fed tiled kernels (2 blocks or 1 of two
+ * groups per SM) load their outlier indices after the PDL wait, 1 before
+ * it (the default; SPECTRA_GEMV_EARLY_OIDX=0 at setup turns it off), -1
+ * back to the setup's choice. The two give the same bits. */
+void spx_gemv_q4_force_early_oidx(int on);
 /* Whether the bulk-copy kernel (gemv_q4_tiled_tma) can run this tiled
  * launch: rows multiples of 16, 16-byte aligned arrays, at most 512
  * outliers per matrix, its shared memory. */

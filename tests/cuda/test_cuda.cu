@@ -225,6 +225,7 @@ static void test_gemv(int n_sm) {
         {64, 128, 0}, {100, 352, 5}, {333, 4096, 41}, {4096, 4096, 41}, {1000, 14336, 143}, {5, 64, 3}, {2049, 2048, 20},
         {77, 3072, 9}, {40, 1024, 100}, /* the bulk-copy kernel: a partial last stage (16 warps); outliers past the stream */
         {1024, 14336, 143}, {48, 2176, 7}, /* the tiled bulk-copy kernel: 7 whole stages a tile; 2, the second of 1 item */
+        {48, 1024, 600}, /* more outliers than a block has threads (the tiled kernels' early indices cover the first 256 / 512) */
     };
     int n_cases = 0, n_tma_cases = 0;
     for (auto &sh : shapes) {
@@ -293,6 +294,15 @@ static void test_gemv(int n_sm) {
                      * bulk-copy kernel in its own: the tolerance above) */
                     CHECK((v != 1 && v != 3) || memcmp(yv[v].data(), yv[0].data(), yv[0].size() * 4) == 0,
                           "%s: rows differ from variant 0's", what);
+                    if (v != 2) { /* the outlier indices loaded after the PDL wait instead of before: the same bits */
+                        spx_gemv_q4_force_early_oidx(0);
+                        poison(dy, (size_t)sh.rows * 4);
+                        CK(spx_gemv_q4(at, n_sm, 0));
+                        CK(cudaDeviceSynchronize());
+                        spx_gemv_q4_force_early_oidx(-1);
+                        CHECK(memcmp(down(dy, (size_t)sh.rows).data(), yv[v].data(), yv[v].size() * 4) == 0,
+                              "%s: rows differ with the outlier indices loaded late", what);
+                    }
                     at.mode = SPX_GEMV_ADD;
                     CK(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
                     CK(spx_gemv_q4(at, n_sm, 0));
