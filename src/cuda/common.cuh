@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define SPX_CUDA_GROUP 32 /* columns per quantization group */
 
@@ -115,9 +116,38 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+/* One shared-memory carveout (percent of the unified L1 / shared memory)
+ * for every kernel launched through spx_launch: left to the driver, each
+ * kernel of the decode chain gets the split its own needs suggest, and an
+ * SM must drain before it takes blocks of a kernel with another split,
+ * which undoes the overlap of programmatic dependent launch at every
+ * kernel boundary. 50 % (132 KB of shared memory on the H100/H200, enough
+ * for every decode kernel at its occupancy) measured best: Llama-3.1-8B
+ * tg128 544 vs 472 tok/s with the driver's choice (100 %: 507), same run
+ * (bench/gpu/NOTES.md 33). SPECTRA_CUDA_CARVEOUT=n (0..100) sets another,
+ * -1 leaves it to the driver. Set once per kernel, at its first launch. */
+inline int spx_carveout() {
+    static const int v = [] {
+        const char *e = getenv("SPECTRA_CUDA_CARVEOUT");
+        return e && *e ? atoi(e) : 50;
+    }();
+    return v;
+}
+inline void spx_apply_carveout(const void *fn) {
+    static const void *done[256];
+    static int n_done = 0;
+    const int v = spx_carveout();
+    if (v < 0 || v > 100) return;
+    for (int i = 0; i < n_done; i++)
+        if (done[i] == fn) return;
+    if (n_done < 256) done[n_done++] = fn;
+    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, v);
+}
+
 template <typename... Params, typename... Args>
 static inline cudaError_t spx_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                      bool pdl, Args... args) {
+    spx_apply_carveout(reinterpret_cast<const void *>(kernel));
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

@@ -1256,6 +1256,12 @@ static int g_early_oidx = 1;     /* SPECTRA_GEMV_EARLY_OIDX=0: off (measurements
 static int g_early_oidx_env = 1; /* what spx_gemv_q4_force_early_oidx(-1) returns to */
 
 void spx_gemv_q4_force_early_oidx(int on) { g_early_oidx = on == 0 || on == 1 ? on : g_early_oidx_env; }
+/* Measurements: SPECTRA_GEMV_FORMS=abcde forces the tiled form (0, 1, 2;
+ * '-': the default choice) of q/k/v, O, gate/up, down and LM-head launches */
+static int g_forms[5] = {-1, -1, -1, -1, -1};
+static int launch_kind(const spx_gemv_args &a) {
+    return a.n_mats == 3 ? 0 : a.n_mats == 2 ? 2 : a.x2 ? 3 : a.mode == SPX_GEMV_ARGMAX ? 4 : 1;
+}
 static int g_groups = 1; /* SPECTRA_GEMV_GROUPS=0: spx_gemv_args.groups ignored (measurements) */
 
 int spx_gemv_q4_impls(void) { return 2 + N_MMA; }
@@ -1292,6 +1298,8 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
     const char *dg = getenv("SPECTRA_GEMV_DIAG");
     g_diag = dg ? atoi(dg) : 0;
 #endif
+    const char *fs = getenv("SPECTRA_GEMV_FORMS");
+    for (int i = 0; fs && i < 5 && fs[i]; i++) g_forms[i] = fs[i] >= '0' && fs[i] < '0' + N_TL ? fs[i] - '0' : -1;
     const char *eo = getenv("SPECTRA_GEMV_EARLY_OIDX");
     if (eo && *eo >= '0' && *eo <= '1' && !eo[1]) g_early_oidx = g_early_oidx_env = *eo - '0';
     const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
@@ -1441,6 +1449,7 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         const bool groups = a.groups && g_groups;
         const int tv = g_tl_force == 3 ? 2
                        : g_tl_force >= 0 && g_tl_force < 2 ? g_tl_force
+                       : g_forms[launch_kind(a)] >= 0 ? g_forms[launch_kind(a)]
                        : groups ? 2
                        : k.n_tiles >= 48 * nsm1 ? 1
                                 : 0;
@@ -1456,6 +1465,11 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         err = spx_launch(fn, dim3((unsigned)blocks), dim3(gr * GM_WARPS * 32), smem, st, pdl, k);
     }
     return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+int spx_gemv_q4_carveout(void) {
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, g_mma_tl[0]) == cudaSuccess ? fa.preferredShmemCarveout : -2;
 }
 
 bool spx_gemv_q4_fits(int64_t cols, int64_t n_out_total) {

@@ -75,6 +75,9 @@ void spx_gemv_q4_force_tiled_variant(int v);
  * it (the default; SPECTRA_GEMV_EARLY_OIDX=0 at setup turns it off), -1
  * back to the setup's choice. The two give the same bits. */
 void spx_gemv_q4_force_early_oidx(int on);
+/* Tests: the register-fed tiled kernel's preferred shared-memory carveout
+ * (percent; set at its first launch, common.cuh spx_apply_carveout). */
+int spx_gemv_q4_carveout(void);
 /* Whether the bulk-copy kernel (gemv_q4_tiled_tma) can run this tiled
  * launch: rows multiples of 16, 16-byte aligned arrays, at most 512
  * outliers per matrix, its shared memory. */

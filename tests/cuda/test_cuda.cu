@@ -519,6 +519,8 @@ static void test_gemv(int n_sm) {
     }
     /* the tiled bulk-copy kernel ran on the shapes it takes (not skipped by a refusal) */
     CHECK(n_tma_cases >= 6, "gemv: the bulk-copy kernel took %d of the tiled cases", n_tma_cases);
+    if (!getenv("SPECTRA_CUDA_CARVEOUT")) /* one carveout for every kernel (common.cuh) */
+        CHECK(spx_gemv_q4_carveout() == 50, "gemv: the tiled kernel's carveout is %d, not 50", spx_gemv_q4_carveout());
     printf("gemv: %d cases (%d through the tiled bulk-copy kernel)\n", n_cases, n_tma_cases);
 }
 
