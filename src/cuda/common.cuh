@@ -117,13 +117,14 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* One shared-memory carveout (percent of the unified L1 / shared memory)
- * for every kernel launched through spx_launch: left to the driver, each
- * kernel of the decode chain gets the split its own needs suggest, and an
- * SM must drain before it takes blocks of a kernel with another split,
- * which undoes the overlap of programmatic dependent launch at every
- * kernel boundary. 50 % (132 KB of shared memory on the H100/H200, enough
- * for every decode kernel at its occupancy) measured best: Llama-3.1-8B
- * tg128 544 vs 472 tok/s with the driver's choice (100 %: 507), same run
+ * for every kernel launched through spx_launch. Left to the driver, each
+ * kernel of the decode chain gets the split its own needs suggest, and
+ * (likely: an SM changes its split only once drained) the next kernel's
+ * blocks cannot start early on an SM of another split, which undoes the
+ * overlap of programmatic dependent launch at kernel boundaries. 50 %
+ * (132 KB of shared memory on the H100/H200, enough for every decode
+ * kernel at its occupancy) measured best: Llama-3.1-8B tg128 541.9 vs
+ * 472.9 tok/s with the driver's choice (100 %: 507), same run
  * (bench/gpu/NOTES.md 33). SPECTRA_CUDA_CARVEOUT=n (0..100) sets another,
  * -1 leaves it to the driver. Set once per kernel, at its first launch. */
 inline int spx_carveout() {
