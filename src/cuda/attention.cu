@@ -11,6 +11,7 @@
 #include "cuda/attention.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define AT_WARPS 4
 #define AT_HB 4 /* q heads per block */
@@ -18,13 +19,15 @@
 /* ---- what the fp16 and the 4-bit kernels share ---------------------------- */
 
 /* Keys [*k_begin, *k_end) of this split for token t (causal, sliding window). */
-__device__ __forceinline__ void attn_keys(const spx_attn_args &a, int t, int split, int64_t *k_begin, int64_t *k_end) {
+__device__ __forceinline__ void attn_keys(const spx_attn_args &a, int t, int split, int64_t *k_begin, int64_t *k_end,
+                                          int n_splits = 0 /* 0: a.n_splits */) {
     const int64_t p = (int64_t)a.pos[0] + t;
     int64_t start = 0;
     if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
     const int64_t end = p + 1, len = end - start;
     const int64_t ntiles = (len + 31) / 32;
-    const int64_t per = (ntiles + a.n_splits - 1) / a.n_splits; /* tiles per split */
+    const int S = n_splits > 0 ? n_splits : a.n_splits;
+    const int64_t per = (ntiles + S - 1) / S; /* tiles per split */
     *k_begin = start + (int64_t)split * per * 32;
     *k_end = min(end, *k_begin + per * 32);
 }
@@ -399,6 +402,19 @@ template <int ND> __device__ __forceinline__ void ad_load_v(const __half *src, f
     }
 }
 
+/* The splits a decode step uses: the launch has a.n_splits (gridDim.y),
+ * sized for the session's context; at position p only enough of them
+ * for one pass (SPX_ATTN_DECODE_KEYS keys) each run, the rest return at
+ * once. At short contexts that is one split and no merge at all (the
+ * tg128 regime); from 8 passes of keys on, all of them. */
+__device__ __forceinline__ int ad_active_splits(const spx_attn_args &a) {
+    const int64_t p = a.pos[0];
+    int64_t start = 0;
+    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
+    const int64_t need = (p + 1 - start + SPX_ATTN_DECODE_KEYS - 1) / SPX_ATTN_DECODE_KEYS;
+    return (int)max((int64_t)1, min((int64_t)gridDim.y, need));
+}
+
 /* After a split's partial store: whether this block is the last of its
  * head group to get here (flag: a shared int). The block barrier orders
  * every thread's partial stores before thread 0's counter increment, which
@@ -407,12 +423,12 @@ template <int ND> __device__ __forceinline__ void ad_load_v(const __half *src, f
  * block's), and the second barrier passes that on to the block's threads;
  * no separate fences (the threadFenceReduction form cost two more round
  * trips on the decode chain). */
-__device__ __forceinline__ bool ad_last_block(const spx_attn_args &a, int *flag) {
+__device__ __forceinline__ bool ad_last_block(const spx_attn_args &a, int *flag, int S) {
     __syncthreads();
     if (threadIdx.x == 0) {
         int old;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(a.cnt + blockIdx.x) : "memory");
-        *flag = old == (int)gridDim.y - 1;
+        *flag = old == S - 1;
     }
     __syncthreads();
     return *flag != 0;
@@ -427,23 +443,23 @@ __device__ __forceinline__ bool ad_last_block(const spx_attn_args &a, int *flag)
  * Resets the group's counter for the next layer (which runs after this
  * grid completes). */
 template <int HD, typename F>
-__device__ __forceinline__ void ad_merge_splits(const spx_attn_args &a, const attn_block &b, float *w, F emit) {
+__device__ __forceinline__ void ad_merge_splits(const spx_attn_args &a, const attn_block &b, float *w, int S, F emit) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int S = gridDim.y, n_out = b.nhb * HD;
+    const int SS = gridDim.y, n_out = b.nhb * HD; /* S splits active of the SS the partials are laid out for */
     float *lt = w + AT_HB * S;
-    const float *part = a.part + (int64_t)b.h0 * S * (HD + 2);
+    const float *part = a.part + (int64_t)b.h0 * SS * (HD + 2);
     constexpr int AD_PRE = 8, NT = AD_WARPS * 32;
     const float *pp[4];
     float po[4][AD_PRE];
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         const int i = min((int)threadIdx.x + u * NT, n_out - 1), hh = i / HD;
-        pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
+        pp[u] = part + (int64_t)hh * SS * (HD + 2) + 2 + (i - hh * HD);
 #pragma unroll
         for (int sp = 0; sp < AD_PRE; sp++) po[u][sp] = sp < S ? __ldcg(pp[u] + (int64_t)sp * (HD + 2)) : 0.0f;
     }
     for (int hh = warp; hh < b.nhb; hh += AD_WARPS) {
-        const float *ph = part + (int64_t)hh * S * (HD + 2);
+        const float *ph = part + (int64_t)hh * SS * (HD + 2);
         float mx = -INFINITY;
         for (int sp = lane; sp < S; sp += 32) mx = fmaxf(mx, __ldcg(ph + (int64_t)sp * (HD + 2)));
         mx = spx_warp_max(mx);
@@ -464,7 +480,7 @@ __device__ __forceinline__ void ad_merge_splits(const spx_attn_args &a, const at
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int i = min(i0 + u * NT, n_out - 1), hh = i / HD;
-            pp[u] = part + (int64_t)hh * S * (HD + 2) + 2 + (i - hh * HD);
+            pp[u] = part + (int64_t)hh * SS * (HD + 2) + 2 + (i - hh * HD);
             wr[u] = w + hh * S;
         }
         int sp = 0;
@@ -498,8 +514,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     const attn_block b = attn_block_of(a);
     const int64_t p = a.pos[0]; /* written before this forward began */
     const int64_t kvd = (int64_t)a.nkv * HD;
+    const int S = a.n_tok == 1 && a.adapt_splits ? ad_active_splits(a) : (int)gridDim.y;
+    if (b.split >= S) return; /* block-uniform: no keys for this split at this position */
     int64_t kb, ke;
-    attn_keys(a, 0, b.split, &kb, &ke);
+    attn_keys(a, 0, b.split, &kb, &ke, S);
     __half *ks = reinterpret_cast<__half *>(ad_sm + L::TILES) + warp * 2 * L::TILE_H, *vs = ks + L::TILE_H;
     __half *kg = a.kc + (int64_t)b.kvh * HD, *vg = a.vc + (int64_t)b.kvh * HD;
     const int64_t old_end = min(ke, p); /* rows an earlier step wrote */
@@ -636,12 +654,12 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     float *out = a.out + (int64_t)b.h0 * HD;
     attn_merge<ND, true>(reinterpret_cast<float *>(ad_sm + L::TILES), m, l, acc, HD, b.nhb,
                          [&](int hh, int d, int i, float M, float Ls, float O) {
-                             if (gridDim.y == 1) out[i] = O / Ls;
+                             if (S == 1) out[i] = O / Ls;
                              else attn_part_store(a, 0, b.h0 + hh, b.split, d, M, Ls, O);
                          });
-    if (gridDim.y == 1) return;
-    if (ad_last_block(a, reinterpret_cast<int *>(ad_sm + L::FLAG)))
-        ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), [&](int i, float v) { out[i] = v; });
+    if (S == 1) return;
+    if (ad_last_block(a, reinterpret_cast<int *>(ad_sm + L::FLAG), S))
+        ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), S, [&](int i, float v) { out[i] = v; });
 }
 
 /* ---- decode over the 4-bit cache: attn_decode_q4_kernel --------------------
@@ -679,8 +697,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     const int64_t p = a.pos[0]; /* written before this forward began */
     const int64_t kvd = (int64_t)a.nkv * HD, crow = kvd / 2, srow = kvd / SPX_KVQ4_GROUP, zrow = (srow + 1) / 2;
     const int G0 = b.kvh * ND; /* the head's first group in a row */
+    const int S = a.n_tok == 1 && a.adapt_splits ? ad_active_splits(a) : (int)gridDim.y;
+    if (b.split >= S) return; /* block-uniform: no keys for this split at this position */
     int64_t kb, ke;
-    attn_keys(a, 0, b.split, &kb, &ke);
+    attn_keys(a, 0, b.split, &kb, &ke, S);
     uint8_t *kcs = ad_sm + L::TILES + warp * 2 * L::TILE_B, *vcs = kcs + L::TILE_B;
     float2 *vsz = reinterpret_cast<float2 *>(ad_sm + L::VSZ) + warp * 32 * ND;
     const uint8_t *kcg = a.kq.codes + (int64_t)b.kvh * RB, *vcg = a.vq.codes + (int64_t)b.kvh * RB;
@@ -797,12 +817,12 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     float *out = a.out + (int64_t)b.h0 * HD;
     attn_merge<ND, true>(reinterpret_cast<float *>(ad_sm + L::TILES), m, l, acc, HD, b.nhb,
                          [&](int hh, int d, int i, float M, float Ls, float O) {
-                             if (gridDim.y == 1) ob[i] = O / Ls;
+                             if (S == 1) ob[i] = O / Ls;
                              else attn_part_store(a, 0, b.h0 + hh, b.split, d, M, Ls, O);
                          });
-    if (gridDim.y > 1) {
-        if (!ad_last_block(a, reinterpret_cast<int *>(ad_sm + L::FLAG))) return;
-        ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), [&](int i, float v) { ob[i] = v; });
+    if (S > 1) {
+        if (!ad_last_block(a, reinterpret_cast<int *>(ad_sm + L::FLAG), S)) return;
+        ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), S, [&](int i, float v) { ob[i] = v; });
     }
     __syncthreads();
     spx_kvq4_fwht_smem(ob, b.nhb * HD, a.rot);
@@ -828,8 +848,14 @@ template <int ND> static cudaError_t ad_setup(void) {
     return err;
 }
 
+static int g_adapt = 1, g_adapt_env = 1; /* SPECTRA_CUDA_ATTN_ADAPT, spx_attention_force_adapt */
+
+void spx_attention_force_adapt(int on) { g_adapt = on == 0 || on == 1 ? on : g_adapt_env; }
+
 cudaError_t spx_attention_setup(void) {
     g_split_only = getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL") != nullptr;
+    const char *ad = getenv("SPECTRA_CUDA_ATTN_ADAPT");
+    g_adapt = g_adapt_env = !(ad && !strcmp(ad, "0"));
     cudaError_t err = ad_setup<1>();
     if (err == cudaSuccess) err = ad_setup<2>();
     if (err == cudaSuccess) err = ad_setup<4>();
@@ -846,7 +872,9 @@ template <int ND> static cudaError_t adq_launch(const spx_attn_args &a, cudaStre
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-static cudaError_t attention_decode(const spx_attn_args &a, cudaStream_t st, bool pdl) {
+static cudaError_t attention_decode(const spx_attn_args &a_in, cudaStream_t st, bool pdl) {
+    spx_attn_args a = a_in;
+    a.adapt_splits = g_adapt;
     const bool f = a.k_new != nullptr;
     if (f && (!a.v_new || !a.inv_freq || a.kq.codes)) return cudaErrorInvalidValue; /* q4: rope_store stores */
     if ((a.n_splits > 1 && !a.cnt) || a.n_splits > 128) return cudaErrorInvalidValue;

@@ -54,17 +54,24 @@ struct spx_attn_args {
     const float *inv_freq;      /* [hd / 2] */
     const float *q_norm, *k_norm; /* [hd] or NULL (Qwen3) */
     float eps;
+    int adapt_splits; /* set by spx_attention (callers leave it): only the splits position p needs run */
 };
 
 cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl = false);
-/* Shared-memory limits of the decode kernels, and SPECTRA_CUDA_ATTN_SPLIT_KERNEL;
- * once per process, before use. */
+/* Shared-memory limits of the decode kernels, SPECTRA_CUDA_ATTN_SPLIT_KERNEL
+ * and SPECTRA_CUDA_ATTN_ADAPT=0 (every split of a decode launch runs, for
+ * measurements and tests: spx_attention_force_adapt); once per process,
+ * before use. */
 cudaError_t spx_attention_setup(void);
 /* Whether one token (n_tok == 1) takes a decode kernel, over either cache
  * (RoPE fusable only with fp16): hd 32, 64, 128 or 256
  * (SPECTRA_CUDA_ATTN_SPLIT_KERNEL set at setup: never, for measurements).
  * Its blocks cover SPX_ATTN_DECODE_KEYS keys per pass. */
 bool spx_attention_decode_fast(int hd);
+/* Tests: 0 runs every split of a decode launch, 1 only those the position
+ * needs (one pass of SPX_ATTN_DECODE_KEYS keys each; the default), -1
+ * back to the setup's choice. */
+void spx_attention_force_adapt(int on);
 #define SPX_ATTN_DECODE_KEYS 128
 /* Blocks of the split kernel per split (for choosing n_splits). */
 int spx_attention_blocks_per_split(int n_tok, int nh, int nkv);

@@ -820,7 +820,9 @@ static void test_small_ops(int n_sm) {
  * (spx_attention_decode_fast); fuse: it also does rope_store's work (q
  * and k_new raw; RMSNorm when qkn, RoPE, row pos0 stored), checked against
  * the CPU's rmsnorm/rope, the stored row and the rows around it. Every
- * case runs twice: the split counters must be back at zero for the second. */
+ * case runs twice (the split counters must be back at zero for the
+ * second), then once with every split of a decode launch running
+ * (spx_attention_force_adapt(0): by default only those position p needs). */
 static void test_attention(void) {
     struct { int n_tok, nh, nkv, hd, window, splits, pos0, fuse, qkn; } cs[] = {
         {1, 32, 8, 128, 0, 1, 700, 0, 0},  {1, 32, 8, 128, 0, 33, 700, 0, 0}, {1, 32, 8, 128, 0, 33, 3, 0, 0},
@@ -873,12 +875,25 @@ static void test_attention(void) {
             spx_cpu_rope(q.data(), c.nh, c.hd, c.pos0, inv.data());
             spx_cpu_rope(kn.data(), c.nkv, c.hd, c.pos0, inv.data());
         }
-        std::vector<float> outs[2];
-        for (int run = 0; run < 2; run++) {
+        std::vector<float> outs[3];
+        const size_t part_n = (size_t)(c.n_tok * c.nh * c.splits * (c.hd + 2));
+        poison(a.part, part_n * 4);
+        for (int run = 0; run < 3; run++) { /* run 2: every split of a decode launch, not just those p needs */
+            if (run == 2) spx_attention_force_adapt(0);
             poison(dout, q.size() * 4);
             CK(spx_attention(a, 0));
             CK(cudaDeviceSynchronize());
+            spx_attention_force_adapt(-1);
             outs[run] = down(dout, q.size());
+            if (run == 0 && c.n_tok == 1 && c.splits > 1 && spx_attention_decode_fast(c.hd)) {
+                /* one pass of keys needed: one split ran and wrote the output itself, no partials */
+                const int len = c.window > 0 && c.window < c.pos0 + 1 ? c.window : c.pos0 + 1;
+                const std::vector<float> part = down(a.part, part_n);
+                size_t touched = 0;
+                for (float v : part) touched += !isnan(v);
+                CHECK((len <= SPX_ATTN_DECODE_KEYS) == (touched == 0),
+                      "attention splits %d pos %d: %zu partial values written (%d keys)", c.splits, c.pos0, touched, len);
+            }
         }
         char what[160];
         snprintf(what, sizeof what, "attention n_tok %d nh %d nkv %d hd %d window %d splits %d pos %d fuse %d qkn %d",
@@ -925,9 +940,9 @@ static void test_attention(void) {
                     ref[(size_t)t * qd + h * c.hd + j] = o / sum;
                 }
             }
-        for (int run = 0; run < 2; run++) {
+        for (int run = 0; run < 3; run++) {
             char w2[200];
-            snprintf(w2, sizeof w2, "%s run %d", what, run);
+            snprintf(w2, sizeof w2, "%s run %d%s", what, run, run == 2 ? " (all splits)" : "");
             check_close(w2, outs[run].data(), ref.data(), tol.data(), outs[run].size());
         }
         std::vector<int> cnt((size_t)c.nh);
@@ -1247,6 +1262,21 @@ static void test_kvq4(void) {
         snprintf(what, sizeof what, "q4 attention n_tok %d nh %d nkv %d hd %d (rot %d) window %d splits %d pos %d",
                  c.n_tok, c.nh, c.nkv, c.hd, rot, c.window, c.splits, c.pos0);
         int ok = check_close(what, out.data(), ref.data(), tol.data(), out.size());
+        { /* every split of a decode launch running, not just those the position needs */
+            spx_attention_force_adapt(0);
+            poison(dout, q.size() * 4);
+            CK(spx_attention(a, 0));
+            CK(cudaDeviceSynchronize());
+            spx_attention_force_adapt(-1);
+            char w2[200];
+            snprintf(w2, sizeof w2, "%s (all splits)", what);
+            ok &= check_close(w2, down(dout, q.size()).data(), ref.data(), tol.data(), out.size());
+            std::vector<int> cnt((size_t)c.nh);
+            CK(cudaMemcpy(cnt.data(), a.cnt, cnt.size() * 4, cudaMemcpyDeviceToHost));
+            int nz = 0;
+            for (int x : cnt) nz += x != 0;
+            CHECK(nz == 0, "%s: %d split counters left non-zero", w2, nz);
+        }
         double dcpu = 0;
         for (size_t i = 0; i < out.size(); i++) dcpu = fmax(dcpu, fabs((double)cpu[i] - ref[i]));
         CHECK(dcpu <= ATTN_Q4_TOL_ABS, "%s: the CPU's q4 attention is %.3g from the reference", what, dcpu);
