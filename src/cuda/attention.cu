@@ -283,7 +283,8 @@ __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
  * tiles, plus a combine launch. So:
  *  - one 32-key tile per warp and pass (AD_WARPS warps: 128 keys per pass),
  *    splits sized so that one pass is the usual case (the backend's
- *    splits_for, SPX_ATTN_DECODE_KEYS);
+ *    splits_for, SPX_ATTN_DECODE_KEYS), and of a launch's splits only
+ *    those position p needs run (ad_active_splits);
  *  - each warp's first K and V tile is copied into shared memory
  *    (cp.async) before the PDL wait, i.e. under the previous kernel: rows
  *    before position p were written by earlier steps. Row p is never read

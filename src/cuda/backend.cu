@@ -585,7 +585,9 @@ static void cu_session_free(spx_session *s) {
  * to 64 blocks in all, then more passes per block: its last block merges
  * the splits, and that grows with their count (8B, 8 KV heads, same H200
  * run: 640 keys 2 splits 446.6 tok/s, 3: 450.8, 5: 457.4, 8: 457.4; 8K
- * keys 8 splits 455.3, 12: 447.0, 16: 435.8, 24: 415.0).
+ * keys 8 splits 455.3, 12: 447.0, 16: 435.8, 24: 415.0). This is the
+ * launch's count for the session's context; at position p the kernels run
+ * only the splits p needs (attention.cu ad_active_splits).
  * SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
 static int splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
     const char *env = getenv("SPECTRA_CUDA_ATTN_SPLITS");
