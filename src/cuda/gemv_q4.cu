@@ -494,33 +494,27 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
     const spx_gemv_args &a = k.a;
     const int ng = k.cols >> 5, nslots = k.n_items * 16, tid = threadIdx.x;
     const float4 *x4 = reinterpret_cast<const float4 *>(a.x);
-    /* the second input: x2 (multiplied before the norm's sum) or gain (after); never both */
-    const float4 *v4 = reinterpret_cast<const float4 *>(a.x2 ? a.x2 : a.gain);
-    const bool has_gain = a.gain != NULL;
+    const float4 *g4 = reinterpret_cast<const float4 *>(a.gain);
     double ss = 0;
-    auto fetch = [&](int base, float4 &lo, float4 &hi, float4 &vl, float4 &vh) {
+    for (int base = 0; base < nslots; base += blockDim.x) { /* the same trip count in every thread */
         const int i = base + tid, g = i >> 2, w = i & 3;
-        lo = make_float4(0, 0, 0, 0);
-        hi = vl = vh = lo;
+        float4 lo = make_float4(0, 0, 0, 0), hi = lo;
         if (i < nslots && g < ng) {
             lo = __ldg(x4 + g * 8 + w);
             hi = __ldg(x4 + g * 8 + 4 + w);
-            if (v4) {
-                vl = __ldg(v4 + g * 8 + w);
-                vh = __ldg(v4 + g * 8 + 4 + w);
+            if (a.x2) { /* silu(gate) * up, as spx_cpu_silu_mul (silu applied by the gate's GEMV) */
+                const float4 *u4 = reinterpret_cast<const float4 *>(a.x2);
+                const float4 ul = __ldg(u4 + g * 8 + w), uh = __ldg(u4 + g * 8 + 4 + w);
+                lo = make_float4(lo.x * ul.x, lo.y * ul.y, lo.z * ul.z, lo.w * ul.w);
+                hi = make_float4(hi.x * uh.x, hi.y * uh.y, hi.z * uh.z, hi.w * uh.w);
             }
-        }
-    };
-    auto slot = [&](int base, float4 lo, float4 hi, float4 vl, float4 vh) {
-        const int i = base + tid, g = i >> 2, w = i & 3;
-        if (v4) {
-            if (has_gain) {
+            if (a.gain) {
                 ss += (double)lo.x * lo.x + (double)lo.y * lo.y + (double)lo.z * lo.z + (double)lo.w * lo.w;
                 ss += (double)hi.x * hi.x + (double)hi.y * hi.y + (double)hi.z * hi.z + (double)hi.w * hi.w;
+                const float4 gl = __ldg(g4 + g * 8 + w), gh = __ldg(g4 + g * 8 + 4 + w);
+                lo = make_float4(lo.x * gl.x, lo.y * gl.y, lo.z * gl.z, lo.w * gl.w);
+                hi = make_float4(hi.x * gh.x, hi.y * gh.y, hi.z * gh.z, hi.w * gh.w);
             }
-            /* x2: silu(gate) * up, as spx_cpu_silu_mul (silu applied by the gate's GEMV); or x * gain */
-            lo = make_float4(lo.x * vl.x, lo.y * vl.y, lo.z * vl.z, lo.w * vl.w);
-            hi = make_float4(hi.x * vh.x, hi.y * vh.y, hi.z * vh.z, hi.w * vh.w);
         }
         /* max |x| of the group as bits (NaN and inf order above every finite value) */
         unsigned mb = max(max(max(gm_absbits(lo.x), gm_absbits(lo.y)), max(gm_absbits(lo.z), gm_absbits(lo.w))),
@@ -544,11 +538,6 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
             *reinterpret_cast<uint2 *>(gi + 32) = make_uint2(gm_digits_hi(u0, u1, u2, u3), gm_digits_hi(u4, u5, u6, u7));
             if (w == 0) meta[g] = make_int2(__float_as_int(S), -sx);
         }
-    };
-    for (int base = 0; base < nslots; base += blockDim.x) { /* the same trip count in every thread */
-        float4 lo, hi, vl, vh;
-        fetch(base, lo, hi, vl, vh);
-        slot(base, lo, hi, vl, vh);
     }
     for (int m = 0; m < a.n_mats; m++) {
         const spx_dqmat &wm = a.w[m];
