@@ -78,7 +78,7 @@ int main(void) {
     snprintf(a, sizeof a, "logits -m %s --ids 1,99999 -o %s/x.f32", tl_shared("models/tiny-llama3"), tmp);
     expect(a, 1, "99999");
     snprintf(a, sizeof a, "%s/trunc", tmp);
-    char c2[8192];
+    char c2[16384];
     snprintf(c2, sizeof c2, "mkdir -p %s && cp %s %s/ && head -c 1000 %s > %s/model.safetensors", a,
              tl_shared("models/tiny-llama3/config.json"), a, tl_shared("models/tiny-llama3/model.safetensors"), a);
     CHECK(system(c2) == 0, "%s", c2);

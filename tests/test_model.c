@@ -108,7 +108,7 @@ static int check_greedy(spx_model *m, const int32_t *prompt, size_t np, const in
 }
 
 static void test_tiny(const char *name) {
-    char dir[512], ref[512], lg[512];
+    char dir[512], ref[544], lg[544];
     snprintf(dir, sizeof dir, "%s", tl_shared("models/"));
     strncat(dir, name, sizeof dir - strlen(dir) - 1);
     snprintf(ref, sizeof ref, "%s/reference.json", dir);

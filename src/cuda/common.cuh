@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <mutex>
+
 #define SPX_CUDA_GROUP 32 /* columns per quantization group */
 
 /* A Group-32 4-bit matrix [rows, cols] in device memory, laid out exactly
@@ -135,10 +137,12 @@ inline int spx_carveout() {
     return v;
 }
 inline void spx_apply_carveout(const void *fn) {
+    static std::mutex mu; /* sessions may launch from several threads */
     static const void *done[256];
     static int n_done = 0;
     const int v = spx_carveout();
     if (v < 0 || v > 100) return;
+    std::lock_guard<std::mutex> lock(mu);
     for (int i = 0; i < n_done; i++)
         if (done[i] == fn) return;
     if (n_done < 256) done[n_done++] = fn;
