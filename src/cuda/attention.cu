@@ -18,13 +18,21 @@
 
 /* ---- what the fp16 and the 4-bit kernels share ---------------------------- */
 
-/* Keys [*k_begin, *k_end) of this split for token t (causal, sliding window). */
+/* The keys token t attends to, [*start, *end) (causal, sliding window). */
+__device__ __forceinline__ void attn_span(const spx_attn_args &a, int t, int64_t *start, int64_t *end) {
+    const int64_t p = (int64_t)a.pos[0] + t;
+    int64_t s = 0;
+    if (a.window > 0 && p - a.window + 1 > 0) s = p - a.window + 1;
+    *start = s;
+    *end = p + 1;
+}
+
+/* Keys [*k_begin, *k_end) of this split for token t. */
 __device__ __forceinline__ void attn_keys(const spx_attn_args &a, int t, int split, int64_t *k_begin, int64_t *k_end,
                                           int n_splits = 0 /* 0: a.n_splits */) {
-    const int64_t p = (int64_t)a.pos[0] + t;
-    int64_t start = 0;
-    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
-    const int64_t end = p + 1, len = end - start;
+    int64_t start, end;
+    attn_span(a, t, &start, &end);
+    const int64_t len = end - start;
     const int64_t ntiles = (len + 31) / 32;
     const int S = n_splits > 0 ? n_splits : a.n_splits;
     const int64_t per = (ntiles + S - 1) / S; /* tiles per split */
@@ -406,13 +414,14 @@ template <int ND> __device__ __forceinline__ void ad_load_v(const __half *src, f
 /* The splits a decode step uses: the launch has a.n_splits (gridDim.y),
  * sized for the session's context; at position p only enough of them
  * for one pass (SPX_ATTN_DECODE_KEYS keys) each run, the rest return at
- * once. At short contexts that is one split and no merge at all (the
- * tg128 regime); from 8 passes of keys on, all of them. */
+ * once (a.adapt_splits; else all of them). At short contexts that is one
+ * split and no merge at all (the tg128 regime); from 8 passes of keys on,
+ * all of them. */
 __device__ __forceinline__ int ad_active_splits(const spx_attn_args &a) {
-    const int64_t p = a.pos[0];
-    int64_t start = 0;
-    if (a.window > 0 && p - a.window + 1 > 0) start = p - a.window + 1;
-    const int64_t need = (p + 1 - start + SPX_ATTN_DECODE_KEYS - 1) / SPX_ATTN_DECODE_KEYS;
+    if (!a.adapt_splits) return (int)gridDim.y;
+    int64_t start, end;
+    attn_span(a, 0, &start, &end);
+    const int64_t need = (end - start + SPX_ATTN_DECODE_KEYS - 1) / SPX_ATTN_DECODE_KEYS;
     return (int)max((int64_t)1, min((int64_t)gridDim.y, need));
 }
 
@@ -515,7 +524,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     const attn_block b = attn_block_of(a);
     const int64_t p = a.pos[0]; /* written before this forward began */
     const int64_t kvd = (int64_t)a.nkv * HD;
-    const int S = a.n_tok == 1 && a.adapt_splits ? ad_active_splits(a) : (int)gridDim.y;
+    const int S = ad_active_splits(a);
     if (b.split >= S) return; /* block-uniform: no keys for this split at this position */
     int64_t kb, ke;
     attn_keys(a, 0, b.split, &kb, &ke, S);
@@ -698,7 +707,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     const int64_t p = a.pos[0]; /* written before this forward began */
     const int64_t kvd = (int64_t)a.nkv * HD, crow = kvd / 2, srow = kvd / SPX_KVQ4_GROUP, zrow = (srow + 1) / 2;
     const int G0 = b.kvh * ND; /* the head's first group in a row */
-    const int S = a.n_tok == 1 && a.adapt_splits ? ad_active_splits(a) : (int)gridDim.y;
+    const int S = ad_active_splits(a);
     if (b.split >= S) return; /* block-uniform: no keys for this split at this position */
     int64_t kb, ke;
     attn_keys(a, 0, b.split, &kb, &ke, S);

@@ -1436,9 +1436,10 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
          * none (the backend's choice; SPECTRA_GEMV_GROUPS=0: never) */
         const int64_t nsm1 = n_sm > 0 ? n_sm : 1;
         const bool groups = a.groups && g_groups;
+        const int forced = g_forms[launch_kind(a)];
         const int tv = g_tl_force == 3 ? 2
                        : g_tl_force >= 0 && g_tl_force < 2 ? g_tl_force
-                       : g_forms[launch_kind(a)] >= 0 ? g_forms[launch_kind(a)]
+                       : forced >= 0 ? forced
                        : groups ? 2
                        : k.n_tiles >= 48 * nsm1 ? 1
                                 : 0;
