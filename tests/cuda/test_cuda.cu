@@ -816,6 +816,16 @@ static void test_small_ops(int n_sm) {
 
 /* ---- attention -------------------------------------------------------------- */
 
+/* The decode attention's split counters are back at zero after a launch
+ * (its last block of each head group resets them for the next). */
+static void check_split_counters(const char *what, const int *d_cnt, int n) {
+    std::vector<int> cnt((size_t)n);
+    CK(cudaMemcpy(cnt.data(), d_cnt, cnt.size() * 4, cudaMemcpyDeviceToHost));
+    int nz = 0;
+    for (int x : cnt) nz += x != 0;
+    CHECK(nz == 0, "%s: %d split counters left non-zero", what, nz);
+}
+
 /* Cases with n_tok == 1 and hd 32/64/128/256 take the decode kernel
  * (spx_attention_decode_fast); fuse: it also does rope_store's work (q
  * and k_new raw; RMSNorm when qkn, RoPE, row pos0 stored), checked against
@@ -945,11 +955,7 @@ static void test_attention(void) {
             snprintf(w2, sizeof w2, "%s run %d%s", what, run, run == 2 ? " (all splits)" : "");
             check_close(w2, outs[run].data(), ref.data(), tol.data(), outs[run].size());
         }
-        std::vector<int> cnt((size_t)c.nh);
-        CK(cudaMemcpy(cnt.data(), a.cnt, cnt.size() * 4, cudaMemcpyDeviceToHost));
-        int nz = 0;
-        for (int x : cnt) nz += x != 0;
-        CHECK(nz == 0, "%s: %d split counters left non-zero", what, nz);
+        check_split_counters(what, a.cnt, c.nh);
         n_cases++;
     }
     /* rope fused where the decode kernel does not apply: refused */
@@ -1271,11 +1277,7 @@ static void test_kvq4(void) {
             char w2[200];
             snprintf(w2, sizeof w2, "%s (all splits)", what);
             ok &= check_close(w2, down(dout, q.size()).data(), ref.data(), tol.data(), out.size());
-            std::vector<int> cnt((size_t)c.nh);
-            CK(cudaMemcpy(cnt.data(), a.cnt, cnt.size() * 4, cudaMemcpyDeviceToHost));
-            int nz = 0;
-            for (int x : cnt) nz += x != 0;
-            CHECK(nz == 0, "%s: %d split counters left non-zero", w2, nz);
+            check_split_counters(w2, a.cnt, c.nh);
         }
         double dcpu = 0;
         for (size_t i = 0; i < out.size(); i++) dcpu = fmax(dcpu, fabs((double)cpu[i] - ref[i]));
