@@ -27,7 +27,9 @@
 #                                AB="VAR=a VAR=b ..." (one environment setting
 #                                per variant, "-" for none), the 1B and 8B
 #                                tg128 per variant, rounds interleaved (ROUNDS,
-#                                default 3) so that drift hits all alike.
+#                                default 3) so that drift hits all alike;
+#                                AB_KV="f16 q4": each with these KV caches
+#                                (default f16).
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
 #                                one by one under Nsight Compute (8B, 3 tokens),
 #                                time per kernel name (ncu.txt).
@@ -170,11 +172,13 @@ if [ "$MODE" = ab ]; then
     done
     for round in $(seq 1 "${ROUNDS:-3}"); do
         for s in llama3-1b llama3-8b; do
-            for v in ${AB:--}; do
-                [ "$v" = - ] && v=
-                env $v timeout 120 $B/spectra bench -m $W/$s.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/ab.err |
-                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
-                    { echo "bench $s $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
+            for kv in ${AB_KV:-f16}; do
+                for v in ${AB:--}; do
+                    [ "$v" = - ] && v=
+                    env $v timeout 120 $B/spectra bench -m $W/$s.trdc --backend cuda --kv $kv -p 0 -n 128 -r 3 --json 2> $T/ab.err |
+                        sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (kv $kv, ${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
+                        { echo "bench $s $kv $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
+                done
             done
         done
     done

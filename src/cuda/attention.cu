@@ -678,8 +678,13 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
  * --kv q4 cache with attn_split_q4_kernel's arithmetic (kvq4.cuh): q
  * rotated in shared memory, scores per group s * (sum_k c_k q~_k - z qsum)
  * in the CPU's order, values s * (c - z), the merged output rotated back.
- * RoPE and the store of row p stay in rope_store (its quantization), so
- * row p is read after the wait. Per warp, shared memory holds the K and V
+ * FUSE (a.k_new set): rope_store's work too, as attn_decode_kernel does
+ * it: q (raw in a.q) and the token's k get the q/k RMSNorm and RoPE, the
+ * k and v rows are rotated with q (one FWHT over both) and quantized here
+ * (a warp per group, spx_kvq4_quant_group), the group's first block stores
+ * them in cache row p, and every block with p in its keys takes them from
+ * shared memory, never from the cache. Without FUSE rope_store has stored
+ * row p and it is read after the wait. Per warp, shared memory holds the K and V
  * codes of 32 keys (HD / 2 bytes a row; K's 16-byte chunks XOR-swizzled
  * by row); each lane keeps its key's K scales and zeros in registers and
  * publishes its V scales and zeros for the value loop. */
@@ -689,15 +694,18 @@ template <int ND> struct adq_layout {
     static constexpr int TILES = 0;                           /* [AD_WARPS][K, V][32][RB] bytes */
     static constexpr int VSZ = TILES + AD_WARPS * 2 * TILE_B; /* [AD_WARPS][32][ND] float2: V scale, zero */
     static constexpr int Q = VSZ + AD_WARPS * 32 * ND * 8;    /* [AT_HB][HD] floats: q~, later the output */
-    static constexpr int QS = Q + AT_HB * HD * 4;             /* [AT_HB][ND] floats: q~'s group sums */
-    static constexpr int PR = QS + AT_HB * ND * 4;            /* [AD_WARPS][32] float4 */
+    static constexpr int XS = Q + AT_HB * HD * 4;             /* [K, V][HD] floats: row p (FUSE), rotated with q */
+    static constexpr int QS = XS + 2 * HD * 4;                /* [AT_HB][ND] floats: q~'s group sums */
+    static constexpr int PC = QS + AT_HB * ND * 4;            /* [K, V][RB] bytes: row p's codes (FUSE) */
+    static constexpr int PSZ = PC + 2 * RB;                   /* [K, V][ND] float2: row p's scales, zeros */
+    static constexpr int PR = PSZ + 2 * ND * 8;               /* [AD_WARPS][32] float4 */
     static constexpr int FLAG = PR + AD_WARPS * 32 * 16;
     static constexpr int BYTES = FLAG + 16;
     static_assert((2 * AD_WARPS * AT_HB + AD_WARPS * AT_HB * HD) * 4 <= Q, "merge scratch");
     static_assert(AT_HB * (128 + 1) * 4 <= Q, "the last block's split weights (n_splits <= 128)");
 };
 
-template <int ND>
+template <int ND, bool FUSE>
 __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __grid_constant__ spx_attn_args a) {
     typedef adq_layout<ND> L;
     constexpr int HD = L::HD, RB = L::RB, NT = AD_WARPS * 32;
@@ -736,6 +744,16 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
 #pragma unroll
         for (int g = 0; g < ND; g++) vsz[lane * ND + g] = make_float2(vsc[g], vz[g]);
     };
+    const float2 *psz = reinterpret_cast<const float2 *>(ad_sm + L::PSZ);
+    auto key_p = [&]() { /* FUSE: this lane's key is p, quantized by this block */
+#pragma unroll
+        for (int g = 0; g < ND; g++) {
+            ksc[g] = psz[g].x;
+            kz[g] = psz[g].y;
+            vsc[g] = psz[ND + g].x;
+            vz[g] = psz[ND + g].y;
+        }
+    };
     spx_pdl_trigger();
     const int64_t k0f = kb + warp * 32;
     if (k0f + lane < old_end) load_key(k0f + lane);
@@ -752,18 +770,59 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
             asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
         }
     }
+    float rc[ND], rs[ND];
+    if (FUSE) ad_rope_cs<ND>(a.inv_freq, p, rc, rs);
     spx_pdl_wait();
-    if (k0f + lane == p && p < ke) load_key(p); /* rope_store wrote it */
+    const bool has_p = kb <= p && p < ke; /* block-uniform */
+    if (!FUSE && k0f + lane == p && has_p) load_key(p); /* rope_store wrote it */
     cp_commit();
-    if (k0f + lane < ke) publish_v();
+    if (!FUSE && k0f + lane < ke) publish_v();
 
     float *qs = reinterpret_cast<float *>(ad_sm + L::Q), *qsum = reinterpret_cast<float *>(ad_sm + L::QS);
-    for (int i = threadIdx.x; i < AT_HB * HD; i += NT) {
-        const int hh = i / HD;
-        qs[i] = hh < b.nhb ? a.q[(int64_t)b.h0 * HD + i] : 0.0f;
+    float *xs = reinterpret_cast<float *>(ad_sm + L::XS);
+    uint8_t *pc = ad_sm + L::PC;
+    if (FUSE) { /* attn_decode_kernel's q and row-p jobs, one warp each */
+        const bool qjob = warp < b.nhb, pjob = has_p && warp == b.nhb % AD_WARPS;
+        float vq[ND], vk[ND], vv[ND];
+        const int d0 = ND * lane;
+#pragma unroll
+        for (int e = 0; e < ND; e++) {
+            vq[e] = qjob ? a.q[(int64_t)(b.h0 + warp) * HD + d0 + e] : 0.0f;
+            vk[e] = pjob ? a.k_new[(int64_t)b.kvh * HD + d0 + e] : 0.0f;
+            vv[e] = pjob ? a.v_new[(int64_t)b.kvh * HD + d0 + e] : 0.0f;
+        }
+        if (qjob) ad_row<ND>(a.q_norm, a.eps, rc, rs, vq);
+        if (pjob) ad_row<ND>(a.k_norm, a.eps, rc, rs, vk);
+#pragma unroll
+        for (int e = 0; e < ND; e++) {
+            qs[warp * HD + d0 + e] = vq[e];
+            if (pjob) {
+                xs[d0 + e] = vk[e];
+                xs[HD + d0 + e] = vv[e];
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < AT_HB * HD; i += NT) {
+            const int hh = i / HD;
+            qs[i] = hh < b.nhb ? a.q[(int64_t)b.h0 * HD + i] : 0.0f;
+        }
     }
     __syncthreads();
-    spx_kvq4_fwht_smem(qs, AT_HB * HD, a.rot);
+    static_assert(L::XS == L::Q + AT_HB * HD * 4, "row p right after q: one rotation for both");
+    spx_kvq4_fwht_smem(qs, (AT_HB + (FUSE && has_p ? 2 : 0)) * HD, a.rot);
+    if (FUSE && has_p) { /* row p quantized as rope_store does; the group's first block stores it */
+        const bool store = b.h0 == b.kvh * (a.nh / a.nkv);
+        float2 *pszw = reinterpret_cast<float2 *>(ad_sm + L::PSZ);
+        for (int gi = warp; gi < 2 * ND; gi += AD_WARPS) { /* K groups, then V */
+            const int val = gi >= ND, g = gi - val * ND;
+            uint16_t sb;
+            int z;
+            const unsigned byte = spx_kvq4_quant_group(xs[gi * SPX_KVQ4_GROUP + lane], &sb, &z);
+            if (lane < 16) pc[gi * 16 + lane] = (uint8_t)byte;
+            if (lane == 0) pszw[gi] = make_float2(spx_kvq4_f16_val(sb), (float)z);
+            if (store) spx_kvq4_put_group(val ? a.vq : a.kq, p, (int)kvd, G0 + g, byte, sb, z, lane);
+        }
+    }
     for (int i = threadIdx.x; i < AT_HB * ND; i += NT) {
         const float *qq = qs + (i / ND) * HD + (i % ND) * SPX_KVQ4_GROUP;
         float sm = 0.0f;
@@ -771,6 +830,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
         qsum[i] = sm;
     }
     __syncthreads();
+    if (FUSE) {
+        if (k0f + lane == p && has_p) key_p();
+        if (k0f + lane < ke) publish_v();
+    }
 
     float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
     attn_state_init<ND>(m, l, acc);
@@ -782,12 +845,21 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
         if (k0 != k0f) { /* a later pass: this warp's previous tile is consumed */
             __syncwarp();
             if (k0 + lane < ke) {
-                load_key(k0 + lane);
+                if (FUSE && k0 + lane == p) key_p();
+                else load_key(k0 + lane);
                 publish_v();
             }
             cp_commit();
         }
         cp_wait<0>();
+        if (FUSE && k0 <= p && p < k0 + 32) { /* row p's codes into the tile (warp-uniform) */
+            const int r = (int)(p - k0), swr = (r / L::RPL) & (ND - 1);
+            for (int c = lane; c < 2 * ND; c += 32) {
+                const uint4 u = *reinterpret_cast<const uint4 *>(pc + c * 16);
+                if (c < ND) *reinterpret_cast<uint4 *>(kcs + r * RB + ((c ^ swr) << 4)) = u;
+                else *reinterpret_cast<uint4 *>(vcs + r * RB + ((c - ND) << 4)) = u;
+            }
+        }
         __syncwarp();
         const bool valid = k0 + lane < ke;
         float s[AT_HB];
@@ -853,7 +925,10 @@ template <int ND> static cudaError_t ad_setup(void) {
         err = cudaFuncSetAttribute(attn_decode_kernel<ND, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    ad_layout<ND>::BYTES);
     if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(attn_decode_q4_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(attn_decode_q4_kernel<ND, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   adq_layout<ND>::BYTES);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(attn_decode_q4_kernel<ND, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    adq_layout<ND>::BYTES);
     return err;
 }
@@ -875,9 +950,9 @@ cudaError_t spx_attention_setup(void) {
 
 bool spx_attention_decode_fast(int hd) { return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && !g_split_only; }
 
-template <int ND> static cudaError_t adq_launch(const spx_attn_args &a, cudaStream_t st, bool pdl) {
+template <int ND, bool FUSE> static cudaError_t adq_launch(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;
-    cudaError_t err = spx_launch(attn_decode_q4_kernel<ND>, dim3((unsigned)(a.nkv * HBn), (unsigned)a.n_splits),
+    cudaError_t err = spx_launch(attn_decode_q4_kernel<ND, FUSE>, dim3((unsigned)(a.nkv * HBn), (unsigned)a.n_splits),
                                  dim3(AD_WARPS * 32), (size_t)adq_layout<ND>::BYTES, st, pdl, a);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
@@ -886,15 +961,15 @@ static cudaError_t attention_decode(const spx_attn_args &a_in, cudaStream_t st, 
     spx_attn_args a = a_in;
     a.adapt_splits = g_adapt;
     const bool f = a.k_new != nullptr;
-    if (f && (!a.v_new || !a.inv_freq || a.kq.codes)) return cudaErrorInvalidValue; /* q4: rope_store stores */
+    if (f && (!a.v_new || !a.inv_freq)) return cudaErrorInvalidValue;
     if ((a.n_splits > 1 && !a.cnt) || a.n_splits > 128) return cudaErrorInvalidValue;
     if (a.kq.codes) {
         if (!a.vq.codes || a.rot < 1 || (a.rot & (a.rot - 1)) || a.hd % a.rot) return cudaErrorInvalidValue;
         switch (a.hd) {
-        case 32: return adq_launch<1>(a, st, pdl);
-        case 64: return adq_launch<2>(a, st, pdl);
-        case 128: return adq_launch<4>(a, st, pdl);
-        default: return adq_launch<8>(a, st, pdl);
+        case 32: return f ? adq_launch<1, true>(a, st, pdl) : adq_launch<1, false>(a, st, pdl);
+        case 64: return f ? adq_launch<2, true>(a, st, pdl) : adq_launch<2, false>(a, st, pdl);
+        case 128: return f ? adq_launch<4, true>(a, st, pdl) : adq_launch<4, false>(a, st, pdl);
+        default: return f ? adq_launch<8, true>(a, st, pdl) : adq_launch<8, false>(a, st, pdl);
         }
     }
     switch (a.hd) {
@@ -1095,7 +1170,7 @@ cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl) {
     if (a.hd <= 0 || a.hd > SPX_ATTN_MAX_HD || a.nkv <= 0 || a.nh % a.nkv || a.n_splits < 1)
         return cudaErrorInvalidValue;
     const bool fast = a.n_tok == 1 && spx_attention_decode_fast(a.hd);
-    if (a.k_new && (!fast || a.kq.codes)) return cudaErrorInvalidValue; /* rope is fused only there */
+    if (a.k_new && !fast) return cudaErrorInvalidValue; /* rope is fused only there */
     if (fast) return attention_decode(a, st, pdl);
     if (a.kq.codes) return attention_q4(a, st, pdl);
     const int G = a.nh / a.nkv, HBn = (G + AT_HB - 1) / AT_HB;

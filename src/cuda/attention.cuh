@@ -28,7 +28,8 @@
  * q/k RMSNorm (q_norm, k_norm, eps; NULL: none) and RoPE (inv_freq) at
  * *pos, and k and v_new go to cache row *pos in fp16, so the decode step
  * needs no spx_rope_store. The 4-bit cache has its decode kernel too
- * (same structure, no RoPE: rope_store quantizes row *pos first). */
+ * (same structure; with k_new set it also quantizes row *pos, rotated as
+ * rope_store does, and stores it). */
 #ifndef SPX_CUDA_ATTENTION_CUH
 #define SPX_CUDA_ATTENTION_CUH
 
@@ -64,7 +65,7 @@ cudaError_t spx_attention(const spx_attn_args &a, cudaStream_t st, bool pdl = fa
  * before use. */
 cudaError_t spx_attention_setup(void);
 /* Whether one token (n_tok == 1) takes a decode kernel, over either cache
- * (RoPE fusable only with fp16): hd 32, 64, 128 or 256
+ * (RoPE fusable with either): hd 32, 64, 128 or 256
  * (SPECTRA_CUDA_ATTN_SPLIT_KERNEL set at setup: never, for measurements).
  * Its blocks cover SPX_ATTN_DECODE_KEYS keys per pass. */
 bool spx_attention_decode_fast(int hd);

@@ -39,7 +39,10 @@
  *
  * The single-token kernels are chained with programmatic dependent launch
  * (each fetches its first weights before waiting for the previous one);
- * SPECTRA_CUDA_PDL=0 turns that off (for measurements).
+ * SPECTRA_CUDA_PDL=0 turns that off (for measurements). The decode
+ * attention kernel does rope_store's work (q/k norm, RoPE, the store of
+ * the token's K/V row, quantized for --kv q4); SPECTRA_CUDA_KVQ4_FUSE=0
+ * keeps rope_store's launch for the 4-bit cache (measurements).
  *
  * Limits: one device (the first); KV cache fp16 or q4 (--kv f32 is refused
  * with a message); head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
@@ -78,6 +81,7 @@ struct cu_layer {
 struct cu_model {
     int dev, n_sm;
     bool pdl;                 /* decode kernels use programmatic dependent launch */
+    bool kvq4_fuse;           /* --kv q4 decode: RoPE and the row's store in the attention kernel */
     int gemv_groups;          /* spx_gemv_args.groups for every decode GEMV (gemv_groups_for) */
     uint8_t *arena;
     size_t arena_bytes;
@@ -355,6 +359,8 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     SPX_CUDA_TRY(e, cudaDeviceGetAttribute(&cm->n_sm, cudaDevAttrMultiProcessorCount, cm->dev));
     const char *pdl = getenv("SPECTRA_CUDA_PDL"); /* benchmarking knob: 0 turns PDL off */
     cm->pdl = !(pdl && !strcmp(pdl, "0"));
+    const char *kf = getenv("SPECTRA_CUDA_KVQ4_FUSE"); /* benchmarking knob: 0 keeps rope_store for --kv q4 */
+    cm->kvq4_fuse = !(kf && !strcmp(kf, "0"));
 
     if (c->head_dim > SPX_ATTN_MAX_HD || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
@@ -862,8 +868,8 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     const float eps = c->rms_eps;
     const int nsm = cm->n_sm;
     const bool pdl = cm->pdl && n == 1; /* the decode chain only */
-    /* the decode kernel does rope_store's work for the fp16 cache (q4: rope_store quantizes row p) */
-    const bool fuse_rope = n == 1 && s->kv.type != SPX_KV_Q4 && spx_attention_decode_fast((int)hd);
+    /* the decode kernel does rope_store's work (the 4-bit cache too, unless SPECTRA_CUDA_KVQ4_FUSE=0) */
+    const bool fuse_rope = n == 1 && (s->kv.type != SPX_KV_Q4 || cm->kvq4_fuse) && spx_attention_decode_fast((int)hd);
 
     /* a decode GEMV launch in the model's form (cm->gemv_groups) */
     auto dec = [cm](spx_gemv_args g) {

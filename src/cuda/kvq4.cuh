@@ -57,27 +57,46 @@ __device__ __forceinline__ void spx_kvq4_put_zero(uint8_t *zrow, int G, int n_gr
     atomicOr(w, (unsigned)z << sh);
 }
 
-/* One warp quantizes group G of row `pos`: lane i holds value i (already
- * rotated). min/max by shuffles (exact), then kvq4_math.h's rule. */
-__device__ __forceinline__ void spx_kvq4_store_group(const spx_kvq4 &c, int64_t pos, int kvd, int G, float w,
-                                                     int lane) {
+/* One warp quantizes a group by kvq4_math.h's rule: lane i holds value i
+ * (already rotated); min/max by shuffles (exact). Returns, in lanes < 16,
+ * the code byte of values i (low nibble) and i + 16 (high), as the cache
+ * stores it; *sb and *z get the scale's fp16 bits and the zero point
+ * (every lane). */
+__device__ __forceinline__ unsigned spx_kvq4_quant_group(float w, uint16_t *sb, int *z) {
     float mn = w, mx = w;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     }
-    const uint16_t sb = spx_kvq4_scale_bits(mn, mx);
-    const float s = spx_kvq4_f16_val(sb);
-    const int z = spx_kvq4_zero(mn, s);
-    const int q = spx_kvq4_code(w, s, z);
+    *sb = spx_kvq4_scale_bits(mn, mx);
+    const float s = spx_kvq4_f16_val(*sb);
+    *z = spx_kvq4_zero(mn, s);
+    const int q = spx_kvq4_code(w, s, *z);
     const int qh = __shfl_down_sync(0xffffffffu, q, 16);
+    return (unsigned)(q | (qh << 4)) & 0xffu;
+}
+
+/* Group G of row `pos` of the cache: the code bytes (lanes < 16: byte
+ * `lane` of the group), the scale bits and the zero point. */
+__device__ __forceinline__ void spx_kvq4_put_group(const spx_kvq4 &c, int64_t pos, int kvd, int G, unsigned byte,
+                                                   uint16_t sb, int z, int lane) {
     const int ng = kvd / SPX_KVQ4_GROUP;
-    if (lane < 16) c.codes[pos * (kvd / 2) + (int64_t)G * 16 + lane] = (uint8_t)(q | (qh << 4));
+    if (lane < 16) c.codes[pos * (kvd / 2) + (int64_t)G * 16 + lane] = (uint8_t)byte;
     if (lane == 0) {
         c.scales[pos * ng + G] = __ushort_as_half(sb);
         spx_kvq4_put_zero(c.zeros + pos * ((ng + 1) / 2), G, ng, z);
     }
+}
+
+/* One warp quantizes group G of row `pos` (lane i holds value i, already
+ * rotated) and stores it. */
+__device__ __forceinline__ void spx_kvq4_store_group(const spx_kvq4 &c, int64_t pos, int kvd, int G, float w,
+                                                     int lane) {
+    uint16_t sb;
+    int z;
+    const unsigned byte = spx_kvq4_quant_group(w, &sb, &z);
+    spx_kvq4_put_group(c, pos, kvd, G, byte, sb, z, lane);
 }
 
 /* A 4-bit code (0..15) as float without an I2F: 2^23 + n - 2^23, exact. */

@@ -13,7 +13,9 @@
  * path), then greedy steps through the captured graph (step_greedy), and
  * a replay of the prefill that must give bit-identical logits.
  * --kv q4: the device store against spx_kv_store byte for byte and q4
- * attention against the CPU-dequantized cache (test_kvq4), and the same
+ * attention against the CPU-dequantized cache (test_kvq4), the decode
+ * kernel that also does rope_store's work and stores the token's row
+ * (test_kvq4_fused), and the same
  * end-to-end sequence with q4 caches on both backends, bounded relative to
  * q4's own error (test_model_q4; the derivation is at E2E_Q4_MEAN_RATIO).
  * Prints every measured error; exits 0 with a note when no CUDA device is
@@ -1147,6 +1149,29 @@ static void kvq4_cmp_rows(const spx_kvcache *c, int value, const std::vector<uin
         }
 }
 
+/* Values of K row p of two caches' rows rc (CPU) and rg (device, same
+ * layout) more than one code step apart (the larger scale of the group);
+ * *codes_diff += codes that differ. Float rounding of the device's
+ * cosf/sinf/norm moves a value across a rounding boundary now and then,
+ * never by more than a step. */
+static int kvq4_k_row_off(const spx_kvcache &kc, const uint8_t *rc, const uint8_t *rg, int *codes_diff) {
+    const int64_t kvd = kc.kvd;
+    std::vector<float> wc((size_t)kvd), wg((size_t)kvd);
+    spx_q_dequantize_row(rc, (const uint16_t *)(rc + kc.codes_b), rc + kc.scales_b, kvd, 4, 32, wc.data());
+    spx_q_dequantize_row(rg, (const uint16_t *)(rg + kc.codes_b), rg + kc.scales_b, kvd, 4, 32, wg.data());
+    int bad = 0;
+    for (int64_t i = 0; i < kvd; i++) {
+        const int64_t g = i / 32;
+        uint16_t sc, sg;
+        memcpy(&sc, rc + kc.codes_b + 2 * g, 2);
+        memcpy(&sg, rg + kc.codes_b + 2 * g, 2);
+        const double step = fmax(spx_f16_to_f32(sc), spx_f16_to_f32(sg));
+        bad += !(fabs((double)wg[i] - wc[i]) <= 1.02 * step + 1e-7);
+        *codes_diff += spx_q_code_get(rc, i, 4, 32) != spx_q_code_get(rg, i, 4, 32);
+    }
+    return bad;
+}
+
 static void test_kvq4(void) {
     struct { int n_tok, nh, nkv, hd, window, splits, pos0; } cs[] = {
         {1, 32, 8, 128, 0, 1, 700}, {1, 32, 8, 128, 0, 33, 700}, {1, 32, 8, 128, 0, 33, 3}, {1, 16, 2, 64, 0, 7, 1000},
@@ -1353,23 +1378,9 @@ static void test_kvq4(void) {
                       nctx, &badv, &stray);
         kvq4_cmp_rows(&kc, 0, rk, kvq4_rb(d.lo), pos0, pos0, pos0, pos0 + nt, nctx, &badk, &stray); /* stray bytes only */
         /* K: dequantized in the rotated frame, per element within one step */
-        std::vector<float> wc((size_t)kvd), wg((size_t)kvd);
-        const int ng = kvd / 32;
-        for (int t = 0; t < nt; t++) {
-            const uint8_t *rc = kc.k + (size_t)(pos0 + t) * kc.row_bytes, *rg = &rk[(size_t)(pos0 + t) * kc.row_bytes];
-            spx_q_dequantize_row(rc, (const uint16_t *)(rc + kc.codes_b), rc + kc.scales_b, kvd, 4, 32, wc.data());
-            spx_q_dequantize_row(rg, (const uint16_t *)(rg + kc.codes_b), rg + kc.scales_b, kvd, 4, 32, wg.data());
-            for (int i = 0; i < kvd; i++) {
-                int g = i / 32;
-                uint16_t sc, sg;
-                memcpy(&sc, rc + kc.codes_b + 2 * g, 2);
-                memcpy(&sg, rg + kc.codes_b + 2 * g, 2);
-                double step = fmax(spx_f16_to_f32(sc), spx_f16_to_f32(sg));
-                badk += !(fabs((double)wg[i] - wc[i]) <= 1.02 * step + 1e-7);
-                codes_diff += spx_q_code_get(rc, i, 4, 32) != spx_q_code_get(rg, i, 4, 32);
-            }
-            for (int g = 0; g < ng; g++) (void)g;
-        }
+        for (int t = 0; t < nt; t++)
+            badk += kvq4_k_row_off(kc, kc.k + (size_t)(pos0 + t) * kc.row_bytes, &rk[(size_t)(pos0 + t) * kc.row_bytes],
+                                   &codes_diff);
         CHECK(badq == 0 && badv == 0 && badk == 0 && stray == 0,
               "q4 rope store (qk-norm %d, nkv %d, hd %d): %d q values off, %d V bytes differ, %d K values more than a "
               "step apart, %d bytes written outside the tokens",
@@ -1380,6 +1391,157 @@ static void test_kvq4(void) {
         n_cases++;
     }
     printf("q4 KV store + attention: %d cases\n", n_cases);
+}
+
+/* The 4-bit decode kernel with rope_store's work fused (a.k_new set):
+ * raw q, k_new and v_new at position pos0, rows before it uploaded from
+ * spx_kv_store's cache. Checked: row pos0 in the cache (V bytes equal to
+ * spx_kv_store's of the CPU's normed, roped k and v; K within one code
+ * step, as the q4 rope store test above), every other row as it was, and
+ * the output against the double reference over the device's own cache
+ * (dequantized on the CPU) with the CPU's normed, roped q. Twice (the same
+ * bits), then with every split of the launch running. */
+static void test_kvq4_fused(void) {
+    struct { int nh, nkv, hd, window, splits, pos0, qkn; } cs[] = {
+        {32, 8, 128, 0, 1, 700, 0},  /* one split: p in a later pass of its warps */
+        {32, 8, 128, 0, 8, 700, 1},  /* 6 splits run, merged */
+        {32, 8, 128, 0, 33, 3, 1},   {16, 2, 64, 0, 7, 1000, 1}, {16, 2, 256, 0, 4, 129, 1},
+        {4, 1, 32, 0, 1, 10, 0},     {8, 8, 64, 0, 3, 0, 1},     /* p = 0: the first key */
+        {12, 2, 64, 40, 2, 300, 0},  /* sliding window */
+        {16, 2, 128, 0, 2, 200, 0},  /* 8 q heads a KV head: two blocks, one stores */
+        {64, 8, 128, 0, 16, 4095, 0},
+    };
+    int n_cases = 0;
+    for (auto &c : cs) {
+        const int qd = c.nh * c.hd, kvd = c.nkv * c.hd, nctx = c.pos0 + 6, G = c.nh / c.nkv;
+        const int rot = spx_kvq4_rot(c.hd, kvd);
+        spx_kvcache kc;
+        spx_err e;
+        spx_err_clear(&e);
+        if (spx_kv_init(&kc, SPX_KV_Q4, 1, nctx, kvd, c.hd, &e) != SPX_OK) {
+            CHECK(0, "kv init: %s", e.msg);
+            continue;
+        }
+        std::vector<float> K = rand_vec((size_t)c.pos0 * kvd, 1.0f), V = rand_vec((size_t)c.pos0 * kvd, 1.0f);
+        for (size_t i = 0; i < K.size(); i++)
+            if (i % (size_t)c.hd == 3 || i % (size_t)c.hd == 17) K[i] *= 8.0f;
+        for (int p = 0; p < c.pos0; p++) spx_kv_store(&kc, 0, p, &K[(size_t)p * kvd], &V[(size_t)p * kvd]);
+        /* the device cache: rows < pos0 as the CPU stored them, the rest poison */
+        kvq4_dev d;
+        kvq4_dev_init(d, nctx, kvd);
+        {
+            const uint8_t *src[2] = {kc.k, kc.v};
+            uint8_t *dst[2] = {d.kb, d.vb};
+            const size_t cr = (size_t)d.lo.code_row, sr = (size_t)d.lo.scale_row * 2, zr = (size_t)d.lo.zero_row;
+            for (int kv = 0; kv < 2; kv++) {
+                std::vector<uint8_t> planes(d.lo.layer_bytes, 0xff);
+                for (int p = 0; p < c.pos0; p++) {
+                    const uint8_t *r = src[kv] + (size_t)p * kc.row_bytes;
+                    memcpy(&planes[d.lo.codes_off + p * cr], r, cr);
+                    memcpy(&planes[d.lo.scales_off + p * sr], r + cr, sr);
+                    memcpy(&planes[d.lo.zeros_off + p * zr], r + cr + sr, zr);
+                }
+                CK(cudaMemcpy(dst[kv], planes.data(), planes.size(), cudaMemcpyHostToDevice));
+            }
+        }
+        std::vector<float> q = rand_vec((size_t)qd, 1.0f), kn = rand_vec((size_t)kvd, 1.0f),
+                           vn = rand_vec((size_t)kvd, 1.0f), qg = rand_vec((size_t)c.hd, 0.2f),
+                           kg = rand_vec((size_t)c.hd, 0.2f), inv((size_t)c.hd / 2);
+        for (int i = 0; i < c.hd / 2; i++) inv[i] = (float)(1.0 / pow(500000.0, 2.0 * i / c.hd));
+        for (auto &g : qg) g += 1.0f;
+        for (auto &g : kg) g += 1.0f;
+        float *dout = dev_alloc<float>(q.size());
+        spx_attn_args a;
+        memset(&a, 0, sizeof a);
+        int32_t p0 = c.pos0;
+        a.q = dev_up(q.data(), q.size());
+        a.out = dout;
+        a.part = dev_alloc<float>((size_t)c.nh * c.splits * (c.hd + 2));
+        a.n_tok = 1;
+        a.nh = c.nh;
+        a.nkv = c.nkv;
+        a.hd = c.hd;
+        a.window = c.window;
+        a.n_splits = c.splits;
+        a.pos = dev_up(&p0, 1);
+        a.kq = d.k;
+        a.vq = d.v;
+        a.rot = rot;
+        a.cnt = dev_alloc<int>((size_t)c.nh);
+        CK(cudaMemset(a.cnt, 0, (size_t)c.nh * 4));
+        a.k_new = dev_up(kn.data(), kn.size());
+        a.v_new = dev_up(vn.data(), vn.size());
+        a.inv_freq = dev_up(inv.data(), inv.size());
+        a.q_norm = c.qkn ? dev_up(qg.data(), qg.size()) : NULL;
+        a.k_norm = c.qkn ? dev_up(kg.data(), kg.size()) : NULL;
+        a.eps = 1e-6f;
+        std::vector<float> outs[3];
+        for (int run = 0; run < 3; run++) { /* run 2: every split of the launch */
+            if (run == 2) spx_attention_force_adapt(0);
+            poison(dout, q.size() * 4);
+            CK(spx_attention(a, 0));
+            CK(cudaDeviceSynchronize());
+            spx_attention_force_adapt(-1);
+            outs[run] = down(dout, q.size());
+        }
+        /* the CPU's row pos0: q and k as rope_store leaves them */
+        if (c.qkn) {
+            for (int h = 0; h < c.nh; h++) spx_cpu_rmsnorm(&q[(size_t)h * c.hd], &q[(size_t)h * c.hd], qg.data(), c.hd, 1e-6f);
+            for (int h = 0; h < c.nkv; h++) spx_cpu_rmsnorm(&kn[(size_t)h * c.hd], &kn[(size_t)h * c.hd], kg.data(), c.hd, 1e-6f);
+        }
+        spx_cpu_rope(q.data(), c.nh, c.hd, c.pos0, inv.data());
+        spx_cpu_rope(kn.data(), c.nkv, c.hd, c.pos0, inv.data());
+        spx_kv_store(&kc, 0, c.pos0, kn.data(), vn.data());
+        const std::vector<uint8_t> rk = kvq4_rows(d.kb, d.lo, nctx, kc.row_bytes), rv = kvq4_rows(d.vb, d.lo, nctx, kc.row_bytes);
+        int badk = 0, badv = 0, stray = 0, koff = 0, codes_diff = 0;
+        kvq4_cmp_rows(&kc, 1, rv, kvq4_rb(d.lo), 0, c.pos0 + 1, 0, c.pos0 + 1, nctx, &badv, &stray);
+        kvq4_cmp_rows(&kc, 0, rk, kvq4_rb(d.lo), 0, c.pos0, 0, c.pos0 + 1, nctx, &badk, &stray);
+        koff = kvq4_k_row_off(kc, kc.k + (size_t)c.pos0 * kc.row_bytes, &rk[(size_t)c.pos0 * kc.row_bytes], &codes_diff);
+        char what[200];
+        snprintf(what, sizeof what, "q4 attention, rope fused: nh %d nkv %d hd %d (rot %d) window %d splits %d pos %d qkn %d",
+                 c.nh, c.nkv, c.hd, rot, c.window, c.splits, c.pos0, c.qkn);
+        CHECK(badk == 0 && badv == 0 && stray == 0 && koff == 0,
+              "%s: %d K and %d V bytes of rows before or at pos differ from spx_kv_store, %d K values of row pos more "
+              "than a step apart, %d bytes written past pos",
+              what, badk, badv, koff, stray);
+        /* the reference over the device's cache */
+        memcpy(kc.k + (size_t)c.pos0 * kc.row_bytes, &rk[(size_t)c.pos0 * kc.row_bytes], kvq4_rb(d.lo));
+        std::vector<float> dk((size_t)(c.pos0 + 1) * kvd), dv((size_t)(c.pos0 + 1) * kvd);
+        for (int p = 0; p <= c.pos0; p++) {
+            spx_kv_dequant_row(&kc, 0, p, 0, &dk[(size_t)p * kvd]);
+            spx_kv_dequant_row(&kc, 0, p, 1, &dv[(size_t)p * kvd]);
+        }
+        std::vector<double> ref(q.size()), tol(q.size(), ATTN_Q4_TOL_ABS);
+        const double scale = 1.0 / sqrt((double)c.hd);
+        const int p = c.pos0, start = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
+        for (int h = 0; h < c.nh; h++) {
+            const int kvh = h / G;
+            std::vector<double> sc((size_t)(p + 1 - start));
+            double mx = -1e300, sum = 0;
+            for (int i = start; i <= p; i++) {
+                double dd = 0;
+                for (int j = 0; j < c.hd; j++) dd += (double)q[(size_t)h * c.hd + j] * dk[(size_t)i * kvd + kvh * c.hd + j];
+                sc[i - start] = dd * scale;
+                mx = fmax(mx, sc[i - start]);
+            }
+            for (auto &x : sc) sum += (x = exp(x - mx));
+            for (int j = 0; j < c.hd; j++) {
+                double o = 0;
+                for (int i = start; i <= p; i++) o += sc[i - start] * dv[(size_t)i * kvd + kvh * c.hd + j];
+                ref[(size_t)h * c.hd + j] = o / sum;
+            }
+        }
+        check_close(what, outs[0].data(), ref.data(), tol.data(), q.size());
+        CHECK(memcmp(outs[1].data(), outs[0].data(), q.size() * 4) == 0, "%s: a second run differs", what);
+        char w2[240];
+        snprintf(w2, sizeof w2, "%s (all splits)", what);
+        check_close(w2, outs[2].data(), ref.data(), tol.data(), q.size());
+        check_split_counters(what, a.cnt, c.nh);
+        if (n_cases < 2) printf("%s: K codes of row pos differing from the CPU's: %d of %d\n", what, codes_diff, kvd);
+        spx_kv_free(&kc);
+        n_cases++;
+    }
+    printf("q4 attention with rope fused: %d cases\n", n_cases);
 }
 
 /* End to end with --kv q4: cuda vs cpu (scalar kernels), both q4. The two
@@ -1688,6 +1850,7 @@ int main(int argc, char **argv) {
         test_sampler();
         test_attention();
         test_kvq4();
+        test_kvq4_fused();
         test_gemv(prop.multiProcessorCount);
         test_gemm(prop.multiProcessorCount);
         dev_free_all();
