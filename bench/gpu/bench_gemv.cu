@@ -390,6 +390,23 @@ int main(int argc, char **argv) {
                            (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, md, mx);
             }
             spx_gemv_q4_force_tiled_variant(-1);
+            if (c.mode == SPX_GEMV_SWIGLU) { /* gate/up paired: silu(gate) * up stored by the launch (two groups) */
+                const double tm = time_launches(st, e0, e1, [&](int i) {
+                    spx_gemv_args ga = args(tsets[i % tsets.size()], y, SPX_GEMV_STORE, false);
+                    ga.pair = 1;
+                    CK(spx_gemv_q4(ga, n_sm, st, true));
+                });
+                const double gbs = (double)per / tm / 1e9;
+                char nm[160];
+                snprintf(nm, sizeof nm, "%s, tiled paired (2 groups/block), PDL", c.name);
+                if (json)
+                    printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": %d, \"bytes\": %zu, \"us\": %.2f, "
+                           "\"gbps\": %.1f, \"of_copy\": %.3f, \"pdl\": true}\n",
+                           nm, 104, per, tm * 1e6, gbs, gbs / copy_gbs);
+                else
+                    printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%\n", nm, 104, (double)per / 1e6, tm * 1e6, gbs,
+                           100 * gbs / copy_gbs);
+            }
             for (auto &t : tsets)
                 for (auto &m : t) {
                     cudaFree((void *)m.codes);

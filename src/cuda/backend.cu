@@ -83,6 +83,7 @@ struct cu_model {
     bool pdl;                 /* decode kernels use programmatic dependent launch */
     bool kvq4_fuse;           /* --kv q4 decode: RoPE and the row's store in the attention kernel */
     int gemv_groups;          /* spx_gemv_args.groups for every decode GEMV (gemv_groups_for) */
+    int gemv_pair;            /* tiled gate/up as spx_gemv_args.pair: with gemv_groups (SPECTRA_GEMV_PAIR=0/1) */
     uint8_t *arena;
     size_t arena_bytes;
     cu_layer *layers;
@@ -383,6 +384,9 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
         SPX_TRY(check_launches(m, l, e));
     }
     cm->gemv_groups = gemv_groups_for(m, cm->n_sm);
+    /* SPECTRA_GEMV_PAIR (measurements, tests): 0 stores silu(gate) and up apart, 1 pairs them in every model */
+    const char *gp = getenv("SPECTRA_GEMV_PAIR");
+    cm->gemv_pair = gp && !strcmp(gp, "1") ? 1 : gp && !strcmp(gp, "0") ? 0 : cm->gemv_groups;
     if (m->lm_head.q.layout == SPX_Q_TILED && !spx_gemv_q4_fits(m->lm_head.q.cols, m->lm_head.q.n_outliers))
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: lm_head.weight is tiled with %lld outlier columns, more than the decode GEMV takes at "
@@ -722,21 +726,26 @@ static spx_gemv_args gemv_qkv(const cu_layer *L, cu_sess *cs, float eps) {
     g.eps = eps;
     return g;
 }
-static spx_gemv_args gemv_gate_up(const cu_layer *L, cu_sess *cs, float eps) {
-    const bool tl = L->wg.tiled;
+/* gate/up and down. Row-major: one fused SwiGLU launch stores the product
+ * in gate. Tiled: pair (the two-group form; cm->gemv_pair) stores the
+ * product in gate too; else silu(gate) and up are stored apart and the
+ * down GEMV's input is their product (x2). */
+static spx_gemv_args gemv_gate_up(const cu_layer *L, cu_sess *cs, float eps, bool pair) {
+    const bool tl = L->wg.tiled, apart = tl && !pair;
     spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, tl ? SPX_GEMV_STORE : SPX_GEMV_SWIGLU);
     g.w[1] = L->wu;
-    g.o[0].silu = tl;
-    g.o[1].y = tl ? cs->up : NULL;
+    g.o[0].silu = apart;
+    g.o[1].y = apart ? cs->up : NULL;
     g.o[1].bias = L->bu;
     g.n_mats = 2;
     g.gain = L->mlp_norm;
     g.eps = eps;
+    g.pair = tl && pair;
     return g;
 }
-static spx_gemv_args gemv_down(const cu_layer *L, cu_sess *cs) {
+static spx_gemv_args gemv_down(const cu_layer *L, cu_sess *cs, bool pair) {
     spx_gemv_args g = gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD);
-    g.x2 = L->wg.tiled ? cs->up : NULL;
+    g.x2 = L->wg.tiled && !pair ? cs->up : NULL;
     return g;
 }
 
@@ -949,10 +958,9 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         }
         /* MLP block */
         if (n == 1) {
-            /* row-major: one fused SwiGLU launch; tiled: silu(gate) and up
-             * stored by one launch, their product formed by the down GEMV's input */
-            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_gate_up(L, cs, eps)), nsm, st, pdl));
-            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_down(L, cs)), nsm, st, pdl));
+            const bool pair = cm->gemv_pair != 0;
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_gate_up(L, cs, eps, pair)), nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_down(L, cs, pair)), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));

@@ -111,6 +111,7 @@ struct gemv_kargs {
     int n_out_max;                   /* most outliers of one matrix */
     int64_t tstart[SPX_GEMV_MAX_MATS + 1]; /* tiled: first tile of each matrix; unused: INT64_MAX */
     int early_oidx; /* tiled: each thread's first outlier index of every matrix loaded before the PDL wait */
+    int pair;       /* tiled gate/up (spx_gemv_args.pair): group 0 of a block gate tiles, group 1 the same rows' up */
 #ifdef SPX_GEMV_DIAG
     int diag; /* diagnostic builds only (SPECTRA_GEMV_DIAG): 1 no image, 2 no arithmetic, 4 no weight loads */
 #endif
@@ -852,8 +853,8 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
  * issued, then the PDL wait, then the image is built (by the whole block)
  * and the tiles computed. */
 template <int P, int GR>
-__device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int64_t bid, float (&red)[2][GM_WARPS][16],
-                                             double *redd) {
+__device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int64_t bid, int64_t tile_end,
+                                             float (&red)[2][GM_WARPS][16], double *redd, float (*pxg)[16]) {
     extern __shared__ float4 gemv_sm[];
     const spx_gemv_args &a = k.a;
     const int n_items = k.n_items, niw = k.niw;
@@ -862,7 +863,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     uint4 *zero = reinterpret_cast<uint4 *>(meta + n_items * 4);
     float *xo = reinterpret_cast<float *>(zero + 2);
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % GM_WARPS, t = lane & 3, r = lane >> 2;
-    const int ntl = bid < k.n_tiles ? (int)((k.n_tiles - 1 - bid) / G) + 1 : 0;
+    const int ntl = bid < tile_end ? (int)((tile_end - 1 - bid) / G) + 1 : 0;
     const int total = ntl * niw;
     const int iw0 = warp * niw;
     const int sl = 32 * niw;
@@ -980,7 +981,15 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
         if (gm_tile_reduce<(GR > 1)>(tot0, tot1, red, ck & 1, inv, v, 1 + (int)(threadIdx.x >> 5) / GM_WARPS)) {
             const int i = lane & 15;
             const int64_t rr = cr0 + i;
-            if (lane < 16 && rr < a.w[cm].rows) gm_store(k, cm, rr, v, best);
+            const bool ok = lane < 16 && rr < a.w[cm].rows;
+            if (GR > 1 && k.pair) { /* warp 0 of each group: silu(gate) through shared memory to the up group */
+                float *xg = pxg[ck & 1];
+                if (ok && cm == 0) xg[i] = gm_silu(a.o[0].bias ? v + a.o[0].bias[rr] : v);
+                named_sync(3, 64);
+                if (ok && cm == 1) a.o[0].y[rr] = xg[i] * (a.o[1].bias ? v + a.o[1].bias[rr] : v);
+            } else if (ok) {
+                gm_store(k, cm, rr, v, best);
+            }
         }
     };
     for (int base = 0; base < total; base += P) {
@@ -1010,14 +1019,23 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
  * block blockIdx.x * GR + group of gridDim.x * GR), sharing one input
  * image: GR = 2 builds it once per SM instead of once per block (for the
  * 8B down projection the image is ~20 % of the instructions; see
- * bench/gpu/NOTES.md 27-28). */
+ * bench/gpu/NOTES.md 27-28). k.pair (GR = 2, a gate/up launch): group 0
+ * takes the gate's tiles and group 1 the same tiles of up, so at each
+ * tile's end warp 0 of the gate group hands silu(gate) to warp 0 of the up
+ * group through shared memory (a 64-thread named barrier; the groups run
+ * in step, tile for tile), which stores silu(gate) * up: the down
+ * projection's input is then one vector, not x and x2. */
 template <int P, int MINB, int GR = 1>
 __global__ void __launch_bounds__(GR * GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
     __shared__ float red[GR][2][GM_WARPS][16];
     __shared__ double redd[32];
+    __shared__ float pxg[2][16]; /* pair: a tile's silu(gate), double-buffered by tile parity */
     spx_pdl_trigger();
     const int grp = GR > 1 ? (int)(threadIdx.x >> 5) / GM_WARPS : 0;
-    gm_tiled_run<P, GR>(k, (int64_t)gridDim.x * GR, (int64_t)blockIdx.x * GR + grp, red[grp], redd);
+    if (GR == 2 && k.pair) /* group g: matrix g's tiles, the same ones in both groups */
+        gm_tiled_run<P, GR>(k, gridDim.x, blockIdx.x + (grp ? k.tstart[1] : 0), k.tstart[grp + 1], red[grp], redd, pxg);
+    else
+        gm_tiled_run<P, GR>(k, (int64_t)gridDim.x * GR, (int64_t)blockIdx.x * GR + grp, k.n_tiles, red[grp], redd, pxg);
 }
 
 /* ---- the tiled layout through the bulk-copy engine: gemv_q4_tiled_tma ----------
@@ -1389,6 +1407,10 @@ static cudaError_t prep_kargs(const spx_gemv_args &a, gemv_kargs &k, size_t *sme
     bool silu = false; /* the tensor-core kernels only, STORE */
     for (int i = 0; i < a.n_mats; i++) silu |= a.o[i].silu != 0;
     if (silu && (a.mode != SPX_GEMV_STORE || a.impl == 1)) return cudaErrorInvalidValue;
+    if (a.pair && (!tl || a.n_mats != 2 || a.mode != SPX_GEMV_STORE || silu || a.w[1].rows != a.w[0].rows ||
+                   !a.o[0].y || a.impl != 0))
+        return cudaErrorInvalidValue;
+    k.pair = a.pair != 0;
     for (int i = 0; i <= SPX_GEMV_MAX_MATS; i++) k.tstart[i] = INT64_MAX;
     k.tstart[0] = 0;
     for (int i = 0; i < a.n_mats; i++) k.tstart[i + 1] = k.tstart[i] + (a.w[i].rows + 15) / 16;
@@ -1430,14 +1452,14 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
          * two blocks against 455 with three, same H200 run. */
         /* (Three for the 8B's merged q/k/v, one wave of 384 tiles instead
          * of two: 460.6 vs 474.6 tok/s, same run.) */
-        if (tl && g_tl_force == 2 && tma_ok(k)) return launch_tma(k, n_sm, st, pdl);
+        if (tl && g_tl_force == 2 && tma_ok(k) && !k.pair) return launch_tma(k, n_sm, st, pdl);
         /* a.groups: two groups of 8 warps per block (one block and one input
          * image per SM; variant 3), for every decode launch of a model or
          * none (the backend's choice; SPECTRA_GEMV_GROUPS=0: never) */
         const int64_t nsm1 = n_sm > 0 ? n_sm : 1;
         const bool groups = a.groups && g_groups;
         const int forced = g_forms[launch_kind(a)];
-        const int tv = g_tl_force == 3 ? 2
+        const int tv = k.pair || g_tl_force == 3 ? 2
                        : g_tl_force >= 0 && g_tl_force < 2 ? g_tl_force
                        : forced >= 0 ? forced
                        : groups ? 2

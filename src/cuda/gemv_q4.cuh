@@ -13,7 +13,8 @@
  *           silu(g + bg) * (u + bu), the CPU's spx_cpu_silu_mul (rows
  *           layout only; for tiled matrices store silu(gate) (o[0].silu)
  *           and up with one two-matrix launch and give the next GEMV
- *           x = silu(gate), x2 = up)
+ *           x = silu(gate), x2 = up; or set pair: the product, stored by
+ *           the launch)
  *   ARGMAX  STORE, and the packed (value, index) maximum of y is
  *           max-reduced into *best (the caller zeroes it first)
  * Arithmetic (impl 0, the default): the input is written per group of 32
@@ -63,6 +64,10 @@ struct spx_gemv_args {
                                  * image (the backend sets it for every decode launch of a model whose
                                  * launches all have >= 1.9 tiles per SM: Llama-3.1-8B 490 vs 482 tok/s, and
                                  * mixed with the default form in one step it loses: bench/gpu/NOTES.md 28) */
+    int pair;                   /* tiled gate/up (2 matrices, same rows, STORE, no o[].silu): o[0].y =
+                                 * silu(gate + bg) * (up + bu), the CPU's spx_cpu_silu_mul; o[1].y unused.
+                                 * Runs in the two-group form (group 0 gate tiles, group 1 the same tiles
+                                 * of up), whatever groups says; the next GEMV's input is then one vector */
 };
 
 /* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3,

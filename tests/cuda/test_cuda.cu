@@ -473,6 +473,43 @@ static void test_gemv(int n_sm) {
             }
             check_close("gemv gate+up tiled, silu(gate)", down(dy, (size_t)rows).data(), rg.data(), tg.data(), (size_t)rows);
             check_close("gemv gate+up tiled, up", down(dy2, (size_t)rows).data(), ru.data(), tu.data(), (size_t)rows);
+            /* pair: silu(gate) * up stored by the launch (two groups per block, in step), bit for bit the
+             * product of the two stored apart (the same float operations); also with rmsnorm (gain), both
+             * with and without PDL's early start */
+            std::vector<float> gn = rand_vec((size_t)cols, 0.3f);
+            for (auto &v : gn) v += 1.0f;
+            for (int with_gain = 0; with_gain < 2; with_gain++) {
+                spx_gemv_args b = a;
+                b.gain = with_gain ? dev_up(gn.data(), gn.size()) : NULL;
+                b.eps = 1e-5f;
+                if (with_gain) {
+                    poison(dy, (size_t)rows * 4);
+                    CK(spx_gemv_q4(b, n_sm, 0));
+                }
+                const std::vector<float> sg = down(dy, (size_t)rows), up = down(dy2, (size_t)rows);
+                float *dp = dev_alloc<float>((size_t)rows);
+                poison(dp, (size_t)rows * 4);
+                b.o[0].silu = 0;
+                b.o[0].y = dp;
+                b.o[1].y = NULL;
+                b.pair = 1;
+                CK(spx_gemv_q4(b, n_sm, 0, with_gain == 1));
+                CK(cudaDeviceSynchronize());
+                const std::vector<float> got = down(dp, (size_t)rows);
+                int64_t diff = 0;
+                for (int64_t r = 0; r < rows; r++) {
+                    const float want = sg[(size_t)r] * up[(size_t)r];
+                    diff += memcmp(&want, &got[(size_t)r], 4) != 0;
+                }
+                CHECK(diff == 0, "gemv gate+up paired (rows %lld, gain %d): %lld rows differ from silu(gate) * up",
+                      (long long)rows, with_gain, (long long)diff);
+                b.o[0].silu = 1;
+                CHECK(spx_gemv_q4(b, n_sm, 0) == cudaErrorInvalidValue, "gemv pair with o[0].silu not refused");
+                b.o[0].silu = 0;
+                b.mode = SPX_GEMV_ADD;
+                CHECK(spx_gemv_q4(b, n_sm, 0) == cudaErrorInvalidValue, "gemv pair in ADD mode not refused");
+                cudaGetLastError();
+            }
         } else {
             for (int64_t r = 0; r < rows; r++) {
                 double gg = rg[r], sg = gg / (1 + exp(-gg));
@@ -1864,6 +1901,12 @@ int main(int argc, char **argv) {
         spx_gemv_q4_force_tiled_variant(3);
         test_model(argv[1 + only_e2e]);
         spx_gemv_q4_force_tiled_variant(-1);
+        /* gate/up as one paired launch storing silu(gate) * up (spx_gemv_args.pair; the backend's choice
+         * with the two-group form, i.e. for large models only): forced at the model's open */
+        printf("(gate/up paired, silu(gate) * up stored by their launch:)\n");
+        setenv("SPECTRA_GEMV_PAIR", "1", 1);
+        for (int i = 1 + only_e2e; i < argc; i++) test_model(argv[i]);
+        unsetenv("SPECTRA_GEMV_PAIR");
     }
     for (int i = 1 + only_e2e; i < argc; i++) test_model_q4(argv[i]);
     for (int i = 1 + only_e2e; i < argc; i++) test_model_sample(argv[i]);
