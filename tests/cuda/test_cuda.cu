@@ -1102,6 +1102,32 @@ static void test_model(const char *path) {
         }
         CHECK(same + near == n_steps, "%s: step_greedy chose the CPU's token %d times of %d (%d near-ties)", path, same,
               n_steps, near);
+        /* greedy steps fed other tokens than the ones they returned (the device's token and position,
+         * which the previous step's argmax left, are rewritten every time) */
+        int same_r = 0, near_r = 0;
+        for (int i = 0; i < 8; i++) {
+            int32_t ng = -1, t1 = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+            CHECK(spx_session_eval(sc, &t1, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
+            CHECK(spx_session_step_greedy(sg, t1, &ng) == SPX_OK, "cuda step_greedy: %s", spx_session_error(sg));
+            const int32_t nc = argmax_f(c1.data(), V);
+            if (ng == nc) same_r++;
+            else if (ng >= 0 && ng < V && fabs(c1[ng] - c1[nc]) <= E2E_PREFILL_TOL * fmax(1.0, fabs(c1[nc]))) near_r++;
+        }
+        CHECK(same_r + near_r == 8, "%s: step_greedy fed other tokens chose the CPU's %d times of 8 (%d near-ties)",
+              path, same_r, near_r);
+        /* then an eager step, then greedy again: the CPU's token */
+        {
+            int32_t t1 = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V), ng = -1;
+            CHECK(spx_session_eval(sc, &t1, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
+            CHECK(spx_session_eval(sg, &t1, 1, g1.data(), 0) == SPX_OK, "cuda step: %s", spx_session_error(sg));
+            const int32_t nc = argmax_f(c1.data(), V);
+            CHECK(row_err(g1.data(), c1.data(), V) <= E2E_PREFILL_TOL, "%s: eager step after greedy ones off", path);
+            CHECK(spx_session_eval(sc, &nc, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
+            CHECK(spx_session_step_greedy(sg, nc, &ng) == SPX_OK, "cuda step_greedy: %s", spx_session_error(sg));
+            const int32_t nc2 = argmax_f(c1.data(), V);
+            CHECK(ng == nc2 || (ng >= 0 && ng < V && fabs(c1[ng] - c1[nc2]) <= E2E_PREFILL_TOL * fmax(1.0, fabs(c1[nc2]))),
+                  "%s: greedy step after an eager one chose %d, the CPU %d", path, ng, nc2);
+        }
         CHECK(spx_session_pos(sg) == spx_session_pos(sc), "%s: positions differ: cuda %lld cpu %lld", path,
               (long long)spx_session_pos(sg), (long long)spx_session_pos(sc));
         /* a fresh sequence one token at a time: the float32 GEMV path only */
