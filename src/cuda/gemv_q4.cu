@@ -112,6 +112,7 @@ struct gemv_kargs {
     int64_t tstart[SPX_GEMV_MAX_MATS + 1]; /* tiled: first tile of each matrix; unused: INT64_MAX */
     int early_oidx; /* tiled: each thread's first outlier index of every matrix loaded before the PDL wait */
     int pair;       /* tiled gate/up (spx_gemv_args.pair): group 0 of a block gate tiles, group 1 the same rows' up */
+    int early_store; /* tiled, P = 4: the first tile's bias before the PDL wait, its old y (ADD) right after it */
 #ifdef SPX_GEMV_DIAG
     int diag; /* diagnostic builds only (SPECTRA_GEMV_DIAG): 1 no image, 2 no arithmetic, 4 no weight loads */
 #endif
@@ -622,13 +623,16 @@ __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&r
     return true;
 }
 
-/* Row rr of matrix m gets v as the mode says (STORE, ADD, ARGMAX). */
-__device__ __forceinline__ void gm_store(const gemv_kargs &k, int m, int64_t rr, float v, unsigned long long &best) {
+/* Row rr of matrix m gets v as the mode says (STORE, ADD, ARGMAX). With
+ * have_pre, pre holds the row's bias (x) and, ADD, its old y (y), loaded
+ * earlier by the caller (gm_tiled_run's first tile); else they load here. */
+__device__ __forceinline__ void gm_store(const gemv_kargs &k, int m, int64_t rr, float v, unsigned long long &best,
+                                         bool have_pre = false, float2 pre = make_float2(0.0f, 0.0f)) {
     const spx_gemv_args &a = k.a;
     const spx_gemv_out &o = a.o[m];
-    if (o.bias) v += o.bias[rr];
+    if (o.bias) v += have_pre ? pre.x : o.bias[rr];
     if (a.mode == SPX_GEMV_ADD) {
-        o.y[rr] += v;
+        o.y[rr] = (have_pre ? pre.y : o.y[rr]) + v;
     } else {
         if (o.y) o.y[rr] = o.silu ? gm_silu(v) : v;
         if (a.mode == SPX_GEMV_ARGMAX) {
@@ -927,8 +931,20 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
         for (int m = 0; m < SPX_GEMV_MAX_MATS; m++)
             if (m < a.n_mats && (int)threadIdx.x < a.w[m].n_out) oi[m] = __ldg(a.w[m].oidx + threadIdx.x);
     }
+    /* the first tile's row of this lane for the store (warp 0, lanes < 16): its bias (a weight) now, and
+     * with ADD its old y after the wait, so that neither round trip is left for the kernel's tail */
+    const bool pre_row = ROOM && k.early_store && ntl > 0 && warp == 0 && lane < 16; /* (P = 2 spills with it) */
+    int64_t pre_r = -1;
+    float2 pre = make_float2(0.0f, 0.0f);
+    if (pre_row) {
+        const int m0 = mat_of(bid);
+        pre_r = (bid - k.tstart[m0]) * 16 + lane;
+        if (pre_r >= a.w[m0].rows) pre_r = -1;
+        if (pre_r >= 0 && a.o[m0].bias) pre.x = __ldg(a.o[m0].bias + pre_r);
+    }
     spx_pdl_wait();
     if (GR == 1 && ntl == 0) return; /* block-uniform (GR > 1: the groups share gm_build's barriers) */
+    if (pre_r >= 0 && a.mode == SPX_GEMV_ADD) pre.y = a.o[mat_of(bid)].y[pre_r]; /* written before this launch */
     if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
     const float inv = GM_DIAG(k, 1) ? 1.0f
                       : ROOM && k.early_oidx ? gm_build<true>(k, img, meta, xo, redd, oi[0], oi[1], oi[2])
@@ -988,7 +1004,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
                 named_sync(3, 64);
                 if (ok && cm == 1) a.o[0].y[rr] = xg[i] * (a.o[1].bias ? v + a.o[1].bias[rr] : v);
             } else if (ok) {
-                gm_store(k, cm, rr, v, best);
+                gm_store(k, cm, rr, v, best, ROOM && ck == 0 && pre_r >= 0, pre);
             }
         }
     };
@@ -1260,6 +1276,7 @@ static int g_default = 0;
 static int g_diag = 0;
 #endif
 static int g_early_oidx = 1;     /* SPECTRA_GEMV_EARLY_OIDX=0: off (measurements) */
+static int g_early_store = 1;    /* SPECTRA_GEMV_EARLY_STORE=0: off (measurements) */
 static int g_early_oidx_env = 1; /* what spx_gemv_q4_force_early_oidx(-1) returns to */
 
 void spx_gemv_q4_force_early_oidx(int on) { g_early_oidx = on == 0 || on == 1 ? on : g_early_oidx_env; }
@@ -1307,6 +1324,8 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
 #endif
     const char *fs = getenv("SPECTRA_GEMV_FORMS");
     for (int i = 0; fs && i < 5 && fs[i]; i++) g_forms[i] = fs[i] >= '0' && fs[i] < '0' + N_TL ? fs[i] - '0' : -1;
+    const char *es = getenv("SPECTRA_GEMV_EARLY_STORE");
+    if (es && *es >= '0' && *es <= '1' && !es[1]) g_early_store = *es - '0';
     const char *eo = getenv("SPECTRA_GEMV_EARLY_OIDX");
     if (eo && *eo >= '0' && *eo <= '1' && !eo[1]) g_early_oidx = g_early_oidx_env = *eo - '0';
     const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
@@ -1394,6 +1413,7 @@ static cudaError_t prep_kargs(const spx_gemv_args &a, gemv_kargs &k, size_t *sme
     }
     k.total = k.start[a.n_mats];
     k.early_oidx = g_early_oidx;
+    k.early_store = g_early_store;
 #ifdef SPX_GEMV_DIAG
     k.diag = g_diag;
 #endif
