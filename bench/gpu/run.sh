@@ -29,7 +29,9 @@
 #                                tg128 per variant, rounds interleaved (ROUNDS,
 #                                default 3) so that drift hits all alike;
 #                                AB_KV="f16 q4": each with these KV caches
-#                                (default f16).
+#                                (default f16); a variant BIN=name runs
+#                                $D/bin/name instead of spectra (another
+#                                build, staged there by hand).
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
 #                                one by one under Nsight Compute (8B, 3 tokens),
 #                                time per kernel name (ncu.txt).
@@ -175,7 +177,9 @@ if [ "$MODE" = ab ]; then
             for kv in ${AB_KV:-f16}; do
                 for v in ${AB:--}; do
                     [ "$v" = - ] && v=
-                    env $v timeout 120 $B/spectra bench -m $W/$s.trdc --backend cuda --kv $kv -p 0 -n 128 -r 3 --json 2> $T/ab.err |
+                    bin=$B/spectra
+                    case "$v" in BIN=*) bin=$B/${v#BIN=} ;; esac # another build staged beside it
+                    env $v timeout 120 $bin bench -m $W/$s.trdc --backend cuda --kv $kv -p 0 -n 128 -r 3 --json 2> $T/ab.err |
                         sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (kv $kv, ${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
                         { echo "bench $s $kv $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
                 done

@@ -624,15 +624,16 @@ __device__ __forceinline__ bool gm_tile_reduce(float tot0, float tot1, float (&r
 }
 
 /* Row rr of matrix m gets v as the mode says (STORE, ADD, ARGMAX). With
- * have_pre, pre holds the row's bias (x) and, ADD, its old y (y), loaded
- * earlier by the caller (gm_tiled_run's first tile); else they load here. */
+ * have_pre, pre holds what the caller loaded earlier (gm_tiled_run's first
+ * tile): with ADD the row's old y, else its bias; the rest loads here. */
 __device__ __forceinline__ void gm_store(const gemv_kargs &k, int m, int64_t rr, float v, unsigned long long &best,
-                                         bool have_pre = false, float2 pre = make_float2(0.0f, 0.0f)) {
+                                         bool have_pre = false, float pre = 0.0f) {
     const spx_gemv_args &a = k.a;
     const spx_gemv_out &o = a.o[m];
-    if (o.bias) v += have_pre ? pre.x : o.bias[rr];
-    if (a.mode == SPX_GEMV_ADD) {
-        o.y[rr] = (have_pre ? pre.y : o.y[rr]) + v;
+    const bool add = a.mode == SPX_GEMV_ADD;
+    if (o.bias) v += have_pre && !add ? pre : o.bias[rr];
+    if (add) {
+        o.y[rr] = (have_pre ? pre : o.y[rr]) + v;
     } else {
         if (o.y) o.y[rr] = o.silu ? gm_silu(v) : v;
         if (a.mode == SPX_GEMV_ARGMAX) {
@@ -931,20 +932,26 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
         for (int m = 0; m < SPX_GEMV_MAX_MATS; m++)
             if (m < a.n_mats && (int)threadIdx.x < a.w[m].n_out) oi[m] = __ldg(a.w[m].oidx + threadIdx.x);
     }
-    /* the first tile's row of this lane for the store (warp 0, lanes < 16): its bias (a weight) now, and
-     * with ADD its old y after the wait, so that neither round trip is left for the kernel's tail */
-    const bool pre_row = ROOM && k.early_store && ntl > 0 && warp == 0 && lane < 16; /* (P = 2 spills with it) */
-    int64_t pre_r = -1;
-    float2 pre = make_float2(0.0f, 0.0f);
-    if (pre_row) {
+    /* the first tile's row of this lane for the store (warp 0, lanes < 16): with ADD its old y, loaded
+     * right after the wait, else its bias (a weight), loaded now; that round trip is then not left
+     * for the kernel's tail. One register across the loop. The two-group form only: P = 2 spills with
+     * it, and the two-block form ran slower with this code in it, used or not (device run 10). */
+    constexpr bool ES = ROOM && GR > 1;
+    bool have_pre = false;
+    float pre = 0.0f;
+    const float *pre_p = nullptr;
+    if (ES && k.early_store && ntl > 0 && warp == 0 && lane < 16) {
         const int m0 = mat_of(bid);
-        pre_r = (bid - k.tstart[m0]) * 16 + lane;
-        if (pre_r >= a.w[m0].rows) pre_r = -1;
-        if (pre_r >= 0 && a.o[m0].bias) pre.x = __ldg(a.o[m0].bias + pre_r);
+        const int64_t r0 = (bid - k.tstart[m0]) * 16 + lane;
+        if (r0 < a.w[m0].rows) {
+            have_pre = true;
+            pre_p = a.mode == SPX_GEMV_ADD ? a.o[m0].y + r0 : a.o[m0].bias ? a.o[m0].bias + r0 : nullptr;
+            if (pre_p && a.mode != SPX_GEMV_ADD) pre = __ldg(pre_p);
+        }
     }
     spx_pdl_wait();
     if (GR == 1 && ntl == 0) return; /* block-uniform (GR > 1: the groups share gm_build's barriers) */
-    if (pre_r >= 0 && a.mode == SPX_GEMV_ADD) pre.y = a.o[mat_of(bid)].y[pre_r]; /* written before this launch */
+    if (ES && pre_p && a.mode == SPX_GEMV_ADD) pre = *pre_p; /* written before this launch */
     if (threadIdx.x < 2) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
     const float inv = GM_DIAG(k, 1) ? 1.0f
                       : ROOM && k.early_oidx ? gm_build<true>(k, img, meta, xo, redd, oi[0], oi[1], oi[2])
@@ -1004,7 +1011,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
                 named_sync(3, 64);
                 if (ok && cm == 1) a.o[0].y[rr] = xg[i] * (a.o[1].bias ? v + a.o[1].bias[rr] : v);
             } else if (ok) {
-                gm_store(k, cm, rr, v, best, ROOM && ck == 0 && pre_r >= 0, pre);
+                gm_store(k, cm, rr, v, best, ES && ck == 0 && have_pre, pre);
             }
         }
     };
@@ -1048,10 +1055,10 @@ __global__ void __launch_bounds__(GR * GM_WARPS * 32, MINB) gemv_q4_tiled(const 
     __shared__ float pxg[2][16]; /* pair: a tile's silu(gate), double-buffered by tile parity */
     spx_pdl_trigger();
     const int grp = GR > 1 ? (int)(threadIdx.x >> 5) / GM_WARPS : 0;
-    if (GR == 2 && k.pair) /* group g: matrix g's tiles, the same ones in both groups */
-        gm_tiled_run<P, GR>(k, gridDim.x, blockIdx.x + (grp ? k.tstart[1] : 0), k.tstart[grp + 1], red[grp], redd, pxg);
-    else
-        gm_tiled_run<P, GR>(k, (int64_t)gridDim.x * GR, (int64_t)blockIdx.x * GR + grp, k.n_tiles, red[grp], redd, pxg);
+    const bool pr = GR == 2 && k.pair; /* group g: matrix g's tiles, the same ones in both groups */
+    const int64_t G = pr ? (int64_t)gridDim.x : (int64_t)gridDim.x * GR;
+    const int64_t bid = pr ? blockIdx.x + (grp ? k.tstart[1] : 0) : (int64_t)blockIdx.x * GR + grp;
+    gm_tiled_run<P, GR>(k, G, bid, pr ? k.tstart[grp + 1] : k.n_tiles, red[grp], redd, pxg);
 }
 
 /* ---- the tiled layout through the bulk-copy engine: gemv_q4_tiled_tma ----------
