@@ -411,6 +411,39 @@ template <int ND> __device__ __forceinline__ void ad_load_v(const __half *src, f
     }
 }
 
+/* The decode kernels' first work after the wait, a warp a row (every
+ * row's loads issued before any is worked on): warp w < nhb (qjob) loads
+ * q head h0 + w into vq (zeros past nhb); when the block's keys include p
+ * (has_p), warp nhb % AD_WARPS (pjob: a free one, or warp 0) loads row p
+ * into vk, vv: the token's raw k and v (FUSE), else the fp16 cache's row.
+ * FUSE: q then gets the q norm and RoPE (ad_row with ad_rope_cs's rc, rs;
+ * k's are the caller's). Lane l: elements ND l .. ND l + ND - 1. */
+template <int ND, bool FUSE>
+__device__ __forceinline__ void ad_rows(const spx_attn_args &a, const attn_block &b, bool has_p, int64_t p,
+                                        const float (&rc)[ND], const float (&rs)[ND], bool &qjob, bool &pjob,
+                                        float (&vq)[ND], float (&vk)[ND], float (&vv)[ND]) {
+    constexpr int HD = 32 * ND;
+    static_assert(AT_HB == AD_WARPS, "a warp per q head");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = ND * lane;
+    const int64_t kvd = (int64_t)a.nkv * HD;
+    const __half *kg = a.kc + (int64_t)b.kvh * HD, *vg = a.vc + (int64_t)b.kvh * HD;
+    qjob = warp < b.nhb;
+    pjob = has_p && warp == b.nhb % AD_WARPS;
+#pragma unroll
+    for (int e = 0; e < ND; e++) {
+        vq[e] = qjob ? a.q[(int64_t)(b.h0 + warp) * HD + d0 + e] : 0.0f;
+        vk[e] = vv[e] = 0.0f;
+        if (pjob && FUSE) {
+            vk[e] = a.k_new[(int64_t)b.kvh * HD + d0 + e];
+            vv[e] = a.v_new[(int64_t)b.kvh * HD + d0 + e];
+        } else if (pjob) {
+            vk[e] = __half2float(kg[p * kvd + d0 + e]);
+            vv[e] = __half2float(vg[p * kvd + d0 + e]);
+        }
+    }
+    if (qjob && FUSE) ad_row<ND>(a.q_norm, a.eps, rc, rs, vq);
+}
+
 /* The splits a decode step uses: the launch has a.n_splits (gridDim.y),
  * sized for the session's context; at position p only enough of them
  * for one pass (SPX_ATTN_DECODE_KEYS keys) each run, the rest return at
@@ -551,25 +584,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     float *qs = reinterpret_cast<float *>(ad_sm + L::Q);
     __half *kp = reinterpret_cast<__half *>(ad_sm + L::KP), *vp = kp + HD;
     const bool has_p = kb <= p && p < ke;
-    /* warp w prepares q head h0 + w; warp nhb % 4 (a free one, or warp 0)
-     * row p. Every row's loads are issued before any is worked on. */
-    static_assert(AT_HB == AD_WARPS, "a warp per q head");
-    const bool qjob = warp < b.nhb, pjob = has_p && warp == b.nhb % AD_WARPS;
+    bool qjob, pjob;
     float vq[ND], vk[ND], vv[ND];
+    ad_rows<ND, FUSE>(a, b, has_p, p, rc, rs, qjob, pjob, vq, vk, vv);
     const int d0 = ND * lane;
-#pragma unroll
-    for (int e = 0; e < ND; e++) {
-        vq[e] = qjob ? a.q[(int64_t)(b.h0 + warp) * HD + d0 + e] : 0.0f;
-        vk[e] = vv[e] = 0.0f;
-        if (pjob && FUSE) {
-            vk[e] = a.k_new[(int64_t)b.kvh * HD + d0 + e];
-            vv[e] = a.v_new[(int64_t)b.kvh * HD + d0 + e];
-        } else if (pjob) {
-            vk[e] = __half2float(kg[p * kvd + d0 + e]);
-            vv[e] = __half2float(vg[p * kvd + d0 + e]);
-        }
-    }
-    if (qjob && FUSE) ad_row<ND>(a.q_norm, a.eps, rc, rs, vq);
 #pragma unroll
     for (int e = 0; e < ND; e++) qs[warp * HD + d0 + e] = vq[e];
     if (pjob) {
@@ -782,17 +800,11 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     float *xs = reinterpret_cast<float *>(ad_sm + L::XS);
     uint8_t *pc = ad_sm + L::PC;
     if (FUSE) { /* attn_decode_kernel's q and row-p jobs, one warp each */
-        const bool qjob = warp < b.nhb, pjob = has_p && warp == b.nhb % AD_WARPS;
+        bool qjob, pjob;
         float vq[ND], vk[ND], vv[ND];
-        const int d0 = ND * lane;
-#pragma unroll
-        for (int e = 0; e < ND; e++) {
-            vq[e] = qjob ? a.q[(int64_t)(b.h0 + warp) * HD + d0 + e] : 0.0f;
-            vk[e] = pjob ? a.k_new[(int64_t)b.kvh * HD + d0 + e] : 0.0f;
-            vv[e] = pjob ? a.v_new[(int64_t)b.kvh * HD + d0 + e] : 0.0f;
-        }
-        if (qjob) ad_row<ND>(a.q_norm, a.eps, rc, rs, vq);
+        ad_rows<ND, true>(a, b, has_p, p, rc, rs, qjob, pjob, vq, vk, vv);
         if (pjob) ad_row<ND>(a.k_norm, a.eps, rc, rs, vk);
+        const int d0 = ND * lane;
 #pragma unroll
         for (int e = 0; e < ND; e++) {
             qs[warp * HD + d0 + e] = vq[e];

@@ -865,6 +865,38 @@ static void check_split_counters(const char *what, const int *d_cnt, int n) {
     CHECK(nz == 0, "%s: %d split counters left non-zero", what, nz);
 }
 
+/* One attention launch into dout (n floats, poisoned first), back on the
+ * host; all_splits: every split of a decode launch runs, not only those
+ * the position needs. */
+static std::vector<float> attn_run(const spx_attn_args &a, float *dout, size_t n, bool all_splits) {
+    if (all_splits) spx_attention_force_adapt(0);
+    poison(dout, n * 4);
+    CK(spx_attention(a, 0));
+    CK(cudaDeviceSynchronize());
+    spx_attention_force_adapt(-1);
+    return down(dout, n);
+}
+
+/* A decode attention with rope_store's work fused (a.k_new set): the raw
+ * k and v rows of the token, RoPE's frequencies, the q/k norm gains (qkn).
+ * Then q and kn become what rope_store leaves (the CPU's rmsnorm and rope
+ * at position pos), the reference's inputs. */
+static void fuse_rope_args(spx_attn_args &a, std::vector<float> &q, std::vector<float> &kn, const std::vector<float> &vn,
+                           const std::vector<float> &inv, const std::vector<float> &qg, const std::vector<float> &kg,
+                           int qkn, int pos) {
+    const int hd = a.hd;
+    a.k_new = dev_up(kn.data(), kn.size());
+    a.v_new = dev_up(vn.data(), vn.size());
+    a.inv_freq = dev_up(inv.data(), inv.size());
+    a.q_norm = qkn ? dev_up(qg.data(), qg.size()) : NULL;
+    a.k_norm = qkn ? dev_up(kg.data(), kg.size()) : NULL;
+    a.eps = 1e-6f;
+    for (int h = 0; h < a.nh && qkn; h++) spx_cpu_rmsnorm(&q[(size_t)h * hd], &q[(size_t)h * hd], qg.data(), hd, 1e-6f);
+    for (int h = 0; h < a.nkv && qkn; h++) spx_cpu_rmsnorm(&kn[(size_t)h * hd], &kn[(size_t)h * hd], kg.data(), hd, 1e-6f);
+    spx_cpu_rope(q.data(), a.nh, hd, pos, inv.data());
+    spx_cpu_rope(kn.data(), a.nkv, hd, pos, inv.data());
+}
+
 /* Cases with n_tok == 1 and hd 32/64/128/256 take the decode kernel
  * (spx_attention_decode_fast); fuse: it also does rope_store's work (q
  * and k_new raw; RMSNorm when qkn, RoPE, row pos0 stored), checked against
@@ -911,29 +943,12 @@ static void test_attention(void) {
         a.pos = dev_up(&p0, 1);
         a.cnt = dev_alloc<int>((size_t)c.nh);
         CK(cudaMemset(a.cnt, 0, (size_t)c.nh * 4));
-        if (c.fuse) {
-            a.k_new = dev_up(kn.data(), kn.size());
-            a.v_new = dev_up(vn.data(), vn.size());
-            a.inv_freq = dev_up(inv.data(), inv.size());
-            a.q_norm = c.qkn ? dev_up(qg.data(), qg.size()) : NULL;
-            a.k_norm = c.qkn ? dev_up(kg.data(), kg.size()) : NULL;
-            a.eps = 1e-6f;
-            /* the reference: q and k as rope_store leaves them, row pos0 in the cache */
-            for (int h = 0; h < c.nh && c.qkn; h++) spx_cpu_rmsnorm(&q[(size_t)h * c.hd], &q[(size_t)h * c.hd], qg.data(), c.hd, 1e-6f);
-            for (int h = 0; h < c.nkv && c.qkn; h++) spx_cpu_rmsnorm(&kn[(size_t)h * c.hd], &kn[(size_t)h * c.hd], kg.data(), c.hd, 1e-6f);
-            spx_cpu_rope(q.data(), c.nh, c.hd, c.pos0, inv.data());
-            spx_cpu_rope(kn.data(), c.nkv, c.hd, c.pos0, inv.data());
-        }
+        if (c.fuse) fuse_rope_args(a, q, kn, vn, inv, qg, kg, c.qkn, c.pos0); /* the reference: row pos0 in the cache */
         std::vector<float> outs[3];
         const size_t part_n = (size_t)(c.n_tok * c.nh * c.splits * (c.hd + 2));
         poison(a.part, part_n * 4);
         for (int run = 0; run < 3; run++) { /* run 2: every split of a decode launch, not just those p needs */
-            if (run == 2) spx_attention_force_adapt(0);
-            poison(dout, q.size() * 4);
-            CK(spx_attention(a, 0));
-            CK(cudaDeviceSynchronize());
-            spx_attention_force_adapt(-1);
-            outs[run] = down(dout, q.size());
+            outs[run] = attn_run(a, dout, q.size(), run == 2);
             if (run == 0 && c.n_tok == 1 && c.splits > 1 && spx_attention_decode_fast(c.hd)) {
                 /* one pass of keys needed: one split ran and wrote the output itself, no partials */
                 const int len = c.window > 0 && c.window < c.pos0 + 1 ? c.window : c.pos0 + 1;
@@ -1181,6 +1196,71 @@ static void kvq4_dev_init(kvq4_dev &d, int64_t nctx, int64_t kvd) {
     d.v = spx_kvq4_at(d.vb, 0, nctx, kvd);
 }
 
+/* A CPU q4 cache of nctx rows (one layer) with rows 0 .. nrows - 1 stored
+ * from random K (a few large channels: what the rotation is for) and V
+ * (shifted), kept in *K, *V; false (a failed check) if it cannot be made. */
+static bool kvq4_cpu_cache(spx_kvcache *kc, int nctx, int kvd, int hd, int nrows, std::vector<float> *K,
+                           std::vector<float> *V) {
+    spx_err e;
+    spx_err_clear(&e);
+    if (spx_kv_init(kc, SPX_KV_Q4, 1, nctx, kvd, hd, &e) != SPX_OK) {
+        CHECK(0, "kv init: %s", e.msg);
+        return false;
+    }
+    *K = rand_vec((size_t)nrows * kvd, 1.0f);
+    *V = rand_vec((size_t)nrows * kvd, 1.0f);
+    for (size_t i = 0; i < K->size(); i++) {
+        if (i % (size_t)hd == 3 || i % (size_t)hd == 17) (*K)[i] *= 8.0f;
+        (*V)[i] = 0.7f * (*V)[i] + 0.2f;
+    }
+    for (int p = 0; p < nrows; p++) spx_kv_store(kc, 0, p, &(*K)[(size_t)p * kvd], &(*V)[(size_t)p * kvd]);
+    return true;
+}
+
+/* One head's attention in double over dequantized rows dk, dv [.., kvd]
+ * (KV head kvh of hd values), keys start..p: out[hd]. */
+static void ref_head_attention(const float *qh, const float *dk, const float *dv, int kvd, int kvh, int hd, int start,
+                               int p, double scale, double *out) {
+    std::vector<double> s((size_t)(p + 1 - start));
+    double mx = -1e300, sum = 0;
+    for (int i = start; i <= p; i++) {
+        double dd = 0;
+        for (int j = 0; j < hd; j++) dd += (double)qh[j] * dk[(size_t)i * kvd + kvh * hd + j];
+        s[i - start] = dd * scale;
+        mx = fmax(mx, s[i - start]);
+    }
+    for (auto &x : s) sum += (x = exp(x - mx));
+    for (int j = 0; j < hd; j++) {
+        double o = 0;
+        for (int i = start; i <= p; i++) o += s[i - start] * dv[(size_t)i * kvd + kvh * hd + j];
+        out[j] = o / sum;
+    }
+}
+
+/* Attention arguments over d's q4 cache (split counters zeroed, the
+ * partials sized for the launch); q already on the device. */
+static spx_attn_args kvq4_attn_args(const kvq4_dev &d, const float *dq, float *dout, int n_tok, int nh, int nkv, int hd,
+                                    int window, int splits, int32_t pos0, int rot) {
+    spx_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = dq;
+    a.out = dout;
+    a.part = dev_alloc<float>((size_t)n_tok * nh * splits * (hd + 2));
+    a.n_tok = n_tok;
+    a.nh = nh;
+    a.nkv = nkv;
+    a.hd = hd;
+    a.window = window;
+    a.n_splits = splits;
+    a.pos = dev_up(&pos0, 1);
+    a.kq = d.k;
+    a.vq = d.v;
+    a.rot = rot;
+    a.cnt = dev_alloc<int>((size_t)nh);
+    CK(cudaMemset(a.cnt, 0, (size_t)nh * 4));
+    return a;
+}
+
 /* Bytes of one q4 row (the host cache pads its rows to 4: kvcache.c). */
 static size_t kvq4_rb(const spx_kvq4_layout &lo) { return (size_t)(lo.code_row + 2 * lo.scale_row + lo.zero_row); }
 
@@ -1246,20 +1326,9 @@ static void test_kvq4(void) {
     for (auto &c : cs) {
         const int qd = c.nh * c.hd, kvd = c.nkv * c.hd, npos = c.pos0 + c.n_tok, nctx = npos + 5, G = c.nh / c.nkv;
         const int rot = spx_kvq4_rot(c.hd, kvd);
-        /* K with a few large channels (what the rotation is for), V shifted */
-        std::vector<float> K = rand_vec((size_t)npos * kvd, 1.0f), V = rand_vec((size_t)npos * kvd, 1.0f);
-        for (size_t i = 0; i < K.size(); i++) {
-            if (i % (size_t)c.hd == 3 || i % (size_t)c.hd == 17) K[i] *= 8.0f;
-            V[i] = 0.7f * V[i] + 0.2f;
-        }
         spx_kvcache kc;
-        spx_err e;
-        spx_err_clear(&e);
-        if (spx_kv_init(&kc, SPX_KV_Q4, 1, nctx, kvd, c.hd, &e) != SPX_OK) {
-            CHECK(0, "kv init: %s", e.msg);
-            continue;
-        }
-        for (int p = 0; p < npos; p++) spx_kv_store(&kc, 0, p, &K[(size_t)p * kvd], &V[(size_t)p * kvd]);
+        std::vector<float> K, V;
+        if (!kvq4_cpu_cache(&kc, nctx, kvd, c.hd, npos, &K, &V)) continue;
         /* the device store: spx_rope_store of k heads only, with zero
          * frequencies (RoPE is then exactly the identity: cos 0 = 1, sin 0 = 0) */
         kvq4_dev d;
@@ -1291,32 +1360,11 @@ static void test_kvq4(void) {
         /* attention */
         std::vector<float> q = rand_vec((size_t)c.n_tok * qd, 1.0f);
         float *dout = dev_alloc<float>(q.size());
-        poison(dout, q.size() * 4);
-        spx_attn_args a;
-        memset(&a, 0, sizeof a);
-        a.q = dev_up(q.data(), q.size());
-        a.out = dout;
-        a.part = dev_alloc<float>((size_t)c.n_tok * c.nh * c.splits * (c.hd + 2));
-        a.n_tok = c.n_tok;
-        a.nh = c.nh;
-        a.nkv = c.nkv;
-        a.hd = c.hd;
-        a.window = c.window;
-        a.n_splits = c.splits;
-        a.pos = dev_up(&p0, 1);
-        a.kq = d.k;
-        a.vq = d.v;
-        a.rot = rot;
-        a.cnt = dev_alloc<int>((size_t)c.nh);
-        CK(cudaMemset(a.cnt, 0, (size_t)c.nh * 4));
-        CK(spx_attention(a, 0));
-        CK(cudaDeviceSynchronize());
-        std::vector<float> out = down(dout, q.size());
+        spx_attn_args a = kvq4_attn_args(d, dev_up(q.data(), q.size()), dout, c.n_tok, c.nh, c.nkv, c.hd, c.window,
+                                         c.splits, p0, rot);
+        std::vector<float> out = attn_run(a, dout, q.size(), false);
         { /* again: the same bits (the decode kernel's split counters were reset) */
-            poison(dout, q.size() * 4);
-            CK(spx_attention(a, 0));
-            CK(cudaDeviceSynchronize());
-            std::vector<float> again = down(dout, q.size());
+            std::vector<float> again = attn_run(a, dout, q.size(), false);
             CHECK(memcmp(again.data(), out.data(), out.size() * 4) == 0,
                   "q4 attention n_tok %d nh %d hd %d splits %d: a second run differs", c.n_tok, c.nh, c.hd, c.splits);
         }
@@ -1333,20 +1381,8 @@ static void test_kvq4(void) {
                 int p = c.pos0 + t, kvh = h / G, start = 0;
                 if (c.window > 0 && p - c.window + 1 > 0) start = p - c.window + 1;
                 const float *qh = &q[(size_t)t * qd + (size_t)h * c.hd];
-                std::vector<double> s((size_t)(p + 1 - start));
-                double mx = -1e300, sum = 0;
-                for (int i = start; i <= p; i++) {
-                    double dd = 0;
-                    for (int j = 0; j < c.hd; j++) dd += (double)qh[j] * dk[(size_t)i * kvd + kvh * c.hd + j];
-                    s[i - start] = dd * scale;
-                    mx = fmax(mx, s[i - start]);
-                }
-                for (auto &x : s) sum += (x = exp(x - mx));
-                for (int j = 0; j < c.hd; j++) {
-                    double o = 0;
-                    for (int i = start; i <= p; i++) o += s[i - start] * dv[(size_t)i * kvd + kvh * c.hd + j];
-                    ref[(size_t)t * qd + h * c.hd + j] = o / sum;
-                }
+                ref_head_attention(qh, dk.data(), dv.data(), kvd, kvh, c.hd, start, p, scale,
+                                   &ref[(size_t)t * qd + (size_t)h * c.hd]);
                 /* the CPU backend's own q4 attention (engine/forward.c) */
                 spx_kv_scores(&kc, NULL, 0, kvh, qh, start, p + 1, (float)scale, sc.data());
                 spx_cpu_softmax(sc.data(), p + 1 - start);
@@ -1357,14 +1393,9 @@ static void test_kvq4(void) {
                  c.n_tok, c.nh, c.nkv, c.hd, rot, c.window, c.splits, c.pos0);
         int ok = check_close(what, out.data(), ref.data(), tol.data(), out.size());
         { /* every split of a decode launch running, not just those the position needs */
-            spx_attention_force_adapt(0);
-            poison(dout, q.size() * 4);
-            CK(spx_attention(a, 0));
-            CK(cudaDeviceSynchronize());
-            spx_attention_force_adapt(-1);
             char w2[200];
             snprintf(w2, sizeof w2, "%s (all splits)", what);
-            ok &= check_close(w2, down(dout, q.size()).data(), ref.data(), tol.data(), out.size());
+            ok &= check_close(w2, attn_run(a, dout, q.size(), true).data(), ref.data(), tol.data(), out.size());
             check_split_counters(w2, a.cnt, c.nh);
         }
         double dcpu = 0;
@@ -1479,16 +1510,8 @@ static void test_kvq4_fused(void) {
         const int qd = c.nh * c.hd, kvd = c.nkv * c.hd, nctx = c.pos0 + 6, G = c.nh / c.nkv;
         const int rot = spx_kvq4_rot(c.hd, kvd);
         spx_kvcache kc;
-        spx_err e;
-        spx_err_clear(&e);
-        if (spx_kv_init(&kc, SPX_KV_Q4, 1, nctx, kvd, c.hd, &e) != SPX_OK) {
-            CHECK(0, "kv init: %s", e.msg);
-            continue;
-        }
-        std::vector<float> K = rand_vec((size_t)c.pos0 * kvd, 1.0f), V = rand_vec((size_t)c.pos0 * kvd, 1.0f);
-        for (size_t i = 0; i < K.size(); i++)
-            if (i % (size_t)c.hd == 3 || i % (size_t)c.hd == 17) K[i] *= 8.0f;
-        for (int p = 0; p < c.pos0; p++) spx_kv_store(&kc, 0, p, &K[(size_t)p * kvd], &V[(size_t)p * kvd]);
+        std::vector<float> K, V;
+        if (!kvq4_cpu_cache(&kc, nctx, kvd, c.hd, c.pos0, &K, &V)) continue;
         /* the device cache: rows < pos0 as the CPU stored them, the rest poison */
         kvq4_dev d;
         kvq4_dev_init(d, nctx, kvd);
@@ -1514,47 +1537,12 @@ static void test_kvq4_fused(void) {
         for (auto &g : qg) g += 1.0f;
         for (auto &g : kg) g += 1.0f;
         float *dout = dev_alloc<float>(q.size());
-        spx_attn_args a;
-        memset(&a, 0, sizeof a);
-        int32_t p0 = c.pos0;
-        a.q = dev_up(q.data(), q.size());
-        a.out = dout;
-        a.part = dev_alloc<float>((size_t)c.nh * c.splits * (c.hd + 2));
-        a.n_tok = 1;
-        a.nh = c.nh;
-        a.nkv = c.nkv;
-        a.hd = c.hd;
-        a.window = c.window;
-        a.n_splits = c.splits;
-        a.pos = dev_up(&p0, 1);
-        a.kq = d.k;
-        a.vq = d.v;
-        a.rot = rot;
-        a.cnt = dev_alloc<int>((size_t)c.nh);
-        CK(cudaMemset(a.cnt, 0, (size_t)c.nh * 4));
-        a.k_new = dev_up(kn.data(), kn.size());
-        a.v_new = dev_up(vn.data(), vn.size());
-        a.inv_freq = dev_up(inv.data(), inv.size());
-        a.q_norm = c.qkn ? dev_up(qg.data(), qg.size()) : NULL;
-        a.k_norm = c.qkn ? dev_up(kg.data(), kg.size()) : NULL;
-        a.eps = 1e-6f;
+        spx_attn_args a = kvq4_attn_args(d, dev_up(q.data(), q.size()), dout, 1, c.nh, c.nkv, c.hd, c.window, c.splits,
+                                         c.pos0, rot);
+        fuse_rope_args(a, q, kn, vn, inv, qg, kg, c.qkn, c.pos0); /* (the device gets the raw rows first) */
         std::vector<float> outs[3];
-        for (int run = 0; run < 3; run++) { /* run 2: every split of the launch */
-            if (run == 2) spx_attention_force_adapt(0);
-            poison(dout, q.size() * 4);
-            CK(spx_attention(a, 0));
-            CK(cudaDeviceSynchronize());
-            spx_attention_force_adapt(-1);
-            outs[run] = down(dout, q.size());
-        }
-        /* the CPU's row pos0: q and k as rope_store leaves them */
-        if (c.qkn) {
-            for (int h = 0; h < c.nh; h++) spx_cpu_rmsnorm(&q[(size_t)h * c.hd], &q[(size_t)h * c.hd], qg.data(), c.hd, 1e-6f);
-            for (int h = 0; h < c.nkv; h++) spx_cpu_rmsnorm(&kn[(size_t)h * c.hd], &kn[(size_t)h * c.hd], kg.data(), c.hd, 1e-6f);
-        }
-        spx_cpu_rope(q.data(), c.nh, c.hd, c.pos0, inv.data());
-        spx_cpu_rope(kn.data(), c.nkv, c.hd, c.pos0, inv.data());
-        spx_kv_store(&kc, 0, c.pos0, kn.data(), vn.data());
+        for (int run = 0; run < 3; run++) outs[run] = attn_run(a, dout, q.size(), run == 2); /* run 2: every split */
+        spx_kv_store(&kc, 0, c.pos0, kn.data(), vn.data()); /* the CPU's row pos0 (q, kn as rope_store leaves them) */
         const std::vector<uint8_t> rk = kvq4_rows(d.kb, d.lo, nctx, kc.row_bytes), rv = kvq4_rows(d.vb, d.lo, nctx, kc.row_bytes);
         int badk = 0, badv = 0, stray = 0, koff = 0, codes_diff = 0;
         kvq4_cmp_rows(&kc, 1, rv, kvq4_rb(d.lo), 0, c.pos0 + 1, 0, c.pos0 + 1, nctx, &badv, &stray);
@@ -1577,23 +1565,9 @@ static void test_kvq4_fused(void) {
         std::vector<double> ref(q.size()), tol(q.size(), ATTN_Q4_TOL_ABS);
         const double scale = 1.0 / sqrt((double)c.hd);
         const int p = c.pos0, start = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
-        for (int h = 0; h < c.nh; h++) {
-            const int kvh = h / G;
-            std::vector<double> sc((size_t)(p + 1 - start));
-            double mx = -1e300, sum = 0;
-            for (int i = start; i <= p; i++) {
-                double dd = 0;
-                for (int j = 0; j < c.hd; j++) dd += (double)q[(size_t)h * c.hd + j] * dk[(size_t)i * kvd + kvh * c.hd + j];
-                sc[i - start] = dd * scale;
-                mx = fmax(mx, sc[i - start]);
-            }
-            for (auto &x : sc) sum += (x = exp(x - mx));
-            for (int j = 0; j < c.hd; j++) {
-                double o = 0;
-                for (int i = start; i <= p; i++) o += sc[i - start] * dv[(size_t)i * kvd + kvh * c.hd + j];
-                ref[(size_t)h * c.hd + j] = o / sum;
-            }
-        }
+        for (int h = 0; h < c.nh; h++)
+            ref_head_attention(&q[(size_t)h * c.hd], dk.data(), dv.data(), kvd, h / G, c.hd, start, p, scale,
+                               &ref[(size_t)h * c.hd]);
         check_close(what, outs[0].data(), ref.data(), tol.data(), q.size());
         CHECK(memcmp(outs[1].data(), outs[0].data(), q.size() * 4) == 0, "%s: a second run differs", what);
         char w2[240];
