@@ -951,8 +951,7 @@ void spx_attention_force_adapt(int on) { g_adapt = on == 0 || on == 1 ? on : g_a
 
 cudaError_t spx_attention_setup(void) {
     g_split_only = getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL") != nullptr;
-    const char *ad = getenv("SPECTRA_CUDA_ATTN_ADAPT");
-    g_adapt = g_adapt_env = !(ad && !strcmp(ad, "0"));
+    g_adapt = g_adapt_env = spx_env_flag("SPECTRA_CUDA_ATTN_ADAPT", 1);
     cudaError_t err = ad_setup<1>();
     if (err == cudaSuccess) err = ad_setup<2>();
     if (err == cudaSuccess) err = ad_setup<4>();

@@ -358,10 +358,8 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     cm->dev = 0;
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_CUDA_TRY(e, cudaDeviceGetAttribute(&cm->n_sm, cudaDevAttrMultiProcessorCount, cm->dev));
-    const char *pdl = getenv("SPECTRA_CUDA_PDL"); /* benchmarking knob: 0 turns PDL off */
-    cm->pdl = !(pdl && !strcmp(pdl, "0"));
-    const char *kf = getenv("SPECTRA_CUDA_KVQ4_FUSE"); /* benchmarking knob: 0 keeps rope_store for --kv q4 */
-    cm->kvq4_fuse = !(kf && !strcmp(kf, "0"));
+    cm->pdl = spx_env_flag("SPECTRA_CUDA_PDL", 1) != 0;              /* benchmarking knob: 0 turns PDL off */
+    cm->kvq4_fuse = spx_env_flag("SPECTRA_CUDA_KVQ4_FUSE", 1) != 0; /* 0 keeps rope_store for --kv q4 */
 
     if (c->head_dim > SPX_ATTN_MAX_HD || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
@@ -385,8 +383,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     }
     cm->gemv_groups = gemv_groups_for(m, cm->n_sm);
     /* SPECTRA_GEMV_PAIR (measurements, tests): 0 stores silu(gate) and up apart, 1 pairs them in every model */
-    const char *gp = getenv("SPECTRA_GEMV_PAIR");
-    cm->gemv_pair = gp && !strcmp(gp, "1") ? 1 : gp && !strcmp(gp, "0") ? 0 : cm->gemv_groups;
+    cm->gemv_pair = spx_env_flag("SPECTRA_GEMV_PAIR", cm->gemv_groups);
     if (m->lm_head.q.layout == SPX_Q_TILED && !spx_gemv_q4_fits(m->lm_head.q.cols, m->lm_head.q.n_outliers))
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: lm_head.weight is tiled with %lld outlier columns, more than the decode GEMV takes at "
@@ -710,9 +707,8 @@ static spx_gemv_args gemv_one(const spx_dqmat &w, const float *x, float *y, cons
     return g;
 }
 
-/* The decode step's GEMV launches of layer L: merged q/k/v on rmsnorm(h),
- * gate/up on rmsnorm(h) (tiled: silu(gate) and up stored; rows: the fused
- * SwiGLU), down added into h. */
+/* The decode step's GEMV launches of layer L: merged q/k/v on rmsnorm(h);
+ * gate/up on rmsnorm(h) and down added into h (below). */
 static spx_gemv_args gemv_qkv(const cu_layer *L, cu_sess *cs, float eps) {
     spx_gemv_args g = gemv_one(L->wq, cs->h, cs->q, L->bq, SPX_GEMV_STORE);
     g.w[1] = L->wk;

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <mutex>
 
@@ -117,6 +118,13 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* A measurement knob of the environment: 0 or 1 when `name` is exactly "0"
+ * or "1", else (unset or anything else) dflt. */
+inline int spx_env_flag(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : dflt;
+}
 
 /* One shared-memory carveout (percent of the unified L1 / shared memory)
  * for every kernel launched through spx_launch. Left to the driver, each

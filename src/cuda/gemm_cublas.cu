@@ -21,8 +21,7 @@ static cublas_api g_cb;
 static pthread_once_t g_cb_once = PTHREAD_ONCE_INIT;
 
 static void cublas_load(void) {
-    const char *env = getenv("SPECTRA_CUBLAS");
-    if (env && !strcmp(env, "0")) return;
+    if (!spx_env_flag("SPECTRA_CUBLAS", 1)) return;
     void *lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!lib) lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
     if (!lib) { /* the toolkit's own folder, when not on the loader's path */

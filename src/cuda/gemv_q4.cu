@@ -1321,8 +1321,7 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
     if (terr != cudaSuccess) return terr;
     const char *ts = getenv("SPECTRA_GEMV_TMA_STAGES");
     if (ts && atoi(ts) >= 2 && atoi(ts) <= TT_MAX_STAGES) g_tma_stages = atoi(ts);
-    const char *gg = getenv("SPECTRA_GEMV_GROUPS");
-    if (gg && *gg >= '0' && *gg <= '1' && !gg[1]) g_groups = *gg - '0';
+    g_groups = spx_env_flag("SPECTRA_GEMV_GROUPS", g_groups);
     const char *v = getenv("SPECTRA_GEMV_VARIANT");
     if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
 #ifdef SPX_GEMV_DIAG
@@ -1331,10 +1330,9 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
 #endif
     const char *fs = getenv("SPECTRA_GEMV_FORMS");
     for (int i = 0; fs && i < 5 && fs[i]; i++) g_forms[i] = fs[i] >= '0' && fs[i] < '0' + N_TL ? fs[i] - '0' : -1;
-    const char *es = getenv("SPECTRA_GEMV_EARLY_STORE");
-    if (es && *es >= '0' && *es <= '1' && !es[1]) g_early_store = *es - '0';
-    const char *eo = getenv("SPECTRA_GEMV_EARLY_OIDX");
-    if (eo && *eo >= '0' && *eo <= '1' && !eo[1]) g_early_oidx = g_early_oidx_env = *eo - '0';
+    g_early_store = spx_env_flag("SPECTRA_GEMV_EARLY_STORE", g_early_store);
+    const int eo = spx_env_flag("SPECTRA_GEMV_EARLY_OIDX", -1);
+    if (eo >= 0) g_early_oidx = g_early_oidx_env = eo;
     const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
     if (tv && *tv >= '0' && *tv < '0' + 2 + N_TL - 1 && !tv[1]) g_tl_force = g_tl_env = *tv - '0';
     return cudaSuccess;
