@@ -865,6 +865,26 @@ static void check_split_counters(const char *what, const int *d_cnt, int n) {
     CHECK(nz == 0, "%s: %d split counters left non-zero", what, nz);
 }
 
+/* One head's attention in double over rows dk, dv (dequantized or fp16 as floats) [.., kvd]
+ * (KV head kvh of hd values), keys start..p: out[hd]. */
+static void ref_head_attention(const float *qh, const float *dk, const float *dv, int kvd, int kvh, int hd, int start,
+                               int p, double scale, double *out) {
+    std::vector<double> s((size_t)(p + 1 - start));
+    double mx = -1e300, sum = 0;
+    for (int i = start; i <= p; i++) {
+        double dd = 0;
+        for (int j = 0; j < hd; j++) dd += (double)qh[j] * dk[(size_t)i * kvd + kvh * hd + j];
+        s[i - start] = dd * scale;
+        mx = fmax(mx, s[i - start]);
+    }
+    for (auto &x : s) sum += (x = exp(x - mx));
+    for (int j = 0; j < hd; j++) {
+        double o = 0;
+        for (int i = start; i <= p; i++) o += s[i - start] * dv[(size_t)i * kvd + kvh * hd + j];
+        out[j] = o / sum;
+    }
+}
+
 /* One attention launch into dout (n floats, poisoned first), back on the
  * host; all_splits: every split of a decode launch runs, not only those
  * the position needs. */
@@ -983,26 +1003,18 @@ static void test_attention(void) {
                   badrow, other);
         }
         std::vector<double> ref(q.size()), tol(q.size(), ATTN_TOL_ABS);
+        std::vector<float> fk(kc.size()), fv(vc.size());
+        for (size_t i = 0; i < kc.size(); i++) {
+            fk[i] = spx_f16_to_f32(kc[i]);
+            fv[i] = spx_f16_to_f32(vc[i]);
+        }
         double scale = 1.0 / sqrt((double)c.hd);
         for (int t = 0; t < c.n_tok; t++)
             for (int h = 0; h < c.nh; h++) {
                 int p = c.pos0 + t, kvh = h / G, start = 0;
                 if (c.window > 0 && p - c.window + 1 > 0) start = p - c.window + 1;
-                std::vector<double> sc((size_t)(p + 1 - start));
-                double mx = -1e300, sum = 0;
-                for (int i = start; i <= p; i++) {
-                    double d = 0;
-                    for (int j = 0; j < c.hd; j++)
-                        d += (double)q[(size_t)t * qd + h * c.hd + j] * spx_f16_to_f32(kc[(size_t)i * kvd + kvh * c.hd + j]);
-                    sc[i - start] = d * scale;
-                    mx = fmax(mx, sc[i - start]);
-                }
-                for (auto &x : sc) sum += (x = exp(x - mx));
-                for (int j = 0; j < c.hd; j++) {
-                    double o = 0;
-                    for (int i = start; i <= p; i++) o += sc[i - start] * spx_f16_to_f32(vc[(size_t)i * kvd + kvh * c.hd + j]);
-                    ref[(size_t)t * qd + h * c.hd + j] = o / sum;
-                }
+                ref_head_attention(&q[(size_t)t * qd + (size_t)h * c.hd], fk.data(), fv.data(), kvd, kvh, c.hd, start, p,
+                                   scale, &ref[(size_t)t * qd + (size_t)h * c.hd]);
             }
         for (int run = 0; run < 3; run++) {
             char w2[200];
@@ -1064,6 +1076,14 @@ static bool open_cpu_cuda(const char *path, spx_model **mc, spx_model **mg) {
     return true;
 }
 
+/* Whether a greedy step's token ng is the CPU's nc, or a near-tie: their
+ * CPU logits c within tol of each other (relative, floor 1): 1 same, 2
+ * near, 0 neither. */
+static int same_or_near(int32_t ng, int32_t nc, const float *c, int64_t V, double tol = E2E_PREFILL_TOL) {
+    if (ng == nc) return 1;
+    return ng >= 0 && ng < V && fabs(c[ng] - c[nc]) <= tol * fmax(1.0, fabs(c[nc])) ? 2 : 0;
+}
+
 static void test_model(const char *path) {
     spx_model *mc = NULL, *mg = NULL;
     if (!open_cpu_cuda(path, &mc, &mg)) return;
@@ -1111,8 +1131,9 @@ static void test_model(const char *path) {
             CHECK(spx_session_eval(sc, &id, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
             CHECK(spx_session_step_greedy(sg, id, &ng) == SPX_OK, "cuda step_greedy: %s", spx_session_error(sg));
             int32_t nc = argmax_f(c1.data(), V);
-            if (ng == nc) same++;
-            else if (ng >= 0 && ng < V && fabs(c1[ng] - c1[nc]) <= E2E_PREFILL_TOL * fmax(1.0, fabs(c1[nc]))) near++;
+            const int sn = same_or_near(ng, nc, c1.data(), V);
+            same += sn == 1;
+            near += sn == 2;
             id = nc;
         }
         CHECK(same + near == n_steps, "%s: step_greedy chose the CPU's token %d times of %d (%d near-ties)", path, same,
@@ -1124,9 +1145,9 @@ static void test_model(const char *path) {
             int32_t ng = -1, t1 = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
             CHECK(spx_session_eval(sc, &t1, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
             CHECK(spx_session_step_greedy(sg, t1, &ng) == SPX_OK, "cuda step_greedy: %s", spx_session_error(sg));
-            const int32_t nc = argmax_f(c1.data(), V);
-            if (ng == nc) same_r++;
-            else if (ng >= 0 && ng < V && fabs(c1[ng] - c1[nc]) <= E2E_PREFILL_TOL * fmax(1.0, fabs(c1[nc]))) near_r++;
+            const int sn = same_or_near(ng, argmax_f(c1.data(), V), c1.data(), V);
+            same_r += sn == 1;
+            near_r += sn == 2;
         }
         CHECK(same_r + near_r == 8, "%s: step_greedy fed other tokens chose the CPU's %d times of 8 (%d near-ties)",
               path, same_r, near_r);
@@ -1140,8 +1161,8 @@ static void test_model(const char *path) {
             CHECK(spx_session_eval(sc, &nc, 1, c1.data(), 0) == SPX_OK, "cpu step: %s", spx_session_error(sc));
             CHECK(spx_session_step_greedy(sg, nc, &ng) == SPX_OK, "cuda step_greedy: %s", spx_session_error(sg));
             const int32_t nc2 = argmax_f(c1.data(), V);
-            CHECK(ng == nc2 || (ng >= 0 && ng < V && fabs(c1[ng] - c1[nc2]) <= E2E_PREFILL_TOL * fmax(1.0, fabs(c1[nc2]))),
-                  "%s: greedy step after an eager one chose %d, the CPU %d", path, ng, nc2);
+            CHECK(same_or_near(ng, nc2, c1.data(), V), "%s: greedy step after an eager one chose %d, the CPU %d", path,
+                  ng, nc2);
         }
         CHECK(spx_session_pos(sg) == spx_session_pos(sc), "%s: positions differ: cuda %lld cpu %lld", path,
               (long long)spx_session_pos(sg), (long long)spx_session_pos(sc));
@@ -1215,26 +1236,6 @@ static bool kvq4_cpu_cache(spx_kvcache *kc, int nctx, int kvd, int hd, int nrows
     }
     for (int p = 0; p < nrows; p++) spx_kv_store(kc, 0, p, &(*K)[(size_t)p * kvd], &(*V)[(size_t)p * kvd]);
     return true;
-}
-
-/* One head's attention in double over dequantized rows dk, dv [.., kvd]
- * (KV head kvh of hd values), keys start..p: out[hd]. */
-static void ref_head_attention(const float *qh, const float *dk, const float *dv, int kvd, int kvh, int hd, int start,
-                               int p, double scale, double *out) {
-    std::vector<double> s((size_t)(p + 1 - start));
-    double mx = -1e300, sum = 0;
-    for (int i = start; i <= p; i++) {
-        double dd = 0;
-        for (int j = 0; j < hd; j++) dd += (double)qh[j] * dk[(size_t)i * kvd + kvh * hd + j];
-        s[i - start] = dd * scale;
-        mx = fmax(mx, s[i - start]);
-    }
-    for (auto &x : s) sum += (x = exp(x - mx));
-    for (int j = 0; j < hd; j++) {
-        double o = 0;
-        for (int i = start; i <= p; i++) o += s[i - start] * dv[(size_t)i * kvd + kvh * hd + j];
-        out[j] = o / sum;
-    }
 }
 
 /* Attention arguments over d's q4 cache (split counters zeroed, the
@@ -1675,8 +1676,9 @@ static void test_model_q4(const char *path) {
             CHECK(spx_session_step_greedy(sg, id, &ng) == SPX_OK, "cuda step_greedy: %s", spx_session_error(sg));
             int32_t nc = argmax_f(c1.data(), V);
             tie = fmax(tie, 2.0 * E2E_Q4_MAX_RATIO * row_err(f1.data(), c1.data(), V));
-            if (ng == nc) same++;
-            else if (ng >= 0 && ng < V && fabs(c1[ng] - c1[nc]) <= tie * fmax(1.0, fabs(c1[nc]))) near++;
+            const int sn = same_or_near(ng, nc, c1.data(), V, tie);
+            same += sn == 1;
+            near += sn == 2;
             id = nc;
         }
         CHECK(same + near == n_steps && same * 2 >= n_steps,
