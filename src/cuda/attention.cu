@@ -307,7 +307,12 @@ __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
  *    load per key), the probabilities broadcast from shared memory;
  *  - splits meet in the last block of their head group to finish (an
  *    atomic counter per group, a.cnt, which that block resets), not in a
- *    second kernel. */
+ *    second kernel;
+ *  - the next launch (the O GEMV) is triggered after the key loop, not at
+ *    the start: its blocks then fill the free SMs and fetch their weights
+ *    while this block merges and stores, not while it waits and loads q
+ *    (8B tg128 581.7 vs 579.6, 1B 2,103 vs 2,045, same H200 run;
+ *    bench/gpu/NOTES.md 43). */
 #define AD_WARPS 4
 static bool g_split_only = false; /* SPECTRA_CUDA_ATTN_SPLIT_KERNEL, read by spx_attention_setup */
 static_assert(AD_WARPS * 32 == SPX_ATTN_DECODE_KEYS, "keys per block pass");
@@ -564,7 +569,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     __half *ks = reinterpret_cast<__half *>(ad_sm + L::TILES) + warp * 2 * L::TILE_H, *vs = ks + L::TILE_H;
     __half *kg = a.kc + (int64_t)b.kvh * HD, *vg = a.vc + (int64_t)b.kvh * HD;
     const int64_t old_end = min(ke, p); /* rows an earlier step wrote */
-    spx_pdl_trigger();
     ad_load_tile<ND>(ks, vs, kg, vg, kvd, kb + warp * 32, old_end, lane);
     cp_commit();
     { /* the block's later passes (long contexts): into L2 meanwhile */
@@ -679,6 +683,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
         }
     }
 
+    spx_pdl_trigger(); /* after the keys, not at the start: see attn_decode_kernel's comment */
     float *out = a.out + (int64_t)b.h0 * HD;
     attn_merge<ND, true>(reinterpret_cast<float *>(ad_sm + L::TILES), m, l, acc, HD, b.nhb,
                          [&](int hh, int d, int i, float M, float Ls, float O) {
@@ -772,7 +777,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
             vz[g] = psz[ND + g].y;
         }
     };
-    spx_pdl_trigger();
     const int64_t k0f = kb + warp * 32;
     if (k0f + lane < old_end) load_key(k0f + lane);
     cp_commit();
@@ -907,6 +911,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
         }
     }
 
+    spx_pdl_trigger(); /* after the keys, as attn_decode_kernel */
     float *ob = qs; /* the merged output, rotated, [nhb][HD] */
     float *out = a.out + (int64_t)b.h0 * HD;
     attn_merge<ND, true>(reinterpret_cast<float *>(ad_sm + L::TILES), m, l, acc, HD, b.nhb,
