@@ -11,7 +11,6 @@
 #include "cuda/attention.cuh"
 
 #include <stdlib.h>
-#include <string.h>
 
 #define AT_WARPS 4
 #define AT_HB 4 /* q heads per block */
@@ -711,7 +710,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
         }
     }
 
-    spx_pdl_trigger(); /* after the keys, not at the start: see attn_decode_kernel's comment */
+    spx_pdl_trigger(); /* after the keys, not at the start: see the decode kernels' comment above */
     float *out = a.out + (int64_t)b.h0 * HD;
     attn_merge<ND, true>(reinterpret_cast<float *>(ad_sm + L::TILES), m, l, acc, HD, b.nhb,
                          [&](int hh, int d, int i, float M, float Ls, float O) {
