@@ -345,6 +345,20 @@ int main(int argc, char **argv) {
                 tsets.push_back(t);
             }
             const int tmode = c.mode == SPX_GEMV_SWIGLU || c.mode == -1 ? SPX_GEMV_STORE : c.mode;
+            /* one result row of a tiled launch; md, mx: its max |difference| to the row-major kernel and the
+             * largest |y| (NaN: not compared) */
+            auto tiled_row = [&](const char *nm, int impl, double tm, bool pdl, double md, double mx) {
+                const double gbs = (double)per / tm / 1e9;
+                char dj[64] = "null, \"max_abs\": null"; /* JSON has no NaN: null where the modes differ */
+                if (!isnan(md)) snprintf(dj, sizeof dj, "%.3g, \"max_abs\": %.3g", md, mx);
+                if (json)
+                    printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": %d, \"bytes\": %zu, \"us\": %.2f, "
+                           "\"gbps\": %.1f, \"of_copy\": %.3f, \"pdl\": %s, \"max_diff_vs_rows\": %s}\n",
+                           nm, impl, per, tm * 1e6, gbs, gbs / copy_gbs, pdl ? "true" : "false", dj);
+                else
+                    printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%  (max |d| vs rows %.3g of %.3g)\n", nm, impl,
+                           (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, md, mx);
+            };
             const bool x2 = c.cols == 14336; /* the down projection: also with x2 */
             /* (variant, PDL, x2 input): 0 and 1 register-fed, 2 the bulk-copy kernel,
              * 3 two groups of 8 warps per block sharing one image */
@@ -372,22 +386,13 @@ int main(int argc, char **argv) {
                 const double tm = time_launches(st, e0, e1, [&](int i) {
                     CK(spx_gemv_q4(args(tsets[i % tsets.size()], y, tmode, wx2), n_sm, st, pdl));
                 });
-                const double gbs = (double)per / tm / 1e9;
                 char nm[160];
                 if (v < 2) snprintf(nm, sizeof nm, "%s, tiled %d blocks/SM%s%s", c.name, 2 + v, pdl ? ", PDL" : "",
                                     wx2 ? ", x2 input" : "");
                 else if (v == 3) snprintf(nm, sizeof nm, "%s, tiled 2 groups/block%s%s", c.name, pdl ? ", PDL" : "",
                                           wx2 ? ", x2 input" : "");
                 else snprintf(nm, sizeof nm, "%s, tiled bulk-copy%s%s", c.name, pdl ? ", PDL" : "", wx2 ? ", x2 input" : "");
-                char dj[64] = "null, \"max_abs\": null"; /* JSON has no NaN: null where the modes differ */
-                if (!isnan(md)) snprintf(dj, sizeof dj, "%.3g, \"max_abs\": %.3g", md, mx);
-                if (json)
-                    printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": %d, \"bytes\": %zu, \"us\": %.2f, "
-                           "\"gbps\": %.1f, \"of_copy\": %.3f, \"pdl\": %s, \"max_diff_vs_rows\": %s}\n",
-                           nm, 100 + v, per, tm * 1e6, gbs, gbs / copy_gbs, pdl ? "true" : "false", dj);
-                else
-                    printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%  (max |d| vs rows %.3g of %.3g)\n", nm, 100 + v,
-                           (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, md, mx);
+                tiled_row(nm, 100 + v, tm, pdl, md, mx);
             }
             spx_gemv_q4_force_tiled_variant(-1);
             if (c.mode == SPX_GEMV_SWIGLU) { /* gate/up paired: silu(gate) * up stored by the launch (two groups) */
@@ -396,16 +401,9 @@ int main(int argc, char **argv) {
                     ga.pair = 1;
                     CK(spx_gemv_q4(ga, n_sm, st, true));
                 });
-                const double gbs = (double)per / tm / 1e9;
                 char nm[160];
                 snprintf(nm, sizeof nm, "%s, tiled paired (2 groups/block), PDL", c.name);
-                if (json)
-                    printf("{\"what\": \"gemv\", \"case\": \"%s\", \"impl\": %d, \"bytes\": %zu, \"us\": %.2f, "
-                           "\"gbps\": %.1f, \"of_copy\": %.3f, \"pdl\": true}\n",
-                           nm, 104, per, tm * 1e6, gbs, gbs / copy_gbs);
-                else
-                    printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%\n", nm, 104, (double)per / 1e6, tm * 1e6, gbs,
-                           100 * gbs / copy_gbs);
+                tiled_row(nm, 104, tm, true, NAN, NAN); /* no row-major twin to compare with */
             }
             for (auto &t : tsets)
                 for (auto &m : t) {
