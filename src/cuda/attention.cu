@@ -448,8 +448,8 @@ template <int ND> __device__ __forceinline__ void ad_load_v(const __half *src, f
  * q head h0 + w into vq (zeros past nhb); when the block's keys include p
  * (has_p), warp nhb % AD_WARPS (pjob: a free one, or warp 0) loads row p
  * into vk, vv: the token's raw k and v (FUSE), else the fp16 cache's row.
- * FUSE: q then gets the q norm and RoPE (ad_row with ad_rope_cs's rc, rs;
- * k's are the caller's). Lane l: elements ND l .. ND l + ND - 1. */
+ * FUSE: q and the token's k then get their norms and RoPE (ad_row with
+ * ad_rope_cs's rc, rs). Lane l: elements ND l .. ND l + ND - 1. */
 template <int ND, bool FUSE>
 __device__ __forceinline__ void ad_rows(const spx_attn_args &a, const attn_block &b, bool has_p, int64_t p,
                                         const float (&rc)[ND], const float (&rs)[ND], bool &qjob, bool &pjob,
@@ -474,6 +474,7 @@ __device__ __forceinline__ void ad_rows(const spx_attn_args &a, const attn_block
         }
     }
     if (qjob && FUSE) ad_row<ND>(a.q_norm, a.eps, rc, rs, vq);
+    if (pjob && FUSE) ad_row<ND>(a.k_norm, a.eps, rc, rs, vk);
 }
 
 /* The splits a decode step uses: the launch has a.n_splits (gridDim.y),
@@ -622,7 +623,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
 #pragma unroll
     for (int e = 0; e < ND; e++) qs[warp * HD + d0 + e] = vq[e];
     if (pjob) {
-        if (FUSE) ad_row<ND>(a.k_norm, a.eps, rc, rs, vk);
         const bool store = FUSE && b.h0 == b.kvh * (a.nh / a.nkv); /* the group's first block stores row p */
 #pragma unroll
         for (int e = 0; e < ND; e++) {
@@ -834,7 +834,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
         bool qjob, pjob;
         float vq[ND], vk[ND], vv[ND];
         ad_rows<ND, true>(a, b, has_p, p, rc, rs, qjob, pjob, vq, vk, vv);
-        if (pjob) ad_row<ND>(a.k_norm, a.eps, rc, rs, vk);
         const int d0 = ND * lane;
 #pragma unroll
         for (int e = 0; e < ND; e++) {
