@@ -830,10 +830,21 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     float *qs = reinterpret_cast<float *>(ad_sm + L::Q), *qsum = reinterpret_cast<float *>(ad_sm + L::QS);
     float *xs = reinterpret_cast<float *>(ad_sm + L::XS);
     uint8_t *pc = ad_sm + L::PC;
+    /* the rotation in registers where its blocks are whole heads (rot == HD, the usual case): each
+     * warp rotates its own rows, no block barriers; else in shared memory (spx_kvq4_fwht_smem) */
+    const bool wrot = FUSE && a.rot == HD;
     if (FUSE) { /* attn_decode_kernel's q and row-p jobs, one warp each */
         bool qjob, pjob;
         float vq[ND], vk[ND], vv[ND];
         ad_rows<ND, true>(a, b, has_p, p, rc, rs, qjob, pjob, vq, vk, vv);
+        if (wrot) { /* warp-uniform: qjob, pjob */
+            const float sc = spx_kvq4_rot_scale(HD);
+            if (qjob) spx_kvq4_fwht_warp<ND>(vq, sc);
+            if (pjob) {
+                spx_kvq4_fwht_warp<ND>(vk, sc);
+                spx_kvq4_fwht_warp<ND>(vv, sc);
+            }
+        }
         const int d0 = ND * lane;
 #pragma unroll
         for (int e = 0; e < ND; e++) {
@@ -851,7 +862,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     }
     __syncthreads();
     static_assert(L::XS == L::Q + AT_HB * HD * 4, "row p right after q: one rotation for both");
-    spx_kvq4_fwht_smem(qs, (AT_HB + (FUSE && has_p ? 2 : 0)) * HD, a.rot);
+    if (!wrot) spx_kvq4_fwht_smem(qs, (AT_HB + (FUSE && has_p ? 2 : 0)) * HD, a.rot);
     if (FUSE && has_p) { /* row p quantized as rope_store does; the group's first block stores it */
         const bool store = b.h0 == b.kvh * (a.nh / a.nkv);
         float2 *pszw = reinterpret_cast<float2 *>(ad_sm + L::PSZ);
@@ -950,6 +961,17 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
         ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), S, [&](int i, float v) { ob[i] = v; });
     }
     __syncthreads();
+    if (wrot) { /* a warp per head: its output row rotated back in registers, stored from there */
+        if (warp < b.nhb) {
+            float v[ND];
+#pragma unroll
+            for (int e = 0; e < ND; e++) v[e] = ob[warp * HD + ND * lane + e];
+            spx_kvq4_fwht_warp<ND>(v, spx_kvq4_rot_scale(HD));
+#pragma unroll
+            for (int e = 0; e < ND; e++) out[warp * HD + ND * lane + e] = v[e];
+        }
+        return;
+    }
     spx_kvq4_fwht_smem(ob, b.nhb * HD, a.rot);
     for (int i = threadIdx.x; i < b.nhb * HD; i += NT) out[i] = ob[i];
 }

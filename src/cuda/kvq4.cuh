@@ -44,6 +44,37 @@ __device__ __forceinline__ void spx_kvq4_fwht_smem(float *x, int total, int rot)
     __syncthreads();
 }
 
+/* The same FWHT of one row of 32 ND values held by a warp, lane l owning
+ * values ND l .. ND l + ND - 1 (v), for rot == 32 ND: stages h < ND inside
+ * the lane, then h = ND d across lanes l and l ^ d by shuffles; the lower
+ * lane of a pair keeps a + b, the upper a - b, with a the lower value, as
+ * spx_kvq4_butterfly does, and the same final factor: the CPU's values bit
+ * for bit, with no shared memory and no block barrier (the smem form costs
+ * log2(rot) + 1 of them per call). */
+template <int ND> __device__ __forceinline__ void spx_kvq4_fwht_warp(float (&v)[ND], float sc) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 1; h < ND; h *= 2)
+#pragma unroll
+        for (int e = 0; e < ND; e++)
+            if (!(e & h)) {
+                const float a = v[e], b = v[e + h];
+                v[e] = SPX_KQ_ADD(a, b);
+                v[e + h] = SPX_KQ_SUB(a, b);
+            }
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const bool up = (lane & d) != 0;
+#pragma unroll
+        for (int e = 0; e < ND; e++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[e], d);
+            v[e] = up ? SPX_KQ_SUB(o, v[e]) : SPX_KQ_ADD(v[e], o);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < ND; e++) v[e] = SPX_KQ_MUL(v[e], sc);
+}
+
 /* Sets group G's zero nibble in one position's zero bytes (other groups'
  * nibbles, possibly another head's, written by other blocks, are left as
  * they are: 32-bit atomics on the word holding the byte). The last group
