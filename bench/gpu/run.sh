@@ -33,8 +33,9 @@
 #                                $D/bin/name instead of spectra (another
 #                                build, staged there by hand).
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
-#                                one by one under Nsight Compute (8B, 3 tokens),
-#                                time per kernel name (ncu.txt).
+#                                one by one under Nsight Compute (8B, 3 tokens;
+#                                NCU_KV=q4: the 4-bit KV cache), time per
+#                                kernel name (ncu.txt).
 #   sh bench/gpu/run.sh ncu-gemv bench_gemv's single launches of the tiled GEMV
 #                                (KERNEL: a name regex) under ncu's speed-of-
 #                                light, scheduler, warp-state, instruction,
@@ -93,7 +94,7 @@ if [ "$MODE" = ncu ]; then
     [ -n "$NCU" ] || { echo "ncu: not found" | tee /dev/fd/3; exit 1; }
     [ -f $W/llama3-8b.trdc ] || $B/spectra synth --shape llama3-8b -o $W/llama3-8b.trdc 2>&1 | tail -n 1
     timeout 400 "$NCU" --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \
-        $B/spectra bench -m $W/llama3-8b.trdc --backend cuda -p 0 -n 3 -r 1 > $T/ncu.csv 2> $T/ncu.err ||
+        $B/spectra bench -m $W/llama3-8b.trdc --backend cuda --kv "${NCU_KV:-f16}" -p 0 -n 3 -r 1 > $T/ncu.csv 2> $T/ncu.err ||
         { echo "ncu failed:"; tail -n 5 $T/ncu.err; } | tee /dev/fd/3
     python3 - $T/ncu.csv <<'PY' | tee "$OUT/ncu.txt" >&3
 import csv, sys, collections
