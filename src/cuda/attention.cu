@@ -722,34 +722,21 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
         ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), S, [&](int i, float v) { out[i] = v; });
 }
 
-/* ---- decode over the 4-bit cache: attn_decode_q4_kernel --------------------
- * attn_decode_kernel's structure (a tile per warp and pass, the rows
- * before p copied in before the PDL wait, the last block merging) on the
- * --kv q4 cache with attn_split_q4_kernel's arithmetic (kvq4.cuh): q
- * rotated in shared memory, scores per group s * (sum_k c_k q~_k - z qsum)
- * in the CPU's order, values s * (c - z), the merged output rotated back.
- * FUSE (a.k_new set): rope_store's work too, as attn_decode_kernel does
- * it: q (raw in a.q) and the token's k get the q/k RMSNorm and RoPE, the
- * k and v rows are rotated with q (one FWHT over both) and quantized here
- * (a warp per group, spx_kvq4_quant_group), the group's first block stores
- * them in cache row p, and every block with p in its keys takes them from
- * shared memory, never from the cache. Without FUSE rope_store has stored
- * row p and it is read after the wait. Per warp, shared memory holds the K and V
- * codes of 32 keys (HD / 2 bytes a row; K's 16-byte chunks XOR-swizzled
- * by row); each lane keeps its key's K scales and zeros in registers and
- * publishes its V scales and zeros for the value loop. */
 /* Codes j of the 4-bit fields n (bytes of 0..15) as floats, exactly
  * spx_kvq4_nib: one byte permute into 0x4b0000nn = 2^23 + n, minus 2^23. */
 __device__ __forceinline__ float kq4_nib_at(unsigned n, int j) {
     return __uint_as_float(__byte_perm(n, 0x4b000000u, 0x7540 | j)) - 8388608.0f;
 }
 
-/* kq4_group_scores for the decode kernel: q read as float4 (qg and
- * q_stride 16-byte aligned) and the codes unpacked by byte permutes, four
- * words at a time; the same products summed in the same order, so the same
- * bits, in about a third fewer instructions. */
-__device__ __forceinline__ void kq4_group_scores_v(const uint4 &u, float sc, float z, const float *qg, int q_stride,
-                                                   const float *qsg, int qs_stride, float (&s)[AT_HB]) {
+/* One 4-bit K group of a lane's key against the block's AT_HB rotated q
+ * rows: its 16 code bytes u (code k in the low nibble of byte k, k + 16 in
+ * the high one), scale sc and zero z; head hh's 32 q values of the group at
+ * qg + hh * q_stride (16-byte aligned: read as float4) and their sum at
+ * qsg[hh * qs_stride]. s[hh] += sc * (sum_k c_k q_k - z qsum), in the CPU's
+ * order (spx_kv_scores). The codes become floats by one byte permute each
+ * (kq4_nib_at), not by shifts, masks and an OR (NOTES 51). */
+__device__ __forceinline__ void kq4_group_scores(const uint4 &u, float sc, float z, const float *qg, int q_stride,
+                                                 const float *qsg, int qs_stride, float (&s)[AT_HB]) {
     const unsigned wd[4] = {u.x, u.y, u.z, u.w};
     float c[32];
 #pragma unroll
@@ -777,6 +764,24 @@ __device__ __forceinline__ void kq4_group_scores_v(const uint4 &u, float sc, flo
     }
 }
 
+/* ---- decode over the 4-bit cache: attn_decode_q4_kernel --------------------
+ * attn_decode_kernel's structure (a tile per warp and pass, the rows
+ * before p copied in before the PDL wait, the last block merging) on the
+ * --kv q4 cache with attn_split_q4_kernel's arithmetic (kvq4.cuh): q
+ * rotated (FUSE with rot == HD: in registers by each warp,
+ * spx_kvq4_fwht_warp; else in shared memory), scores per group
+ * s * (sum_k c_k q~_k - z qsum)
+ * in the CPU's order, values s * (c - z), the merged output rotated back.
+ * FUSE (a.k_new set): rope_store's work too, as attn_decode_kernel does
+ * it: q (raw in a.q) and the token's k get the q/k RMSNorm and RoPE, the
+ * k and v rows are rotated as q is and quantized here
+ * (a warp per group, spx_kvq4_quant_group), the group's first block stores
+ * them in cache row p, and every block with p in its keys takes them from
+ * shared memory, never from the cache. Without FUSE rope_store has stored
+ * row p and it is read after the wait. Per warp, shared memory holds the K and V
+ * codes of 32 keys (HD / 2 bytes a row; K's 16-byte chunks XOR-swizzled
+ * by row); each lane keeps its key's K scales and zeros in registers and
+ * publishes its V scales and zeros for the value loop. */
 template <int ND> struct adq_layout {
     static constexpr int HD = 32 * ND, RB = HD / 2 /* code bytes a row */, RPL = 8 / ND /* rows per 128 bytes */;
     static constexpr int TILE_B = 32 * RB;
@@ -961,7 +966,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
             const uint8_t *kr = kcs + lane * RB;
 #pragma unroll
             for (int g = 0; g < ND; g++)
-                kq4_group_scores_v(*reinterpret_cast<const uint4 *>(kr + ((g ^ swz) << 4)), ksc[g], kz[g],
+                kq4_group_scores(*reinterpret_cast<const uint4 *>(kr + ((g ^ swz) << 4)), ksc[g], kz[g],
                                  qs + g * SPX_KVQ4_GROUP, HD, qsum + g, ND, s);
         }
         float ps[AT_HB];
@@ -1102,34 +1107,10 @@ static cudaError_t attention_decode(const spx_attn_args &a_in, cudaStream_t st, 
  * are broadcast by shuffle, and lane l dequantizes dimension l + 32 dd
  * (byte l % 16, nibble l / 16 of group dd). The merged output is rotated
  * back in shared memory (no split) or by the combine kernel. */
-/* One 4-bit K group of a lane's key against the block's AT_HB rotated q
- * rows: its 16 code bytes u (code k in the low nibble of byte k, k + 16 in
- * the high one), scale sc and zero z; head hh's 32 q values of the group at
- * qg + hh * q_stride and their sum at qsg[hh * qs_stride]. s[hh] +=
- * sc * (sum_k c_k q_k - z qsum), in the CPU's order (spx_kv_scores). */
-__device__ __forceinline__ void kq4_group_scores(const uint4 &u, float sc, float z, const float *qg, int q_stride,
-                                                 const float *qsg, int qs_stride, float (&s)[AT_HB]) {
-    const unsigned wd[4] = {u.x, u.y, u.z, u.w};
-    float c[32];
-#pragma unroll
-    for (int b = 0; b < 16; b++) {
-        const unsigned byte = (wd[b >> 2] >> ((b & 3) * 8)) & 0xffu;
-        c[b] = spx_kvq4_nib(byte & 15u);
-        c[b + 16] = spx_kvq4_nib(byte >> 4);
-    }
-#pragma unroll
-    for (int hh = 0; hh < AT_HB; hh++) {
-        const float *qq = qg + hh * q_stride;
-        float dot = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 32; k++) dot = fmaf(c[k], qq[k], dot);
-        s[hh] = fmaf(sc, dot - z * qsg[hh * qs_stride], s[hh]);
-    }
-}
 
 template <int ND>
 __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __grid_constant__ spx_attn_args a) {
-    extern __shared__ float at_sm[];
+    extern __shared__ __align__(16) float at_sm[]; /* q rows read as float4 (kq4_group_scores) */
     spx_pdl_trigger();
     const attn_block b = attn_block_of(a); /* from the launch's shape only */
     if (a.n_tok == 1) {
