@@ -722,19 +722,13 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
         ad_merge_splits<HD>(a, b, reinterpret_cast<float *>(ad_sm + L::TILES), S, [&](int i, float v) { out[i] = v; });
 }
 
-/* Codes j of the 4-bit fields n (bytes of 0..15) as floats, exactly
- * spx_kvq4_nib: one byte permute into 0x4b0000nn = 2^23 + n, minus 2^23. */
-__device__ __forceinline__ float kq4_nib_at(unsigned n, int j) {
-    return __uint_as_float(__byte_perm(n, 0x4b000000u, 0x7540 | j)) - 8388608.0f;
-}
-
 /* One 4-bit K group of a lane's key against the block's AT_HB rotated q
  * rows: its 16 code bytes u (code k in the low nibble of byte k, k + 16 in
  * the high one), scale sc and zero z; head hh's 32 q values of the group at
  * qg + hh * q_stride (16-byte aligned: read as float4) and their sum at
  * qsg[hh * qs_stride]. s[hh] += sc * (sum_k c_k q_k - z qsum), in the CPU's
  * order (spx_kv_scores). The codes become floats by one byte permute each
- * (kq4_nib_at), not by shifts, masks and an OR (NOTES 51). */
+ * (spx_kvq4_nib_at), not by shifts, masks and an OR (NOTES 51). */
 __device__ __forceinline__ void kq4_group_scores(const uint4 &u, float sc, float z, const float *qg, int q_stride,
                                                  const float *qsg, int qs_stride, float (&s)[AT_HB]) {
     const unsigned wd[4] = {u.x, u.y, u.z, u.w};
@@ -744,8 +738,8 @@ __device__ __forceinline__ void kq4_group_scores(const uint4 &u, float sc, float
         const unsigned lo = wd[w] & 0x0f0f0f0fu, hi = (wd[w] >> 4) & 0x0f0f0f0fu;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            c[4 * w + j] = kq4_nib_at(lo, j);
-            c[4 * w + j + 16] = kq4_nib_at(hi, j);
+            c[4 * w + j] = spx_kvq4_nib_at(lo, j);
+            c[4 * w + j + 16] = spx_kvq4_nib_at(hi, j);
         }
     }
 #pragma unroll
@@ -985,7 +979,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
                 for (int w = 0; w < ND / 4; w++) {
                     const unsigned n = (reinterpret_cast<const unsigned *>(vr)[w] >> vsh) & 0x0f0f0f0fu;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) vv[4 * w + e] = sz.x * (kq4_nib_at(n, e) - sz.y);
+                    for (int e = 0; e < 4; e++) vv[4 * w + e] = sz.x * (spx_kvq4_nib_at(n, e) - sz.y);
                 }
             } else {
 #pragma unroll
@@ -1107,7 +1101,6 @@ static cudaError_t attention_decode(const spx_attn_args &a_in, cudaStream_t st, 
  * are broadcast by shuffle, and lane l dequantizes dimension l + 32 dd
  * (byte l % 16, nibble l / 16 of group dd). The merged output is rotated
  * back in shared memory (no split) or by the combine kernel. */
-
 template <int ND>
 __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __grid_constant__ spx_attn_args a) {
     extern __shared__ __align__(16) float at_sm[]; /* q rows read as float4 (kq4_group_scores) */

@@ -135,4 +135,10 @@ __device__ __forceinline__ float spx_kvq4_nib(unsigned n) {
     return __uint_as_float(0x4b000000u | n) - 8388608.0f;
 }
 
+/* Byte j of n (a code, 0..15, in each byte) the same way, by one byte
+ * permute into 0x4b0000nn: four codes from one word without shifts. */
+__device__ __forceinline__ float spx_kvq4_nib_at(unsigned n, int j) {
+    return __uint_as_float(__byte_perm(n, 0x4b000000u, 0x7540 | j)) - 8388608.0f;
+}
+
 #endif
