@@ -31,7 +31,9 @@
 #                                AB_KV="f16 q4": each with these KV caches
 #                                (default f16); a variant BIN=name runs
 #                                $D/bin/name instead of spectra (another
-#                                build, staged there by hand).
+#                                build, staged there by hand). GEMV_AB: the
+#                                same for bench_gemv (BIN=name another
+#                                bench_gemv), medians per case in the table.
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
 #                                one by one under Nsight Compute (8B, 3 tokens;
 #                                NCU_KV=q4: the 4-bit KV cache), time per
@@ -168,6 +170,19 @@ echo "== GEMV" | tee /dev/fd/3
 timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
 
 if [ "$MODE" = ab ]; then
+    if [ -n "${GEMV_AB:-}" ]; then # bench_gemv per variant (BIN=name: another bench_gemv build), rounds interleaved
+        echo "== GEMV A/B: $GEMV_AB" | tee /dev/fd/3
+        : > "$OUT/gemv_ab.jsonl"
+        for round in $(seq 1 "${ROUNDS:-3}"); do
+            for v in $GEMV_AB; do
+                [ "$v" = - ] && v=
+                bin=$B/bench_gemv
+                case "$v" in BIN=*) bin=$B/${v#BIN=} ;; esac
+                env $v timeout 120 $bin --json 2> $T/gab.err | sed "s/\"case\": \"\([^\"]*\)\"/\"case\": \"\1 (${v:-default}, round $round)\"/" \
+                    >> "$OUT/gemv_ab.jsonl" || { echo "bench_gemv $v failed:"; cat $T/gab.err; } | tee /dev/fd/3
+            done
+        done
+    fi
     echo "== A/B: ${AB:-}" | tee /dev/fd/3
     : > "$OUT/bench.jsonl"
     for s in llama3-1b llama3-8b; do
@@ -247,6 +262,20 @@ print("%-32s %4s %9s %9s %9s %8s" % ("GEMV", "impl", "MB", "us", "GB/s", "of cop
 for r in rows:
     if r["what"] == "gemv":
         print("%-32s %4d %9.1f %9.2f %9.1f %7.1f%%" % (r["case"], r.get("impl", 0), r["bytes"] / 1e6, r["us"], r["gbps"], 100 * r["of_copy"]))
+p = os.path.join(out, "gemv_ab.jsonl")
+if os.path.exists(p): # medians over rounds per (case, variant)
+    import re, statistics
+    med = {}
+    for l in open(p):
+        if not l.strip().startswith("{"): continue
+        r = json.loads(l)
+        if r["what"] != "gemv": continue
+        key = re.sub(r", round \d+\)$", ")", r["case"])
+        med.setdefault(key, []).append(r["of_copy"])
+    print()
+    print("%-60s %8s %s" % ("GEMV A/B (median of rounds)", "of copy", "rounds"))
+    for key, v in med.items():
+        print("%-60s %7.1f%% %s" % (key, 100 * statistics.median(v), " ".join("%.1f" % (100 * x) for x in v)))
 p = os.path.join(out, "bench.jsonl")
 if os.path.exists(p):
     print()
