@@ -56,6 +56,7 @@ CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 CU_TEST  := $(BUILD)/tests/cuda/test_cuda
 CU_BENCH := $(BUILD)/bench/gpu/bench_gemv
+CU_TEST  += $(BUILD)/tests/test_sass_ctrl $(BUILD)/tests/cuda/sass_probe.cubin
 LIB_OBJ  += $(CU_OBJ)
 CFLAGS   += -DSPX_HAVE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -97,6 +98,15 @@ $(BUILD)/%.cu.o: %.cu
 $(BUILD)/tests/cuda/%: tests/cuda/%.cu $(TEST_COMMON) $(BUILD)/libspectra.a tests/testlib.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Itests -o $@ $< $(TEST_COMMON) $(BUILD)/libspectra.a $(LDLIBS)
+
+# bench/gpu/sass_ctrl.py's test: a probe kernel's cubin and the script
+$(BUILD)/tests/cuda/sass_probe.cubin: tests/cuda/sass_probe.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -gencode arch=compute_90a,code=sm_90a -cubin -o $@ $<
+
+$(BUILD)/tests/test_sass_ctrl: tests/test_sass_ctrl.sh
+	@mkdir -p $(dir $@)
+	cp $< $@ && chmod +x $@
 
 $(BUILD)/bench/gpu/%: bench/gpu/%.cu $(BUILD)/libspectra.a
 	@mkdir -p $(dir $@)

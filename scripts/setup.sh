@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages Spectra builds against, when missing.
 # cJSON (JSON), PCRE2 (Unicode regex for pre-tokenizers), utf8proc (NFC),
-# zlib (CRC32), clang (libFuzzer targets).
+# zlib (CRC32), clang (libFuzzer targets), python3 (bench/gpu/sass_ctrl.py's test).
 set -e
 need=""
 [ -f /usr/include/cjson/cJSON.h ] || need="$need libcjson-dev"
@@ -11,6 +11,7 @@ need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v make >/dev/null 2>&1 || need="$need make"
 command -v clang >/dev/null 2>&1 || need="$need clang libclang-rt-dev"
+command -v python3 >/dev/null 2>&1 || need="$need python3" # bench/gpu/sass_ctrl.py's test (CUDA builds)
 if [ -n "$need" ]; then
     echo "setup: installing$need"
     SUDO=""

@@ -18,7 +18,8 @@ for one kernel, the loads, tensor-core MMAs, branches, barriers and every
 instruction that waits on a load's scoreboard (--all: every instruction).
 Opcodes are named from the low 12 bits for the few classes that matter
 here (learned from cuobjdump -sass on the GPU machine, CUDA 13.0, sm_90a);
-the rest print as hex. bench/gpu/NOTES.md 55 is what it was made for.
+the rest print as hex. bench/gpu/NOTES.md 55 is what it was made for;
+tests/test_sass_ctrl.sh checks it on a probe kernel in every CUDA build.
 """
 import collections
 import struct
