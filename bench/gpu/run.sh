@@ -170,14 +170,20 @@ echo "== GEMV" | tee /dev/fd/3
 timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
 
 if [ "$MODE" = ab ]; then
+    # variant V of an A/B list ("-": none; BIN=name: $D/bin/name, another build staged beside it, instead
+    # of PROGRAM): sets v (the environment setting, empty for none) and bin
+    variant() {
+        v=$1
+        [ "$v" = - ] && v=
+        bin=$B/$2
+        case "$v" in BIN=*) bin=$B/${v#BIN=} ;; esac
+    }
     if [ -n "${GEMV_AB:-}" ]; then # bench_gemv per variant (BIN=name: another bench_gemv build), rounds interleaved
         echo "== GEMV A/B: $GEMV_AB" | tee /dev/fd/3
         : > "$OUT/gemv_ab.jsonl"
         for round in $(seq 1 "${ROUNDS:-3}"); do
-            for v in $GEMV_AB; do
-                [ "$v" = - ] && v=
-                bin=$B/bench_gemv
-                case "$v" in BIN=*) bin=$B/${v#BIN=} ;; esac
+            for var in $GEMV_AB; do
+                variant "$var" bench_gemv
                 env $v timeout 120 $bin --json 2> $T/gab.err | sed "s/\"case\": \"\([^\"]*\)\"/\"case\": \"\1 (${v:-default}, round $round)\"/" \
                     >> "$OUT/gemv_ab.jsonl" || { echo "bench_gemv $v failed:"; cat $T/gab.err; } | tee /dev/fd/3
             done
@@ -191,10 +197,8 @@ if [ "$MODE" = ab ]; then
     for round in $(seq 1 "${ROUNDS:-3}"); do
         for s in llama3-1b llama3-8b; do
             for kv in ${AB_KV:-f16}; do
-                for v in ${AB:--}; do
-                    [ "$v" = - ] && v=
-                    bin=$B/spectra
-                    case "$v" in BIN=*) bin=$B/${v#BIN=} ;; esac # another build staged beside it
+                for var in ${AB:--}; do
+                    variant "$var" spectra
                     env $v timeout 120 $bin bench -m $W/$s.trdc --backend cuda --kv $kv -p 0 -n 128 -r 3 --json 2> $T/ab.err |
                         sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (kv $kv, ${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
                         { echo "bench $s $kv $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
