@@ -113,6 +113,13 @@ spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n,
 /* Feeds one token and returns the most likely next one (greedy decoding);
  * on a GPU backend only the id crosses to the host. */
 spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next);
+/* The same, for a decode loop: ahead != 0 says the next call will most
+ * likely be this one with *next at the next position, so a GPU backend
+ * queues that step before returning and the device never waits for the
+ * host's round trip. The tokens are those of spx_session_step_greedy; a
+ * call that does not follow on (another token, an eval, a reset) costs at
+ * most the one step already queued. */
+spx_status spx_session_step_greedy_ahead(spx_session *s, int32_t id, int32_t *next, int ahead);
 /* Name of the backend running the model ("cpu", "cuda"). */
 const char *spx_model_backend(const spx_model *m);
 

@@ -518,6 +518,16 @@ struct cu_sess {
     int dev_known;                   /* device pos/ids[0] mirror the fields below */
     int64_t dev_pos;
     int32_t dev_tok;
+    /* Greedy steps queued one ahead (cu_step_greedy): the argmax writes each
+     * step's token into ring (mapped pinned memory) and step_ev[pos & 1] is
+     * recorded after the step; pend: the step at pend_pos with input pend_tok
+     * is queued, its result not yet read. */
+    unsigned long long *ring, *ring_d; /* host and device addresses */
+    cudaEvent_t step_ev[2];
+    int pend;
+    int64_t pend_pos;
+    int32_t pend_tok;
+    int ahead_ok;                    /* SPECTRA_CUDA_AHEAD=0: never queue a step ahead (measurements) */
     int dec_splits;
     void *allocs[32];                /* every cudaMalloc above, freed in session_free */
     int n_allocs;
@@ -573,6 +583,9 @@ static void cu_session_free(spx_session *s) {
     if (cs->have_graph) cudaGraphExecDestroy(cs->graph);
     if (cs->have_graph_s) cudaGraphExecDestroy(cs->graph_s);
     if (cs->pin_samp) cudaFreeHost(cs->pin_samp);
+    if (cs->ring) cudaFreeHost(cs->ring);
+    for (int i = 0; i < 2; i++)
+        if (cs->step_ev[i]) cudaEventDestroy(cs->step_ev[i]);
     pp_session_free(cs);
     for (int i = 0; i < cs->n_allocs; i++) cudaFree(cs->allocs[i]);
     if (cs->pin) cudaFreeHost(cs->pin);
@@ -661,6 +674,14 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
+    SPX_CUDA_TRY(e, cudaHostAlloc((void **)&cs->ring, SPX_TOKEN_RING * sizeof *cs->ring, cudaHostAllocMapped));
+    memset(cs->ring, 0xff, SPX_TOKEN_RING * sizeof *cs->ring);
+    SPX_CUDA_TRY(e, cudaHostGetDevicePointer((void **)&cs->ring_d, cs->ring, 0));
+    for (int i = 0; i < 2; i++) SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&cs->step_ev[i], cudaEventDisableTiming));
+    {
+        const char *env = getenv("SPECTRA_CUDA_AHEAD");
+        cs->ahead_ok = !(env && strcmp(env, "0") == 0);
+    }
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_best, 0, 8, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_pos, 0, 4, cs->st));
@@ -986,7 +1007,7 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     g.eps = eps;
     g.best = cs->d_best;
     SPX_CUDA_TRY(e, spx_gemv_q4(dec(g), nsm, st, pdl));
-    if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, pdl));
+    if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, pdl, cs->ring_d));
     if (lmode == LM_SAMPLE) SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, pdl));
     return SPX_OK;
 }
@@ -1002,6 +1023,7 @@ static spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int 
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     cs->dev_known = 0;
+    cs->pend = 0; /* a step queued ahead ran before this pass (stream order); its KV row is rewritten here */
     int lmode = want_logits == SPX_LOGITS_ALL ? LM_ALL : want_logits == SPX_LOGITS_LAST ? LM_LAST : LM_NONE;
     int splits = splits_for(cm, c, (int)n, s->pos + n);
     SPX_TRY(enqueue_forward(s, (int)n, lmode, splits, e));
@@ -1042,6 +1064,7 @@ static spx_status capture_decode(spx_session *s, cu_sess *cs, spx_err *e) {
 /* Before a graph step: the input token and position go to the device
  * unless the previous step left exactly them there. */
 static spx_status step_input(spx_session *s, cu_sess *cs, int32_t id, spx_err *e) {
+    cs->pend = 0; /* a step queued ahead with another input: left to run, superseded (cu_step_greedy) */
     if (!cs->dev_known || cs->dev_pos != s->pos || cs->dev_tok != id) {
         cs->pin[0] = id;
         cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
@@ -1064,15 +1087,55 @@ static spx_status step_done(spx_session *s, cu_sess *cs, int32_t *next, spx_err 
     return SPX_OK;
 }
 
-static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, spx_err *e) {
+/* The greedy decode step, queued one ahead when the caller says it will
+ * go on (ahead): the step at position p + 1 is launched before step p's
+ * token is read, its input being the token step p's argmax leaves on the
+ * device, so the GPU runs step after step with no gap for the host's round
+ * trip (the wait, the return to the caller, the next launch). The token
+ * comes back through the mapped ring, not a copy in the stream, which
+ * would sit between the two steps. A step queued ahead whose input the
+ * next call does not confirm (another token or position, an eval, a
+ * sampled step) is left to run: it only wrote the KV row at p + 1, which
+ * any later pass at that position rewrites before reading, and the device
+ * position and token, which step_input then uploads. */
+static spx_status launch_step(cu_sess *cs, int64_t p, spx_err *e) {
+    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph, cs->st));
+    SPX_CUDA_TRY(e, cudaEventRecord(cs->step_ev[p & 1], cs->st));
+    return SPX_OK;
+}
+
+static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, int ahead, spx_err *e) {
     const cu_model *cm = (const cu_model *)s->m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
-    SPX_TRY(step_input(s, cs, id, e));
-    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
-    return step_done(s, cs, next, e);
+    const int64_t p = s->pos;
+    if (!(cs->pend && cs->pend_pos == p && cs->pend_tok == id)) { /* not queued by the previous call */
+        cs->pend = 0;
+        SPX_TRY(step_input(s, cs, id, e));
+        SPX_TRY(launch_step(cs, p, e));
+    }
+    cs->pend = 0;
+    const int spec = ahead && cs->ahead_ok && p + 1 < s->n_ctx;
+    if (spec) SPX_TRY(launch_step(cs, p + 1, e));
+    SPX_CUDA_TRY(e, cudaEventSynchronize(cs->step_ev[p & 1]));
+    const unsigned long long v = ((volatile unsigned long long *)cs->ring)[(uint32_t)p % SPX_TOKEN_RING];
+    if (v >> 32 != (uint32_t)p || (int64_t)(uint32_t)v >= s->m->cfg.vocab_size)
+        return spx_fail(e, SPX_ERR_INTERNAL, "decode step at position %lld: the device reported no token (ring entry %#llx)",
+                        (long long)p, v);
+    *next = (int32_t)(uint32_t)v;
+    s->pos = p + 1;
+    if (spec) { /* the device has moved on to p + 2 with a token the host has not seen */
+        cs->pend = 1;
+        cs->pend_pos = p + 1;
+        cs->pend_tok = *next;
+        cs->dev_known = 0;
+    } else {
+        cs->dev_pos = s->pos;
+        cs->dev_tok = *next;
+        cs->dev_known = 1;
+    }
+    return SPX_OK;
 }
 
 /* One decode step with temperature / top-k / top-p sampling. On the device
@@ -1200,6 +1263,7 @@ static spx_status cu_offload_stats(spx_session *s, int32_t n_steps, spx_offload_
     if (t0) cudaEventDestroy(t0);
     if (t1) cudaEventDestroy(t1);
     cs->dev_known = 0; /* the device position and token moved; the cache holds the measurement's tokens */
+    cs->pend = 0;
     s->pos = 0;
     return st;
 }

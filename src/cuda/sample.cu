@@ -21,11 +21,16 @@ __global__ void argmax_kernel(const float *x, int64_t n, unsigned long long *bes
     }
 }
 
-__global__ void argmax_finish_kernel(unsigned long long *best, int32_t *ids, int32_t *pos) {
+__global__ void argmax_finish_kernel(unsigned long long *best, int32_t *ids, int32_t *pos, unsigned long long *ring) {
     spx_pdl_wait();
-    ids[0] = spx_argmax_key_index(*best);
-    pos[0] += 1;
+    const int32_t id = spx_argmax_key_index(*best), p = pos[0];
+    ids[0] = id;
+    pos[0] = p + 1;
     *best = 0;
+    if (ring) { /* mapped host memory: the host reads it once an event after this kernel completes */
+        ring[(uint32_t)p % SPX_TOKEN_RING] = spx_token_ring_entry(p, id);
+        __threadfence_system();
+    }
 }
 
 cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int n_sm, cudaStream_t st) {
@@ -36,8 +41,9 @@ cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int 
     return cudaGetLastError();
 }
 
-cudaError_t spx_argmax_finish(unsigned long long *best, int32_t *ids, int32_t *pos, cudaStream_t st, bool pdl) {
-    cudaError_t err = spx_launch(argmax_finish_kernel, dim3(1), dim3(1), 0, st, pdl, best, ids, pos);
+cudaError_t spx_argmax_finish(unsigned long long *best, int32_t *ids, int32_t *pos, cudaStream_t st, bool pdl,
+                              unsigned long long *ring) {
+    cudaError_t err = spx_launch(argmax_finish_kernel, dim3(1), dim3(1), 0, st, pdl, best, ids, pos, ring);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 

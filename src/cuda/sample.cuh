@@ -11,8 +11,17 @@
 
 /* *best = max(*best, key of max_i x[i]) (zero *best first). */
 cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int n_sm, cudaStream_t st);
-/* ids[0] = index of *best; pos[0] += 1; *best = 0. One thread. */
-cudaError_t spx_argmax_finish(unsigned long long *best, int32_t *ids, int32_t *pos, cudaStream_t st, bool pdl = false);
+/* ids[0] = index of *best; pos[0] += 1; *best = 0. One thread. With ring
+ * (host memory mapped into the device's address space) also
+ * ring[p % SPX_TOKEN_RING] = spx_token_ring_entry(p, id), p the position
+ * before the advance: the host reads a step's token there without a copy
+ * in the stream, so the next step can be queued behind this one. */
+#define SPX_TOKEN_RING 8
+__host__ __device__ inline unsigned long long spx_token_ring_entry(int32_t pos, int32_t id) {
+    return (unsigned long long)(uint32_t)pos << 32 | (uint32_t)id;
+}
+cudaError_t spx_argmax_finish(unsigned long long *best, int32_t *ids, int32_t *pos, cudaStream_t st, bool pdl = false,
+                              unsigned long long *ring = nullptr);
 
 /* Temperature + top-k + top-p sampling on the device, the CPU's
  * spx_sample (engine/sampler.c) step for step: p = (logit - max) / T,

@@ -252,9 +252,13 @@ static spx_status step_check(spx_session *s, int32_t id) {
 }
 
 spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next) {
+    return spx_session_step_greedy_ahead(s, id, next, 0);
+}
+
+spx_status spx_session_step_greedy_ahead(spx_session *s, int32_t id, int32_t *next, int ahead) {
     spx_err_clear(&s->err);
     SPX_TRY(step_check(s, id));
-    if (s->m->be->step_greedy) return s->m->be->step_greedy(s, id, next, &s->err);
+    if (s->m->be->step_greedy) return s->m->be->step_greedy(s, id, next, ahead != 0, &s->err);
     SPX_TRY(spx_session_forward(s, &id, 1, SPX_LOGITS_LAST, &s->err));
     *next = spx_sample(s->logits, s->m->cfg.vocab_size, NULL, NULL); /* no parameters: the first maximum */
     return SPX_OK;

@@ -47,8 +47,11 @@ typedef struct spx_backend {
     spx_status (*forward)(struct spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
     /* Optional: feed one token and return the greedy next token without
      * copying logits to the host (device-side argmax; the decode loop's
-     * fast path). NULL: forward + host argmax. */
-    spx_status (*step_greedy)(struct spx_session *s, int32_t id, int32_t *next, spx_err *e);
+     * fast path). ahead: the caller will most likely call again with *next
+     * at the next position, so the backend may start that step before it
+     * returns (and must give the same tokens as without). NULL: forward +
+     * host argmax. */
+    spx_status (*step_greedy)(struct spx_session *s, int32_t id, int32_t *next, int ahead, spx_err *e);
     /* Optional: the offload state of the session's model; with n_steps > 0
      * and streamed layers also the timings (this overwrites the session's
      * KV cache and resets it to position 0). NULL: every weight resident. */

@@ -369,8 +369,13 @@ static void test_gemv(int n_sm) {
             poison(dy, (size_t)sh.rows * 4);
             CK(spx_gemv_q4(a, n_sm, 0));
             int32_t *dids = dev_alloc<int32_t>(1), *dpos = dev_alloc<int32_t>(1);
-            CK(cudaMemset(dpos, 0, 4));
-            CK(spx_argmax_finish(dbest, dids, dpos, 0));
+            const int32_t pos0 = 13; /* the token ring's slot 13 % 8 */
+            CK(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
+            unsigned long long *ring = NULL, *ring_d = NULL;
+            CK(cudaHostAlloc((void **)&ring, SPX_TOKEN_RING * 8, cudaHostAllocMapped));
+            memset(ring, 0xff, SPX_TOKEN_RING * 8);
+            CK(cudaHostGetDevicePointer((void **)&ring_d, ring, 0));
+            CK(spx_argmax_finish(dbest, dids, dpos, 0, false, ring_d));
             CK(cudaDeviceSynchronize());
             std::vector<float> yl = down(dy, (size_t)sh.rows);
             int64_t bi = 0;
@@ -381,8 +386,15 @@ static void test_gemv(int n_sm) {
             CK(cudaMemcpy(&gid, dids, 4, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(&gpos, dpos, 4, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(&bz, dbest, 8, cudaMemcpyDeviceToHost));
-            CHECK(gid == bi && gpos == 1 && bz == 0, "gemv argmax %lldx%lld: device %d, host argmax of its logits %lld, pos %d, key %llu",
-                  (long long)sh.rows, (long long)sh.cols, gid, (long long)bi, gpos, bz);
+            CHECK(gid == bi && gpos == pos0 + 1 && bz == 0,
+                  "gemv argmax %lldx%lld: device %d, host argmax of its logits %lld, pos %d, key %llu", (long long)sh.rows,
+                  (long long)sh.cols, gid, (long long)bi, gpos, bz);
+            int ring_ok = ring[pos0 % SPX_TOKEN_RING] == spx_token_ring_entry(pos0, (int32_t)bi);
+            for (int i = 0; i < SPX_TOKEN_RING; i++) ring_ok &= i == pos0 % SPX_TOKEN_RING || ring[i] == ~0ull;
+            CHECK(ring_ok, "gemv argmax %lldx%lld: token ring slot %d holds %#llx, want %#llx (the others untouched)",
+                  (long long)sh.rows, (long long)sh.cols, pos0 % SPX_TOKEN_RING, ring[pos0 % SPX_TOKEN_RING],
+                  spx_token_ring_entry(pos0, (int32_t)bi));
+            CK(cudaFreeHost(ring));
             free_qmat(m);
             n_cases++;
         }
@@ -1781,6 +1793,98 @@ static void test_model_sample(const char *path) {
     spx_model_free(m);
 }
 
+/* Greedy steps queued ahead (spx_session_step_greedy_ahead) give exactly
+ * the tokens of steps that are not, also where the caller does not follow
+ * on: the step queued ahead is then superseded by another token, an eval,
+ * a sampled step or a reset, and the context's last position queues none.
+ * Two sessions of one model get the same calls, session a with ahead = 0
+ * (its steps read the token ring after each step), session b with ahead =
+ * 1 (its next step runs while the host reads the token); the device's
+ * kernels are deterministic, so every token and logit must be identical.
+ * pingpong: the model streams its layers (the step queued ahead then also
+ * streams). */
+static void test_model_ahead(const char *path, int pingpong) {
+    spx_model *m = NULL;
+    spx_model_params pp = {0, "cuda", 0};
+    pp.pingpong = pingpong;
+    spx_session *sa = NULL, *sb = NULL;
+    const int64_t n_ctx = 40;
+    spx_session_params sp = {n_ctx, SPX_KV_F16};
+    if (spx_model_open(path, &pp, &m) != SPX_OK) {
+        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
+        return;
+    }
+    CHECK(spx_session_new(m, &sp, &sa) == SPX_OK && spx_session_new(m, &sp, &sb) == SPX_OK, "%s: sessions: %s", path,
+          spx_model_error(m));
+    if (sa && sb) {
+        const int64_t V = m->cfg.vocab_size;
+        int n_tok = 0, n_diff = 0, first_diff = -1;
+        int32_t ta = 0, tb = 0; /* each session's last token */
+        /* one greedy step on both; b queues the next one when ahead */
+        auto step = [&](int32_t in_a, int32_t in_b, int ahead) {
+            int32_t na = -1, nb = -1;
+            CHECK(spx_session_step_greedy_ahead(sa, in_a, &na, 0) == SPX_OK, "%s: step a: %s", path,
+                  spx_session_error(sa));
+            CHECK(spx_session_step_greedy_ahead(sb, in_b, &nb, ahead) == SPX_OK, "%s: step b: %s", path,
+                  spx_session_error(sb));
+            if (na != nb && first_diff < 0) first_diff = n_tok;
+            n_diff += na != nb;
+            n_tok++;
+            ta = na;
+            tb = nb;
+        };
+        auto chain = [&](int n, int ahead_last) {
+            for (int i = 0; i < n; i++) step(ta, tb, i + 1 < n || ahead_last);
+        };
+        auto eval_both = [&](const int32_t *ids, int n) {
+            std::vector<float> la((size_t)V), lb((size_t)V);
+            CHECK(spx_session_eval(sa, ids, (size_t)n, la.data(), 0) == SPX_OK, "%s: eval a: %s", path, spx_session_error(sa));
+            CHECK(spx_session_eval(sb, ids, (size_t)n, lb.data(), 0) == SPX_OK, "%s: eval b: %s", path, spx_session_error(sb));
+            CHECK(memcmp(la.data(), lb.data(), la.size() * 4) == 0, "%s: eval logits after a step queued ahead differ",
+                  path);
+            ta = tb = argmax_f(la.data(), V);
+        };
+        int32_t prompt[5];
+        for (auto &id : prompt) id = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+        eval_both(prompt, 5);
+        chain(8, 1); /* b's step 9 queued, then fed what it returned */
+        const int32_t other = (int32_t)((ta + 1 + tl_rand_u64(&g_rng) % (uint64_t)(V - 1)) % V);
+        step(other, other, 1); /* another token than the queued step's input */
+        chain(3, 1);
+        eval_both(&ta, 1); /* an eval over a queued step */
+        chain(3, 1);
+        {
+            const spx_sampler_params smp = {0.8f, 40, 0.95f, 0};
+            uint64_t ra = 99, rb = 99;
+            int32_t na = -1, nb = -1;
+            CHECK(spx_session_step_sample(sa, ta, &smp, &ra, &na) == SPX_OK &&
+                      spx_session_step_sample(sb, tb, &smp, &rb, &nb) == SPX_OK,
+                  "%s: sampled step: %s / %s", path, spx_session_error(sa), spx_session_error(sb));
+            CHECK(na == nb && ra == rb, "%s: sampled step over a queued step: %d vs %d", path, na, nb);
+            ta = na;
+            tb = nb;
+        }
+        chain(2, 1);
+        CHECK(spx_session_pos(sa) == spx_session_pos(sb), "%s: positions %lld vs %lld", path,
+              (long long)spx_session_pos(sa), (long long)spx_session_pos(sb));
+        spx_session_reset(sa); /* a reset over a queued step */
+        spx_session_reset(sb);
+        eval_both(prompt, 5);
+        chain((int)(n_ctx - 5), 1); /* to the context's end, ahead asked for every time */
+        CHECK(spx_session_pos(sb) == n_ctx, "%s: position %lld at the end, want %lld", path,
+              (long long)spx_session_pos(sb), (long long)n_ctx);
+        int32_t nb = -1;
+        CHECK(spx_session_step_greedy_ahead(sb, tb, &nb, 1) == SPX_ERR_RANGE, "%s: a step past the context end was taken",
+              path);
+        CHECK(n_diff == 0, "%s%s: %d of %d greedy tokens differ with steps queued ahead (first at %d)", path,
+              pingpong ? " (ping-pong)" : "", n_diff, n_tok, first_diff);
+        printf("steps queued ahead %s%s: %d tokens as without\n", path, pingpong ? " (ping-pong)" : "", n_tok);
+    }
+    spx_session_free(sa);
+    spx_session_free(sb);
+    spx_model_free(m);
+}
+
 static void test_model_pingpong(const char *path, int64_t n_res) {
     unsetenv("SPECTRA_CUDA_RESIDENT_LAYERS");
     spx_model *mr = NULL, *mp = NULL;
@@ -1912,6 +2016,10 @@ int main(int argc, char **argv) {
     }
     for (int i = 1 + only_e2e; i < argc; i++) test_model_q4(argv[i]);
     for (int i = 1 + only_e2e; i < argc; i++) test_model_sample(argv[i]);
+    for (int i = 1 + only_e2e; i < argc; i++) {
+        test_model_ahead(argv[i], 0);
+        test_model_ahead(argv[i], 1);
+    }
     for (int i = 1 + only_e2e; i < argc; i++) {
         test_model_pingpong(argv[i], 0); /* every layer streams */
         test_model_pingpong(argv[i], 1); /* layer 0 resident, the rest stream */

@@ -138,7 +138,11 @@ int cmd_run(int argc, char **argv) {
         if (spx_session_pos(s) >= s->n_ctx) { fprintf(stderr, "\n[context full]\n"); n_done++; break; }
         /* the next token is chosen where the logits are (on a GPU: only the id comes back) */
         if (temp <= 0) {
-            if (spx_session_step_greedy(s, id, &next) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+            /* ahead: the step after this one will follow unless its token ends the text */
+            if (spx_session_step_greedy_ahead(s, id, &next, n_done + 2 < n_gen) != SPX_OK) {
+                cli_error("%s", spx_session_error(s));
+                goto done;
+            }
         } else if (spx_session_step_sample(s, id, &smp, &rng, &next) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     }
     if (ts) {
