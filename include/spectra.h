@@ -139,6 +139,12 @@ int32_t spx_sample(const float *logits, int64_t vocab,
  * spx_session_step_greedy's path. */
 spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng_state,
                                    int32_t *next);
+/* The same for a decode loop, as spx_session_step_greedy_ahead: ahead != 0
+ * says the next call will most likely be this one with *next, the same p
+ * and the advanced *rng_state, so a GPU backend queues that draw before
+ * returning. The draws are those of spx_session_step_sample. */
+spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng_state,
+                                         int32_t *next, int ahead);
 
 #ifdef __cplusplus
 }

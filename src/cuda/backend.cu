@@ -518,15 +518,18 @@ struct cu_sess {
     int dev_known;                   /* device pos/ids[0] mirror the fields below */
     int64_t dev_pos;
     int32_t dev_tok;
-    /* Greedy steps queued one ahead (cu_step_greedy): the argmax writes each
-     * step's token into ring (mapped pinned memory) and step_ev[pos & 1] is
-     * recorded after the step; pend: the step at pend_pos with input pend_tok
-     * is queued, its result not yet read. */
+    /* Decode steps queued one ahead (cu_step): the argmax or the sampler
+     * writes each step's token (and the sampler its RNG state) into ring
+     * (mapped pinned memory, 2 x SPX_TOKEN_RING entries) and step_ev[pos & 1]
+     * is recorded after the step; pend: the step at pend_pos with input
+     * pend_tok is queued, its result not yet read. */
     unsigned long long *ring, *ring_d; /* host and device addresses */
     cudaEvent_t step_ev[2];
     int pend;
     int64_t pend_pos;
     int32_t pend_tok;
+    int pend_sampled;                /* the queued step samples, with pend_samp (its parameters and RNG state) */
+    spx_sample_dev pend_samp;
     int ahead_ok;                    /* SPECTRA_CUDA_AHEAD=0: never queue a step ahead (measurements) */
     int dec_splits;
     void *allocs[32];                /* every cudaMalloc above, freed in session_free */
@@ -674,8 +677,8 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
-    SPX_CUDA_TRY(e, cudaHostAlloc((void **)&cs->ring, SPX_TOKEN_RING * sizeof *cs->ring, cudaHostAllocMapped));
-    memset(cs->ring, 0xff, SPX_TOKEN_RING * sizeof *cs->ring);
+    SPX_CUDA_TRY(e, cudaHostAlloc((void **)&cs->ring, 2 * SPX_TOKEN_RING * sizeof *cs->ring, cudaHostAllocMapped));
+    memset(cs->ring, 0xff, 2 * SPX_TOKEN_RING * sizeof *cs->ring);
     SPX_CUDA_TRY(e, cudaHostGetDevicePointer((void **)&cs->ring_d, cs->ring, 0));
     for (int i = 0; i < 2; i++) SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&cs->step_ev[i], cudaEventDisableTiming));
     {
@@ -1008,7 +1011,8 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
     g.best = cs->d_best;
     SPX_CUDA_TRY(e, spx_gemv_q4(dec(g), nsm, st, pdl));
     if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, pdl, cs->ring_d));
-    if (lmode == LM_SAMPLE) SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, pdl));
+    if (lmode == LM_SAMPLE)
+        SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, pdl, cs->ring_d));
     return SPX_OK;
 }
 
@@ -1064,7 +1068,7 @@ static spx_status capture_decode(spx_session *s, cu_sess *cs, spx_err *e) {
 /* Before a graph step: the input token and position go to the device
  * unless the previous step left exactly them there. */
 static spx_status step_input(spx_session *s, cu_sess *cs, int32_t id, spx_err *e) {
-    cs->pend = 0; /* a step queued ahead with another input: left to run, superseded (cu_step_greedy) */
+    cs->pend = 0; /* a step queued ahead with another input: left to run, superseded (cu_step) */
     if (!cs->dev_known || cs->dev_pos != s->pos || cs->dev_tok != id) {
         cs->pin[0] = id;
         cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
@@ -1075,60 +1079,82 @@ static spx_status step_input(spx_session *s, cu_sess *cs, int32_t id, spx_err *e
     return SPX_OK;
 }
 
-/* After it (the next id's copy enqueued): wait, advance, remember what the
- * device holds. */
-static spx_status step_done(spx_session *s, cu_sess *cs, int32_t *next, spx_err *e) {
-    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
-    *next = cs->pin[SPX_BATCH_MAX_CUDA + 1];
-    s->pos += 1;
-    cs->dev_pos = s->pos;
-    cs->dev_tok = *next;
-    cs->dev_known = 1;
-    return SPX_OK;
-}
-
-/* The greedy decode step, queued one ahead when the caller says it will
- * go on (ahead): the step at position p + 1 is launched before step p's
- * token is read, its input being the token step p's argmax leaves on the
- * device, so the GPU runs step after step with no gap for the host's round
- * trip (the wait, the return to the caller, the next launch). The token
- * comes back through the mapped ring, not a copy in the stream, which
- * would sit between the two steps. A step queued ahead whose input the
- * next call does not confirm (another token or position, an eval, a
- * sampled step) is left to run: it only wrote the KV row at p + 1, which
- * any later pass at that position rewrites before reading, and the device
- * position and token, which step_input then uploads. */
-static spx_status launch_step(cu_sess *cs, int64_t p, spx_err *e) {
-    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph, cs->st));
+/* The decode step (greedy, or sampled on the device), queued one ahead
+ * when the caller says it will go on (ahead): the step at position p + 1
+ * is launched before step p's token is read, its input being the token
+ * (and, sampled, the RNG state) step p leaves on the device, so the GPU
+ * runs step after step with no gap for the host's round trip (the wait,
+ * the return to the caller, the next launch). The token (and the RNG
+ * state) come back through the mapped ring, not copies in the stream,
+ * which would sit between the two steps. The next call takes the queued
+ * step only if it asks for exactly it: the same kind of step, token,
+ * position, sampling parameters and RNG state. Otherwise (or after an
+ * eval, a reset) the queued step is left to run: it only wrote the KV row
+ * at p + 1, which any later pass at that position rewrites before reading
+ * it, and the device's token, position and RNG state, which the next step
+ * uploads again. The steps' tokens are those of steps not queued ahead
+ * (test_cuda checks it bit for bit). */
+static spx_status launch_step(cu_sess *cs, cudaGraphExec_t g, int64_t p, spx_err *e) {
+    SPX_CUDA_TRY(e, cudaGraphLaunch(g, cs->st));
     SPX_CUDA_TRY(e, cudaEventRecord(cs->step_ev[p & 1], cs->st));
     return SPX_OK;
 }
 
-static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, int ahead, spx_err *e) {
+/* sp: NULL for the greedy step, else the device sampler's parameters
+ * (spx_sample_on_device) and *rng its state, advanced on return. */
+static spx_status cu_step(spx_session *s, int32_t id, const spx_sampler_params *sp, uint64_t *rng, int ahead,
+                          int32_t *next, spx_err *e) {
     const cu_model *cm = (const cu_model *)s->m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
-    if (!cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
+    if (!sp && !cs->have_graph) SPX_TRY(capture_decode(s, cs, e));
+    if (sp && !cs->have_graph_s) {
+        SPX_TRY(capture_graph(s, cs, &cs->graph_s, e, LM_SAMPLE));
+        cs->have_graph_s = 1;
+    }
+    const cudaGraphExec_t g = sp ? cs->graph_s : cs->graph;
     const int64_t p = s->pos;
-    if (!(cs->pend && cs->pend_pos == p && cs->pend_tok == id)) { /* not queued by the previous call */
-        cs->pend = 0;
-        SPX_TRY(step_input(s, cs, id, e));
-        SPX_TRY(launch_step(cs, p, e));
+    const int queued = cs->pend && cs->pend_pos == p && cs->pend_tok == id && cs->pend_sampled == (sp != NULL) &&
+                       (!sp || (cs->pend_samp.temperature == sp->temperature && cs->pend_samp.top_k == sp->top_k &&
+                                cs->pend_samp.top_p == sp->top_p && cs->pend_samp.rng == *rng));
+    if (!queued) {
+        SPX_TRY(step_input(s, cs, id, e)); /* (drops a queued step) */
+        if (sp) {
+            cs->pin_samp->temperature = sp->temperature;
+            cs->pin_samp->top_k = sp->top_k;
+            cs->pin_samp->top_p = sp->top_p;
+            cs->pin_samp->pad = 0;
+            cs->pin_samp->rng = *rng;
+            SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_samp, cs->pin_samp, sizeof(spx_sample_dev), cudaMemcpyHostToDevice,
+                                            cs->st));
+        }
+        SPX_TRY(launch_step(cs, g, p, e));
     }
     cs->pend = 0;
     const int spec = ahead && cs->ahead_ok && p + 1 < s->n_ctx;
-    if (spec) SPX_TRY(launch_step(cs, p + 1, e));
+    if (spec) SPX_TRY(launch_step(cs, g, p + 1, e));
+    /* step p's pinned inputs were copied before it ran: the next call may rewrite them */
     SPX_CUDA_TRY(e, cudaEventSynchronize(cs->step_ev[p & 1]));
-    const unsigned long long v = ((volatile unsigned long long *)cs->ring)[(uint32_t)p % SPX_TOKEN_RING];
+    const volatile unsigned long long *ring = cs->ring;
+    const unsigned slot = (uint32_t)p % SPX_TOKEN_RING;
+    const unsigned long long v = ring[slot];
     if (v >> 32 != (uint32_t)p || (int64_t)(uint32_t)v >= s->m->cfg.vocab_size)
         return spx_fail(e, SPX_ERR_INTERNAL, "decode step at position %lld: the device reported no token (ring entry %#llx)",
                         (long long)p, v);
     *next = (int32_t)(uint32_t)v;
+    if (sp) *rng = ring[SPX_TOKEN_RING + slot];
     s->pos = p + 1;
     if (spec) { /* the device has moved on to p + 2 with a token the host has not seen */
         cs->pend = 1;
         cs->pend_pos = p + 1;
         cs->pend_tok = *next;
+        cs->pend_sampled = sp != NULL;
+        if (sp) {
+            cs->pend_samp.temperature = sp->temperature;
+            cs->pend_samp.top_k = sp->top_k;
+            cs->pend_samp.top_p = sp->top_p;
+            cs->pend_samp.rng = *rng;
+        }
         cs->dev_known = 0;
     } else {
         cs->dev_pos = s->pos;
@@ -1138,41 +1164,27 @@ static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, int 
     return SPX_OK;
 }
 
+static spx_status cu_step_greedy(spx_session *s, int32_t id, int32_t *next, int ahead, spx_err *e) {
+    return cu_step(s, id, NULL, NULL, ahead, next, e);
+}
+
 /* One decode step with temperature / top-k / top-p sampling. On the device
  * (spx_sample_on_device: 2 <= top_k <= 1024) through a second captured
  * graph ending with spx_sample_topk: the parameters and the RNG state go
- * up with the token (pinned, 24 bytes), the next id and the advanced state
- * come back. Otherwise (top-k off or wider) the logits come to the host for
+ * up with the token (pinned, 24 bytes) unless the step was queued ahead,
+ * the next id and the advanced state come back through the ring.
+ * Otherwise (top-k off or wider) the logits come to the host for
  * spx_sample. (Greedy parameters never get here: spx_session_step_sample
  * takes the greedy step for them.) */
-static spx_status cu_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
+static spx_status cu_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng, int ahead,
                                  int32_t *next, spx_err *e) {
-    const cu_model *cm = (const cu_model *)s->m->be_state;
-    cu_sess *cs = (cu_sess *)s->be_state;
     const int64_t V = s->m->cfg.vocab_size;
     if (!spx_sample_on_device(p->temperature, p->top_k, V)) {
         SPX_TRY(cu_forward(s, &id, 1, SPX_LOGITS_LAST, e));
         *next = spx_sample(s->logits, V, p, rng);
         return SPX_OK;
     }
-    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
-    if (!cs->have_graph_s) {
-        SPX_TRY(capture_graph(s, cs, &cs->graph_s, e, LM_SAMPLE));
-        cs->have_graph_s = 1;
-    }
-    SPX_TRY(step_input(s, cs, id, e));
-    cs->pin_samp->temperature = p->temperature;
-    cs->pin_samp->top_k = p->top_k;
-    cs->pin_samp->top_p = p->top_p;
-    cs->pin_samp->pad = 0;
-    cs->pin_samp->rng = *rng;
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_samp, cs->pin_samp, sizeof(spx_sample_dev), cudaMemcpyHostToDevice, cs->st));
-    SPX_CUDA_TRY(e, cudaGraphLaunch(cs->graph_s, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin + SPX_BATCH_MAX_CUDA + 1, cs->d_ids, 4, cudaMemcpyDeviceToHost, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(&cs->pin_samp->rng, &cs->d_samp->rng, 8, cudaMemcpyDeviceToHost, cs->st));
-    SPX_TRY(step_done(s, cs, next, e));
-    *rng = cs->pin_samp->rng;
-    return SPX_OK;
+    return cu_step(s, id, p, rng, ahead, next, e);
 }
 
 /* ---- offload measurements ------------------------------------------------ */

@@ -92,7 +92,7 @@ __device__ __forceinline__ unsigned long long sm_splitmix(unsigned long long *s)
 }
 
 __global__ void __launch_bounds__(SM_THREADS) sample_topk_kernel(const float *logits, int64_t V, spx_sample_dev *sp,
-                                                                 int32_t *ids, int32_t *pos) {
+                                                                 int32_t *ids, int32_t *pos, unsigned long long *ring) {
     __shared__ unsigned hist[256];
     __shared__ float cp[SPX_SAMPLE_MAX_K];
     __shared__ int cid[SPX_SAMPLE_MAX_K];
@@ -227,8 +227,14 @@ __global__ void __launch_bounds__(SM_THREADS) sample_topk_kernel(const float *lo
                 break;
             }
         }
+        const int32_t p = pos[0];
         ids[0] = id;
-        pos[0] += 1;
+        pos[0] = p + 1;
+        if (ring) { /* as argmax_finish, and the RNG state after this draw */
+            ring[SPX_TOKEN_RING + (uint32_t)p % SPX_TOKEN_RING] = st;
+            ring[(uint32_t)p % SPX_TOKEN_RING] = spx_token_ring_entry(p, id);
+            __threadfence_system();
+        }
     }
 }
 
@@ -237,8 +243,9 @@ bool spx_sample_on_device(float temperature, int32_t top_k, int64_t vocab) {
 }
 
 cudaError_t spx_sample_topk(const float *logits, int64_t vocab, spx_sample_dev *sp, int32_t *ids, int32_t *pos,
-                            cudaStream_t st, bool pdl) {
+                            cudaStream_t st, bool pdl, unsigned long long *ring) {
     if (vocab <= 0) return cudaErrorInvalidValue;
-    cudaError_t err = spx_launch(sample_topk_kernel, dim3(1), dim3(SM_THREADS), 0, st, pdl, logits, vocab, sp, ids, pos);
+    cudaError_t err =
+        spx_launch(sample_topk_kernel, dim3(1), dim3(SM_THREADS), 0, st, pdl, logits, vocab, sp, ids, pos, ring);
     return err != cudaSuccess ? err : cudaGetLastError();
 }

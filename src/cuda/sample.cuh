@@ -44,7 +44,9 @@ struct spx_sample_dev {
 };
 /* Whether spx_sample_topk takes these parameters (else: logits to the host). */
 bool spx_sample_on_device(float temperature, int32_t top_k, int64_t vocab);
+/* ring (as spx_argmax_finish's, 2 * SPX_TOKEN_RING entries): also
+ * ring[SPX_TOKEN_RING + p % SPX_TOKEN_RING] = the RNG state after the draw. */
 cudaError_t spx_sample_topk(const float *logits, int64_t vocab, spx_sample_dev *sp, int32_t *ids, int32_t *pos,
-                            cudaStream_t st, bool pdl = false);
+                            cudaStream_t st, bool pdl = false, unsigned long long *ring = nullptr);
 
 #endif

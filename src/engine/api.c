@@ -266,12 +266,17 @@ spx_status spx_session_step_greedy_ahead(spx_session *s, int32_t id, int32_t *ne
 
 spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
                                    int32_t *next) {
+    return spx_session_step_sample_ahead(s, id, p, rng, next, 0);
+}
+
+spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
+                                         int32_t *next, int ahead) {
     spx_err_clear(&s->err);
     if (!p || !rng) return spx_fail(&s->err, SPX_ERR_ARG, "step_sample: no sampler parameters or RNG state");
     /* parameters that make spx_sample an argmax (it leaves the RNG alone then): the greedy step */
-    if (!(p->temperature > 0) || p->top_k == 1) return spx_session_step_greedy(s, id, next);
+    if (!(p->temperature > 0) || p->top_k == 1) return spx_session_step_greedy_ahead(s, id, next, ahead);
     SPX_TRY(step_check(s, id));
-    if (s->m->be->step_sample) return s->m->be->step_sample(s, id, p, rng, next, &s->err);
+    if (s->m->be->step_sample) return s->m->be->step_sample(s, id, p, rng, ahead != 0, next, &s->err);
     SPX_TRY(spx_session_forward(s, &id, 1, SPX_LOGITS_LAST, &s->err));
     *next = spx_sample(s->logits, s->m->cfg.vocab_size, p, rng);
     return SPX_OK;

@@ -62,10 +62,12 @@ typedef struct spx_backend {
     int32_t device;
     /* Optional: feed one token and return the next one drawn with p and
      * *rng as spx_sample would (the RNG state advances); p is never greedy
-     * (temperature > 0, top_k != 1: the API takes step_greedy for those).
+     * (temperature > 0, top_k != 1: the API takes step_greedy for those);
+     * ahead as for step_greedy (the next call with the same p and the
+     * returned *rng).
      * NULL: forward + spx_sample on the host. */
     spx_status (*step_sample)(struct spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
-                              int32_t *next, spx_err *e);
+                              int ahead, int32_t *next, spx_err *e);
 } spx_backend;
 
 const spx_backend *spx_backend_cpu(void);

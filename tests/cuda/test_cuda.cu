@@ -1865,6 +1865,31 @@ static void test_model_ahead(const char *path, int pingpong) {
             tb = nb;
         }
         chain(2, 1);
+        { /* sampled steps: the same draws and RNG states */
+            const spx_sampler_params sm1 = {0.9f, 20, 0.9f, 0}, sm2 = {0.7f, 50, 1.0f, 0};
+            uint64_t ra = 5, rb = 5;
+            int n_sd = 0;
+            auto sstep = [&](const spx_sampler_params *q, int ahead) {
+                int32_t na = -1, nb = -1;
+                CHECK(spx_session_step_sample_ahead(sa, ta, q, &ra, &na, 0) == SPX_OK, "%s: sampled step a: %s", path,
+                      spx_session_error(sa));
+                CHECK(spx_session_step_sample_ahead(sb, tb, q, &rb, &nb, ahead) == SPX_OK, "%s: sampled step b: %s",
+                      path, spx_session_error(sb));
+                n_sd += na != nb || ra != rb;
+                ta = na;
+                tb = nb;
+            };
+            for (int i = 0; i < 5; i++) sstep(&sm1, 1); /* each queued and taken */
+            sstep(&sm2, 1);                              /* other parameters than the queued draw's */
+            ra ^= 1;
+            rb ^= 1;
+            sstep(&sm2, 1); /* another RNG state */
+            step(ta, tb, 1); /* a greedy step over a queued draw */
+            sstep(&sm1, 1);  /* a draw over a queued greedy step */
+            sstep(&sm1, 0);
+            CHECK(n_sd == 0, "%s%s: %d of 9 draws or RNG states differ with draws queued ahead", path,
+                  pingpong ? " (ping-pong)" : "", n_sd);
+        }
         CHECK(spx_session_pos(sa) == spx_session_pos(sb), "%s: positions %lld vs %lld", path,
               (long long)spx_session_pos(sa), (long long)spx_session_pos(sb));
         spx_session_reset(sa); /* a reset over a queued step */

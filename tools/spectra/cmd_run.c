@@ -137,13 +137,11 @@ int cmd_run(int argc, char **argv) {
         if (n_done + 1 == n_gen) { n_done++; break; }
         if (spx_session_pos(s) >= s->n_ctx) { fprintf(stderr, "\n[context full]\n"); n_done++; break; }
         /* the next token is chosen where the logits are (on a GPU: only the id comes back) */
-        if (temp <= 0) {
-            /* ahead: the step after this one will follow unless its token ends the text */
-            if (spx_session_step_greedy_ahead(s, id, &next, n_done + 2 < n_gen) != SPX_OK) {
-                cli_error("%s", spx_session_error(s));
-                goto done;
-            }
-        } else if (spx_session_step_sample(s, id, &smp, &rng, &next) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+        /* ahead: the step after this one will follow unless its token ends the text (the GPU then queues it) */
+        const int ahead = n_done + 2 < n_gen;
+        spx_status st = temp <= 0 ? spx_session_step_greedy_ahead(s, id, &next, ahead)
+                                  : spx_session_step_sample_ahead(s, id, &smp, &rng, &next, ahead);
+        if (st != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     }
     if (ts) {
         const char *piece;
