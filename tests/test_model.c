@@ -220,7 +220,9 @@ static void test_docllama(void) {
 /* The one-token steps of the API on the CPU backend: step_sample draws
  * exactly what eval + spx_sample draws from the same RNG state, and its
  * greedy parameters (top-k 1, temperature 0) give step_greedy's tokens
- * without touching the RNG. */
+ * without touching the RNG. Every other step goes through the _ahead
+ * entry points (the hint changes nothing on the CPU; test_cuda checks it
+ * where it does). */
 static void test_steps(void) {
     spx_model *m = open_model(tl_shared("models/stories260K"));
     if (!m) return;
@@ -239,7 +241,9 @@ static void test_steps(void) {
         ia = ib = spx_sample(lg, V, &smp, &rb);
         ra = rb;
         for (int i = 0; i < 16; i++) {
-            CHECK(spx_session_step_sample(a, ia, &smp, &ra, &ia) == SPX_OK, "step_sample: %s", spx_session_error(a));
+            CHECK((i & 1 ? spx_session_step_sample_ahead(a, ia, &smp, &ra, &ia, 1)
+                         : spx_session_step_sample(a, ia, &smp, &ra, &ia)) == SPX_OK,
+                  "step_sample: %s", spx_session_error(a));
             CHECK(spx_session_eval(b, &ib, 1, lg, 0) == SPX_OK, "eval: %s", spx_session_error(b));
             ib = spx_sample(lg, V, &smp, &rb);
             diff += ia != ib;
@@ -254,13 +258,20 @@ static void test_steps(void) {
         ia = ib = 407;
         diff = 0;
         for (int i = 0; i < 12; i++) {
-            CHECK(spx_session_step_sample(a, ia, &g[i & 1], &rg, &ia) == SPX_OK, "step_sample: %s", spx_session_error(a));
-            CHECK(spx_session_step_greedy(b, ib, &ib) == SPX_OK, "step_greedy: %s", spx_session_error(b));
+            CHECK((i & 2 ? spx_session_step_sample_ahead(a, ia, &g[i & 1], &rg, &ia, 1)
+                         : spx_session_step_sample(a, ia, &g[i & 1], &rg, &ia)) == SPX_OK,
+                  "step_sample: %s", spx_session_error(a));
+            CHECK((i & 1 ? spx_session_step_greedy_ahead(b, ib, &ib, 1) : spx_session_step_greedy(b, ib, &ib)) == SPX_OK,
+                  "step_greedy: %s", spx_session_error(b));
             diff += ia != ib;
         }
         CHECK(diff == 0 && rg == 5, "greedy step_sample: %d of 12 tokens differ from step_greedy, RNG %llu", diff,
               (unsigned long long)rg);
         CHECK(spx_session_step_sample(a, (int32_t)V, &smp, &ra, &ia) == SPX_ERR_RANGE, "an id past the vocabulary");
+        CHECK(spx_session_step_sample_ahead(a, -1, &smp, &ra, &ia, 1) == SPX_ERR_RANGE &&
+                  spx_session_step_greedy_ahead(a, (int32_t)V, &ia, 1) == SPX_ERR_RANGE,
+              "an id out of range through the _ahead steps");
+        CHECK(spx_session_step_sample_ahead(a, 1, NULL, &ra, &ia, 1) == SPX_ERR_ARG, "no sampler parameters");
         free(lg);
     }
     spx_session_free(a);
