@@ -1735,6 +1735,25 @@ done:
  * graph (the copy stream forked and joined inside the capture), eager
  * steps after the graph, and a second prefill after a reset. Then the
  * offload measurement runs and must give sane numbers. */
+/* The model on the cuda backend (pingpong: its layers streamed) and two
+ * fp16-KV sessions of n_ctx tokens on it; false (a failed check) if any
+ * will not open (what did is left in the outputs for the caller to free). */
+static bool open_two_sessions(const char *path, int pingpong, int64_t n_ctx, spx_model **m, spx_session **s1,
+                              spx_session **s2) {
+    spx_model_params pp = {0, "cuda", 0};
+    pp.pingpong = pingpong;
+    spx_session_params sp = {n_ctx, SPX_KV_F16};
+    *s1 = *s2 = NULL;
+    if (spx_model_open(path, &pp, m) != SPX_OK) {
+        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
+        *m = NULL;
+        return false;
+    }
+    const bool ok = spx_session_new(*m, &sp, s1) == SPX_OK && spx_session_new(*m, &sp, s2) == SPX_OK;
+    CHECK(ok, "%s: sessions: %s", path, spx_model_error(*m));
+    return ok;
+}
+
 /* spx_session_step_sample on the cuda backend: the device sampler in the
  * captured graph (top-k 40), the host path (top-k off) and the greedy
  * path (top-k 1, which must equal step_greedy). Each draw takes one
@@ -1742,16 +1761,8 @@ done:
  * whatever was drawn. */
 static void test_model_sample(const char *path) {
     spx_model *m = NULL;
-    spx_model_params pp = {0, "cuda", 0};
     spx_session *s1 = NULL, *s2 = NULL;
-    spx_session_params sp = {128, SPX_KV_F16};
-    if (spx_model_open(path, &pp, &m) != SPX_OK) {
-        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
-        return;
-    }
-    CHECK(spx_session_new(m, &sp, &s1) == SPX_OK && spx_session_new(m, &sp, &s2) == SPX_OK, "%s: sessions: %s", path,
-          spx_model_error(m));
-    if (s1 && s2) {
+    if (open_two_sessions(path, 0, 128, &m, &s1, &s2)) {
         const int64_t V = m->cfg.vocab_size;
         const int32_t prompt[4] = {1, 2, 3, 4};
         const spx_sampler_params cfgs[2] = {{0.8f, 40, 0.95f, 0}, {0.8f, 0, 0.9f, 0}};
@@ -1805,18 +1816,9 @@ static void test_model_sample(const char *path) {
  * streams). */
 static void test_model_ahead(const char *path, int pingpong) {
     spx_model *m = NULL;
-    spx_model_params pp = {0, "cuda", 0};
-    pp.pingpong = pingpong;
     spx_session *sa = NULL, *sb = NULL;
     const int64_t n_ctx = 40;
-    spx_session_params sp = {n_ctx, SPX_KV_F16};
-    if (spx_model_open(path, &pp, &m) != SPX_OK) {
-        CHECK(0, "%s: cuda open: %s", path, spx_last_error());
-        return;
-    }
-    CHECK(spx_session_new(m, &sp, &sa) == SPX_OK && spx_session_new(m, &sp, &sb) == SPX_OK, "%s: sessions: %s", path,
-          spx_model_error(m));
-    if (sa && sb) {
+    if (open_two_sessions(path, pingpong, n_ctx, &m, &sa, &sb)) {
         const int64_t V = m->cfg.vocab_size;
         int n_tok = 0, n_diff = 0, first_diff = -1;
         int32_t ta = 0, tb = 0; /* each session's last token */
