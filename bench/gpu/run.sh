@@ -34,6 +34,12 @@
 #                                build, staged there by hand). GEMV_AB: the
 #                                same for bench_gemv (BIN=name another
 #                                bench_gemv), medians per case in the table.
+#   sh bench/gpu/run.sh peer     checks, GEMV, then tg128 of Spectra and of
+#                                llama.cpp (needs $D/peer) on the 1B and 8B
+#                                shapes in ROUNDS (default 3) interleaved
+#                                rounds, each of 3 repetitions: the table has
+#                                every round and the ratio of the medians, so
+#                                drift on the shared machine hits both alike.
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
 #                                one by one under Nsight Compute (8B, 3 tokens;
 #                                NCU_KV=q4: the 4-bit KV cache), time per
@@ -169,7 +175,37 @@ fi
 echo "== GEMV" | tee /dev/fd/3
 timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
 
-if [ "$MODE" = ab ]; then
+# llama.cpp CUDA (built outside this repository, carried xz-compressed in $D/peer) ready in $T, and the
+# Q4_0 GGUFs of the shapes in $W; sets CUDA_LIBS (llama.cpp's cuBLAS); false without $D/peer
+peer_prep() {
+    [ -f $D/peer/llama-bench.xz ] || return 1
+    xz -dc $D/peer/llama-bench.xz > $T/llama-bench 2>/dev/null || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" $D/peer/llama-bench.xz > $T/llama-bench
+    chmod +x $T/llama-bench
+    CUDA_LIBS=$(python3 -c 'import glob,os; print(":".join(sorted({os.path.dirname(p) for p in glob.glob("/usr/local/cuda*/lib*/libcublas.so.13*") + glob.glob("/usr/local/cuda*/targets/*/lib/libcublas.so.13*") + glob.glob("/opt/torch/.venv/lib/python3*/site-packages/nvidia/**/libcublas.so.13*", recursive=True)})))' 2>/dev/null)
+    echo "cuBLAS from: $CUDA_LIBS"
+    for s in llama3-1b llama3-8b; do
+        [ -f $W/$s-q4_0.gguf ] || GGUF_PY=$D/peer/gguf-py python3 $D/make_random_gguf.py --preset $s --type q4_0 -o $W/$s-q4_0.gguf > $T/gguf_$s.log 2>&1 ||
+            { echo "gguf $s failed:"; tail -n 5 $T/gguf_$s.log; } | tee /dev/fd/3
+        [ -f $W/$s.trdc ] || $B/spectra synth --shape $s -o $W/$s.trdc 2>&1 | tail -n 1
+    done
+}
+
+if [ "$MODE" = peer ]; then
+    echo "== tg128, Spectra and llama.cpp in interleaved rounds" | tee /dev/fd/3
+    peer_prep || { echo "peer: no $D/peer/llama-bench.xz" | tee /dev/fd/3; exit 1; }
+    : > "$OUT/bench.jsonl"
+    : > "$OUT/peer.jsonl"
+    for round in $(seq 1 "${ROUNDS:-3}"); do
+        for s in llama3-1b llama3-8b; do
+            timeout 120 $B/spectra bench -m $W/$s.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/pb.err |
+                sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (round $round)\"/" >> "$OUT/bench.jsonl" ||
+                { echo "bench $s failed:"; cat $T/pb.err; } | tee /dev/fd/3
+            LD_LIBRARY_PATH="$CUDA_LIBS:$LD_LIBRARY_PATH" timeout 300 $T/llama-bench -m $W/$s-q4_0.gguf -ngl 99 -p 0 -n 128 -fa 0,1 -r 3 -o jsonl \
+                2> $T/peer_$s.err | sed "s/^{/{\"spx_round\": $round, /" >> "$OUT/peer.jsonl" ||
+                { echo "llama-bench $s failed:"; tail -n 20 $T/peer_$s.err; } | tee /dev/fd/3
+        done
+    done
+elif [ "$MODE" = ab ]; then
     # variant V of an A/B list ("-": none; BIN=name: $D/bin/name, another build staged beside it, instead
     # of PROGRAM): sets v (the environment setting, empty for none) and bin
     variant() {
@@ -239,16 +275,10 @@ elif [ "$MODE" != quick ]; then
     timeout 300 $B/spectra bench -m $W/llama3-8b.trdc --backend cuda --vram-budget 2048 -p 0 -n 32 -r 3 --json --telemetry 2> $T/offload.err |
         tag "vram-budget 2048" >> "$OUT/bench.jsonl" || { echo "offload failed:"; cat $T/offload.err; } | tee /dev/fd/3
     # llama.cpp CUDA on the same shapes, same run (Q4_0, all layers on the GPU)
-    if [ -f $D/peer/llama-bench.xz ]; then
+    if peer_prep; then
         echo "== llama.cpp" | tee /dev/fd/3
-        xz -dc $D/peer/llama-bench.xz > $T/llama-bench 2>/dev/null || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" $D/peer/llama-bench.xz > $T/llama-bench
-        chmod +x $T/llama-bench
-        CUDA_LIBS=$(python3 -c 'import glob,os; print(":".join(sorted({os.path.dirname(p) for p in glob.glob("/usr/local/cuda*/lib*/libcublas.so.13*") + glob.glob("/usr/local/cuda*/targets/*/lib/libcublas.so.13*") + glob.glob("/opt/torch/.venv/lib/python3*/site-packages/nvidia/**/libcublas.so.13*", recursive=True)})))' 2>/dev/null)
-        echo "cuBLAS from: $CUDA_LIBS"
         : > "$OUT/peer.jsonl"
         for s in llama3-1b llama3-8b; do
-            [ -f $W/$s-q4_0.gguf ] || GGUF_PY=$D/peer/gguf-py python3 $D/make_random_gguf.py --preset $s --type q4_0 -o $W/$s-q4_0.gguf > $T/gguf_$s.log 2>&1 ||
-                { echo "gguf $s failed:"; tail -n 5 $T/gguf_$s.log; } | tee /dev/fd/3
             LD_LIBRARY_PATH="$CUDA_LIBS:$LD_LIBRARY_PATH" timeout 300 $T/llama-bench -m $W/$s-q4_0.gguf -ngl 99 -p 512 -n 128 -fa 0,1 -r 5 -o jsonl \
                 >> "$OUT/peer.jsonl" 2> $T/peer_$s.err || { echo "llama-bench $s failed:"; tail -n 20 $T/peer_$s.err; } | tee /dev/fd/3
         done
@@ -301,10 +331,32 @@ if os.path.exists(p):
 p = os.path.join(out, "peer.jsonl")
 if os.path.exists(p):
     print()
-    print("%-26s %4s %6s %10s %10s" % ("llama.cpp (cuda, Q4_0)", "fa", "test", "t/s", "stdev"))
-    for l in open(p):
-        if not l.strip().startswith("{"): continue
-        r = json.loads(l)
+    print("%-26s %5s %4s %6s %10s %10s" % ("llama.cpp (cuda, Q4_0)", "round", "fa", "test", "t/s", "stdev"))
+    peer = [json.loads(l) for l in open(p) if l.strip().startswith("{")]
+    for r in peer:
         test = "pp%d" % r["n_prompt"] if r["n_prompt"] else "tg%d" % r["n_gen"]
-        print("%-26s %4d %6s %10.1f %10.1f" % (os.path.basename(r["model_filename"]), int(r.get("flash_attn", 0)), test, r["avg_ts"], r["stddev_ts"]))
+        print("%-26s %5s %4d %6s %10.1f %10.1f" % (os.path.basename(r["model_filename"]), r.get("spx_round", "-"),
+              int(r.get("flash_attn", 0)), test, r["avg_ts"], r["stddev_ts"]))
+    if any("spx_round" in r for r in peer): # run.sh peer: interleaved rounds, ratio of medians
+        import re, statistics
+        sp = {}
+        for l in open(os.path.join(out, "bench.jsonl")):
+            if not l.strip().startswith("{"): continue
+            r = json.loads(l)
+            m = re.match(r"(.*)\.trdc \(round (\d+)\)$", os.path.basename(r["model"]))
+            if m: sp.setdefault(m.group(1), {})[int(m.group(2))] = r["tg_tps_median"]
+        print()
+        print("%-10s %-24s %-34s %8s %8s" % ("tg128", "Spectra per round", "llama.cpp best of fa 0/1 per round", "median", "ratio"))
+        for shape, byr in sorted(sp.items()):
+            best = {}
+            for r in peer:
+                if os.path.basename(r["model_filename"]).startswith(shape + "-") and r["n_gen"] and "spx_round" in r:
+                    best[r["spx_round"]] = max(best.get(r["spx_round"], 0), r["avg_ts"])
+            rounds = sorted(set(byr) & set(best))
+            if not rounds: continue
+            ms, mp = statistics.median(byr[k] for k in rounds), statistics.median(best[k] for k in rounds)
+            print("%-10s %-24s %-34s %8s %7.2fx" % (shape, " ".join("%.1f" % byr[k] for k in rounds),
+                  " ".join("%.1f" % best[k] for k in rounds), "%.1f/%.1f" % (ms, mp), ms / mp))
+            print("%-10s per-round ratios %s, median %.2fx" % ("", " ".join("%.2f" % (byr[k] / best[k]) for k in rounds),
+                  statistics.median(byr[k] / best[k] for k in rounds)))
 PY
