@@ -512,7 +512,7 @@ struct cu_sess {
     spx_sample_dev *d_samp, *pin_samp; /* sampling parameters and RNG state (device, pinned) */
     cudaGraphExec_t graph_s;           /* the decode step ending with the device sampler */
     int have_graph_s;
-    int32_t *pin;                    /* pinned: [B] ids, [B] pos, [B + 1] next id */
+    int32_t *pin;                    /* pinned: [B] ids, [B] pos (the next id comes back through ring) */
     cudaGraphExec_t graph;
     int have_graph;
     int dev_known;                   /* device pos/ids[0] mirror the fields below */
@@ -676,7 +676,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->attn_cnt, 0, (size_t)c->n_heads * 4, cs->st));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
-    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 2) * 4));
+    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 1) * 4));
     SPX_CUDA_TRY(e, cudaHostAlloc((void **)&cs->ring, 2 * SPX_TOKEN_RING * sizeof *cs->ring, cudaHostAllocMapped));
     memset(cs->ring, 0xff, 2 * SPX_TOKEN_RING * sizeof *cs->ring);
     SPX_CUDA_TRY(e, cudaHostGetDevicePointer((void **)&cs->ring_d, cs->ring, 0));
@@ -1114,17 +1114,22 @@ static spx_status cu_step(spx_session *s, int32_t id, const spx_sampler_params *
     }
     const cudaGraphExec_t g = sp ? cs->graph_s : cs->graph;
     const int64_t p = s->pos;
+    spx_sample_dev want; /* the sampler's parameters and state this step asks for */
+    memset(&want, 0, sizeof want);
+    if (sp) {
+        want.temperature = sp->temperature;
+        want.top_k = sp->top_k;
+        want.top_p = sp->top_p;
+        want.rng = *rng;
+    }
+    const spx_sample_dev &q = cs->pend_samp;
     const int queued = cs->pend && cs->pend_pos == p && cs->pend_tok == id && cs->pend_sampled == (sp != NULL) &&
-                       (!sp || (cs->pend_samp.temperature == sp->temperature && cs->pend_samp.top_k == sp->top_k &&
-                                cs->pend_samp.top_p == sp->top_p && cs->pend_samp.rng == *rng));
+                       (!sp || (q.temperature == want.temperature && q.top_k == want.top_k && q.top_p == want.top_p &&
+                                q.rng == want.rng));
     if (!queued) {
         SPX_TRY(step_input(s, cs, id, e)); /* (drops a queued step) */
         if (sp) {
-            cs->pin_samp->temperature = sp->temperature;
-            cs->pin_samp->top_k = sp->top_k;
-            cs->pin_samp->top_p = sp->top_p;
-            cs->pin_samp->pad = 0;
-            cs->pin_samp->rng = *rng;
+            *cs->pin_samp = want;
             SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_samp, cs->pin_samp, sizeof(spx_sample_dev), cudaMemcpyHostToDevice,
                                             cs->st));
         }
@@ -1149,12 +1154,8 @@ static spx_status cu_step(spx_session *s, int32_t id, const spx_sampler_params *
         cs->pend_pos = p + 1;
         cs->pend_tok = *next;
         cs->pend_sampled = sp != NULL;
-        if (sp) {
-            cs->pend_samp.temperature = sp->temperature;
-            cs->pend_samp.top_k = sp->top_k;
-            cs->pend_samp.top_p = sp->top_p;
-            cs->pend_samp.rng = *rng;
-        }
+        cs->pend_samp = want;
+        cs->pend_samp.rng = sp ? *rng : 0; /* the state the queued draw starts from */
         cs->dev_known = 0;
     } else {
         cs->dev_pos = s->pos;

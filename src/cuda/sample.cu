@@ -21,16 +21,27 @@ __global__ void argmax_kernel(const float *x, int64_t n, unsigned long long *bes
     }
 }
 
-__global__ void argmax_finish_kernel(unsigned long long *best, int32_t *ids, int32_t *pos, unsigned long long *ring) {
-    spx_pdl_wait();
-    const int32_t id = spx_argmax_key_index(*best), p = pos[0];
+/* The end of a decode step (one thread): id becomes the next input, the
+ * position advances, and with ring (mapped host memory, read by the host
+ * once an event after this kernel completes) the token is reported there;
+ * rng: also the sampler's state after its draw. */
+__device__ __forceinline__ void step_publish(int32_t id, int32_t *ids, int32_t *pos, unsigned long long *ring,
+                                             const unsigned long long *rng) {
+    const int32_t p = pos[0];
     ids[0] = id;
     pos[0] = p + 1;
-    *best = 0;
-    if (ring) { /* mapped host memory: the host reads it once an event after this kernel completes */
+    if (ring) {
+        if (rng) ring[SPX_TOKEN_RING + (uint32_t)p % SPX_TOKEN_RING] = *rng;
         ring[(uint32_t)p % SPX_TOKEN_RING] = spx_token_ring_entry(p, id);
         __threadfence_system();
     }
+}
+
+__global__ void argmax_finish_kernel(unsigned long long *best, int32_t *ids, int32_t *pos, unsigned long long *ring) {
+    spx_pdl_wait();
+    const int32_t id = spx_argmax_key_index(*best);
+    *best = 0;
+    step_publish(id, ids, pos, ring, nullptr);
 }
 
 cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int n_sm, cudaStream_t st) {
@@ -227,14 +238,7 @@ __global__ void __launch_bounds__(SM_THREADS) sample_topk_kernel(const float *lo
                 break;
             }
         }
-        const int32_t p = pos[0];
-        ids[0] = id;
-        pos[0] = p + 1;
-        if (ring) { /* as argmax_finish, and the RNG state after this draw */
-            ring[SPX_TOKEN_RING + (uint32_t)p % SPX_TOKEN_RING] = st;
-            ring[(uint32_t)p % SPX_TOKEN_RING] = spx_token_ring_entry(p, id);
-            __threadfence_system();
-        }
+        step_publish(id, ids, pos, ring, &st);
     }
 }
 
