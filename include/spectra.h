@@ -101,9 +101,22 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p,
                            spx_session **out);
 void spx_session_free(spx_session *s);
 const char *spx_session_error(const spx_session *s);
-/* Forgets all tokens (the KV cache is reused). */
+/* Forgets all tokens (the KV cache is reused, the recurrent state of
+ * short-convolution and Mamba-2 layers is zeroed). */
 void spx_session_reset(spx_session *s);
 int64_t spx_session_pos(const spx_session *s);
+/* Remembers the recurrent state at the current position (one checkpoint
+ * per session; a later call replaces it). Costs a copy of the state
+ * (nothing for a model without recurrent layers). */
+void spx_session_checkpoint(spx_session *s);
+/* Rewinds to position pos <= the current one: tokens from pos on are
+ * forgotten. Attention-only models rewind to any position (the KV rows
+ * stay and are overwritten). A model with recurrent layers rewinds only to
+ * its checkpoint's position, to 0, or to the current position (the
+ * recurrent state is not kept per token); anything else is SPX_ERR_RANGE
+ * and leaves the session as it was. Speculation checkpoints before a
+ * draft, truncates to the checkpoint and re-feeds the accepted tokens. */
+spx_status spx_session_truncate(spx_session *s, int64_t pos);
 
 /* Feeds n tokens at the current position. logits: NULL, or [vocab] for the
  * last token, or when all_logits != 0, [n, vocab] for every token. */

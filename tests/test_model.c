@@ -192,8 +192,10 @@ static void test_stories(void) {
     spx_model_free(m);
 }
 
-static void test_docllama(void) {
-    const char *dir = tl_shared("models/docllama-58m");
+static void test_docllama(const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", tl_shared("models/"));
+    strncat(dir, name, sizeof dir - strlen(dir) - 1);
     char rp[512], lp[512];
     snprintf(rp, sizeof rp, "%s/reference.json", dir);
     snprintf(lp, sizeof lp, "%s/logits.f32", dir);
@@ -205,10 +207,10 @@ static void test_docllama(void) {
         int32_t *ids = json_ids(cJSON_GetObjectItem(j, "input_ids"), &n);
         int32_t *p = json_ids(cJSON_GetObjectItem(j, "greedy_prompt_ids"), &np);
         int32_t *g = json_ids(cJSON_GetObjectItem(j, "greedy_ids"), &ng);
-        check_logits(m, ids, n, lp, TOL_DOCLLAMA, "docllama-58m");
-        int d = check_greedy(m, p, np, g, ng, "docllama-58m", NULL);
-        CHECK(d == 0, "docllama greedy differs in %d steps", d);
-        printf("docllama-58m greedy: %zu/%zu steps equal\n", ng - (size_t)d, ng);
+        check_logits(m, ids, n, lp, TOL_DOCLLAMA, name);
+        int d = check_greedy(m, p, np, g, ng, name, NULL);
+        CHECK(d == 0, "%s greedy differs in %d steps", name, d);
+        printf("%s greedy: %zu/%zu steps equal\n", name, ng - (size_t)d, ng);
         free(ids);
         free(p);
         free(g);
@@ -279,13 +281,91 @@ static void test_steps(void) {
     spx_model_free(m);
 }
 
+/* The state cache of a hybrid (recurrent + attention layers): a prompt fed
+ * in pieces equals the prompt at once; a checkpoint, a few tokens, a
+ * truncate back to it and the same tokens again give the same logits; a
+ * truncate anywhere else is refused and changes nothing; a reset is a
+ * fresh session. */
+static void test_state_cache(const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", tl_shared("models/"));
+    strncat(dir, name, sizeof dir - strlen(dir) - 1);
+    spx_model *m = open_model(dir);
+    if (!m) return;
+    const int64_t V = spx_model_vocab_size(m);
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+    float *all = malloc(24 * (size_t)V * sizeof(float)), *piece = malloc(24 * (size_t)V * sizeof(float));
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    spx_session *s = NULL;
+    spx_session_params sp = {.kv = SPX_KV_F32};
+    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session");
+    if (s) {
+        CHECK(spx_session_eval(s, ids, 24, all, 1) == SPX_OK, "eval 24");
+        spx_session_reset(s);
+        /* 7 + 1 + 16: the chunked scan, a single step and the chunked scan again, each from the carried state */
+        CHECK(spx_session_eval(s, ids, 7, piece, 1) == SPX_OK && spx_session_eval(s, ids + 7, 1, piece + 7 * V, 1) == SPX_OK &&
+                  spx_session_eval(s, ids + 8, 16, piece + 8 * V, 1) == SPX_OK,
+              "eval in pieces");
+        tl_cmp c = tl_compare(piece, all, 24 * (size_t)V, 1e-4, 1e-4);
+        printf("%-28s pieces vs whole: max |err| %.3g\n", name, c.max_abs);
+        CHECK(c.ok, "%s: the prompt in pieces differs from the whole by %g", name, c.max_abs);
+        spx_session_reset(s);
+        CHECK(spx_session_eval(s, ids, 12, NULL, 0) == SPX_OK, "eval 12");
+        spx_session_checkpoint(s);
+        CHECK(spx_session_eval(s, ids + 12, 5, a, 0) == SPX_OK, "eval 5");
+        CHECK(spx_session_truncate(s, 14) == SPX_ERR_RANGE && spx_session_pos(s) == 17,
+              "truncate to a position that is not the checkpoint is refused and leaves the session");
+        CHECK(spx_session_truncate(s, 12) == SPX_OK && spx_session_pos(s) == 12, "truncate to the checkpoint");
+        CHECK(spx_session_eval(s, ids + 12, 5, b, 0) == SPX_OK, "eval 5 again");
+        CHECK(!memcmp(a, b, (size_t)V * sizeof(float)), "%s: logits after truncate + re-feed differ", name);
+        CHECK(spx_session_truncate(s, 18) == SPX_ERR_RANGE, "truncate past the position");
+        CHECK(spx_session_truncate(s, 0) == SPX_OK && spx_session_pos(s) == 0, "truncate to 0");
+        CHECK(spx_session_eval(s, ids, 24, piece, 1) == SPX_OK, "eval after reset");
+        CHECK(!memcmp(piece, all, 24 * (size_t)V * sizeof(float)), "%s: a reset session differs from a fresh one", name);
+    }
+    spx_session_free(s);
+    free(all), free(piece), free(a), free(b);
+    spx_model_free(m);
+}
+
+/* Attention-only models rewind to any position (the KV rows are rewritten). */
+static void test_truncate_attention(void) {
+    spx_model *m = open_model(tl_shared("models/tiny-llama3"));
+    if (!m) return;
+    const int64_t V = spx_model_vocab_size(m);
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = (int32_t)((i * 53 + 5) % V);
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    spx_session *s = NULL;
+    spx_session_params sp = {.kv = SPX_KV_F32};
+    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session");
+    if (s) {
+        CHECK(spx_session_eval(s, ids, 20, a, 0) == SPX_OK, "eval");
+        CHECK(spx_session_truncate(s, 9) == SPX_OK && spx_session_pos(s) == 9, "truncate to 9 without a checkpoint");
+        CHECK(spx_session_eval(s, ids + 9, 11, b, 0) == SPX_OK, "re-feed");
+        CHECK(!memcmp(a, b, (size_t)V * sizeof(float)), "attention model: logits after truncate + re-feed differ");
+    }
+    spx_session_free(s);
+    free(a), free(b);
+    spx_model_free(m);
+}
+
 int main(void) {
     test_tiny("tiny-llama3");
     test_tiny("tiny-qwen2");
     test_tiny("tiny-qwen3");
     test_tiny("tiny-mistral");
+    test_tiny("tiny-lfm2");
+    test_tiny("tiny-granite4");
+    test_tiny("tiny-nemotronh");
+    test_state_cache("tiny-lfm2");
+    test_state_cache("tiny-granite4");
+    test_state_cache("tiny-nemotronh");
+    test_truncate_attention();
     test_stories();
-    test_docllama();
+    test_docllama("docllama-58m");
+    test_docllama("docllama-long");
     test_steps();
     return tl_finish("test_model");
 }

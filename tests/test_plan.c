@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -71,10 +72,15 @@ static void make_big(big_model *b) {
     c->hidden_size = 4096, c->intermediate_size = 14336, c->n_layers = 32;
     c->n_heads = 32, c->n_kv_heads = 8, c->head_dim = 128, c->vocab_size = 128256, c->max_pos = 8192;
     snprintf(c->arch_name, sizeof c->arch_name, "LlamaForCausalLM");
+    c->rope = true, c->attn_scale = 1.0f / sqrtf(128.0f);
+    c->embed_mult = c->residual_mult = c->logits_div = 1.0f;
+    c->n_attn_layers = 32;
     for (int l = 0; l < 32; l++) {
+        c->mixer[l] = SPX_MIX_ATTN, c->ffn[l] = SPX_FFN_SWIGLU;
         spx_layer *L = &b->layers[l];
-        L->wq = qmat(4096, 4096), L->wk = qmat(1024, 4096), L->wv = qmat(1024, 4096), L->wo = qmat(4096, 4096);
-        L->w_gate = qmat(14336, 4096), L->w_up = qmat(14336, 4096), L->w_down = qmat(4096, 14336);
+        L->w[SPX_SL_Q] = qmat(4096, 4096), L->w[SPX_SL_K] = qmat(1024, 4096), L->w[SPX_SL_V] = qmat(1024, 4096);
+        L->w[SPX_SL_O] = qmat(4096, 4096);
+        L->w[SPX_SL_GATE] = qmat(14336, 4096), L->w[SPX_SL_UP] = qmat(14336, 4096), L->w[SPX_SL_DOWN] = qmat(4096, 14336);
     }
     b->m.layers = b->layers;
     b->m.embed = qmat(128256, 4096);
@@ -250,14 +256,28 @@ static void test_backend_choice(spx_model *m) {
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_ERR_ARG && strstr(e.msg, "tpu"), "%s", e.msg);
 
     /* one dense matrix: not a 4-bit model, so cpu */
-    spx_wmat keep = m->layers[3].w_up;
-    m->layers[3].w_up.kind = SPX_WM_DENSE;
-    m->layers[3].w_up.dtype = SPX_DT_BF16;
+    spx_wmat keep = m->layers[3].w[SPX_SL_UP];
+    m->layers[3].w[SPX_SL_UP].kind = SPX_WM_DENSE;
+    m->layers[3].w[SPX_SL_UP].dtype = SPX_DT_BF16;
     r.backend = NULL;
     CHECK(!spx_plan_model_quantized(m), "dense detected");
     CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK && !strcmp(p.backend, "cpu") && strstr(p.why_backend, "dense"), "%s",
           p.why_backend);
-    m->layers[3].w_up = keep;
+    m->layers[3].w[SPX_SL_UP] = keep;
+
+    /* a block kind the CUDA backend does not implement: auto runs on the
+     * CPU and says why, an explicit cuda is refused */
+    m->cfg.mixer[5] = SPX_MIX_MAMBA2;
+    CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK && !strcmp(p.backend, "cpu") && strstr(p.why_backend, "layer 5 is mamba2"),
+          "%s", p.why_backend);
+    r.backend = "cuda";
+    CHECK(plan(&hw, m, &r, &p, &e) == SPX_ERR_UNSUPPORTED && strstr(e.msg, "attention + SwiGLU"), "%s", e.msg);
+    r.backend = NULL;
+    m->cfg.mixer[5] = SPX_MIX_ATTN;
+    m->cfg.logits_div = 2.0f;
+    CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK && !strcmp(p.backend, "cpu") && strstr(p.why_backend, "scales"), "%s",
+          p.why_backend);
+    m->cfg.logits_div = 1.0f;
 }
 
 static void test_cpu(spx_model *m) {

@@ -2,6 +2,7 @@
 #include "engine/session.h"
 #include "core/util.h"
 #include "engine/backend.h"
+#include "cpu/ssm.h"
 #include "format/trdc_source.h"
 
 #include <stdio.h>
@@ -90,14 +91,7 @@ spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model
 
 void spx_model_free(spx_model *m) {
     if (!m) return;
-    if (m->layers) {
-        for (int64_t l = 0; l < m->cfg.n_layers; l++) {
-            spx_layer *L = &m->layers[l];
-            float *v[] = {L->attn_norm, L->mlp_norm, L->q_norm, L->k_norm, L->bq,    L->bk,
-                          L->bv,        L->bo,       L->b_gate, L->b_up,  L->b_down};
-            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
-        }
-    }
+    spx_model_free_layers(m);
     if (m->be) m->be->model_free(m);
     free(m->layers);
     free(m->final_norm);
@@ -162,12 +156,25 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     if (!s) return spx_fail(&m->err, SPX_ERR_NOMEM, "out of memory for a session");
     s->m = m;
     s->n_ctx = n_ctx;
-    size_t B = (size_t)spx_batch_max(m), H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t B = (size_t)spx_batch_max(m), H = (size_t)c->hidden_size;
+    size_t I = (size_t)c->intermediate_size * (c->gate_up_fused ? 2 : 1); /* the fused gate+up output */
     const int host = !m->be->device; /* the CPU backend computes in these buffers; a device backend has its own */
     size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
     size_t th = (size_t)spx_pool_size(m->pool);
     int fail = 0;
-    if (spx_kv_init(&s->kv, p ? p->kv : SPX_KV_DEFAULT, c->n_layers, host ? n_ctx : 0, (int64_t)kvd, c->head_dim,
+    /* widest recurrent projection (short conv: 3 H; Mamba-2: its in_proj) and
+     * widest input of an output projection (attention q width, Mamba-2 d_inner) */
+    size_t proj = 0, att = qd;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        if (c->mixer[l] == SPX_MIX_CONV && 3 * H > proj) proj = 3 * H;
+        if (c->mixer[l] == SPX_MIX_MAMBA2) {
+            if ((size_t)spx_ssm_in_rows(c) > proj) proj = (size_t)spx_ssm_in_rows(c);
+            if ((size_t)spx_ssm_d_inner(c) > att) att = (size_t)spx_ssm_d_inner(c);
+        }
+    }
+    if (H > att) att = H;
+    s->ckpt_pos = -1;
+    if (spx_kv_init(&s->kv, p ? p->kv : SPX_KV_DEFAULT, c->n_attn_layers, host ? n_ctx : 0, (int64_t)kvd, c->head_dim,
                     &m->err) !=
         SPX_OK) {
         free(s);
@@ -179,7 +186,14 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
         s->q = alloc_f(B * qd, &fail);
         s->k = alloc_f(B * kvd, &fail);
         s->v = alloc_f(B * kvd, &fail);
-        s->att = alloc_f(B * qd, &fail);
+        s->att = alloc_f(B * att, &fail);
+        if (proj) s->proj = alloc_f(B * proj, &fail);
+        for (int64_t l = 0; l < c->n_layers; l++)
+            if (c->mixer[l] == SPX_MIX_MAMBA2) {
+                spx_ssd_args a = {c->ssm_heads, c->ssm_head_dim, c->ssm_state, c->ssm_groups, 0, 0, 0, 0, 0};
+                s->ssd_work = alloc_f((size_t)spx_ssd_chunked_work(&a, c->ssm_chunk), &fail);
+                break;
+            }
         s->gate = alloc_f(B * I, &fail);
         s->up = alloc_f(B * I, &fail);
         /* up to 4 heads of a GQA group per attention job (what the avx2
@@ -192,6 +206,10 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     }
     spx_cpu_ctx_init(&s->cpu, m->pool, m->qk);
     s->logits = alloc_f(B * (size_t)c->vocab_size, &fail);
+    if (m->state_floats) {
+        s->state = alloc_f((size_t)m->state_floats, &fail);
+        s->state_ckpt = alloc_f((size_t)m->state_floats, &fail);
+    }
     if (fail) {
         spx_session_free(s);
         return spx_fail(&m->err, SPX_ERR_NOMEM, "out of memory for a %lld-token session", (long long)n_ctx);
@@ -210,15 +228,49 @@ void spx_session_free(spx_session *s) {
     if (s->be_ready) s->m->be->session_free(s);
     spx_kv_free(&s->kv);
     spx_cpu_ctx_free(&s->cpu);
-    float *v[] = {s->h,           s->x,      s->q,     s->k, s->v,
-                  s->att,     s->gate,    s->up, s->scores, s->logits};
+    float *v[] = {s->h,    s->x,      s->q,      s->k,     s->v,     s->att,        s->gate,
+                  s->up,   s->proj,   s->ssd_work, s->scores, s->logits, s->state, s->state_ckpt};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
     free(s);
 }
 
 const char *spx_session_error(const spx_session *s) { return s->err.msg; }
-void spx_session_reset(spx_session *s) { s->pos = 0; }
+void spx_session_reset(spx_session *s) {
+    s->pos = 0;
+    if (s->state) memset(s->state, 0, (size_t)s->m->state_floats * sizeof(float));
+}
+
 int64_t spx_session_pos(const spx_session *s) { return s->pos; }
+
+void spx_session_checkpoint(spx_session *s) {
+    if (s->state) memcpy(s->state_ckpt, s->state, (size_t)s->m->state_floats * sizeof(float));
+    s->ckpt_pos = s->pos;
+}
+
+spx_status spx_session_truncate(spx_session *s, int64_t pos) {
+    spx_err_clear(&s->err);
+    if (pos < 0 || pos > s->pos)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "truncate: position %lld is outside 0..%lld", (long long)pos,
+                        (long long)s->pos);
+    if (pos == s->pos) return SPX_OK;
+    if (pos == 0) {
+        spx_session_reset(s);
+        return SPX_OK;
+    }
+    if (s->state) {
+        if (s->ckpt_pos < 0)
+            return spx_fail(&s->err, SPX_ERR_RANGE,
+                            "truncate: the recurrent layers' state can go back only to a checkpoint or 0, and there is "
+                            "no checkpoint (spx_session_checkpoint)");
+        if (pos != s->ckpt_pos)
+            return spx_fail(&s->err, SPX_ERR_RANGE,
+                            "truncate: the recurrent layers' state can go back only to the checkpoint (position %lld) "
+                            "or 0, not to %lld", (long long)s->ckpt_pos, (long long)pos);
+        memcpy(s->state, s->state_ckpt, (size_t)s->m->state_floats * sizeof(float));
+    }
+    s->pos = pos;
+    return SPX_OK;
+}
 
 spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n, float *logits, int all_logits) {
     spx_err_clear(&s->err);

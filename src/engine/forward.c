@@ -1,24 +1,35 @@
-/* forward.c: the reference forward pass of a Llama-family decoder over a
- * batch of tokens, float32 arithmetic on weights of any stored kind.
+/* forward.c: the reference forward pass over a batch of tokens, float32
+ * arithmetic on weights of any stored kind, as a sequence of blocks read
+ * from the model description (model/arch.h):
  *
- *   h = embed[ids]
- *   per layer: x = rmsnorm(h); q,k,v = x W^T (+b); [qk-norm]; rope(q,k);
- *              append k,v to the cache; a = causal GQA attention; h += a Wo^T
- *              x = rmsnorm(h); h += down(silu(gate x) * up x)
- *   logits = rmsnorm(h) Wlm^T
+ *   h = embed[ids] * embed_mult
+ *   per layer l: if mixer[l]: x = rmsnorm(h, mix_norm); h += r * mixer(x)
+ *                if ffn[l]:   x = rmsnorm(h, ffn_norm); h += r * ffn(x)
+ *   logits = rmsnorm(h, final_norm) Wlm^T / logits_div
+ *
+ * Blocks (each reads its normed input in s->x [n, H] and leaves its output
+ * there):
+ *   attention:  q,k,v = x W^T (+b); [per-head qk-norm]; [rope]; append k,v
+ *               to the KV cache; causal GQA attention; o_proj
+ *   short conv: B, C, u = x Win^T; y = C * conv(B * u) with the conv state;
+ *               out_proj (LFM2)
+ *   Mamba-2:    z, xBC, dt = x Win^T; xBC = silu(conv(xBC)); y = SSD(x, dt,
+ *               B, C) with the SSM state; y = gatednorm(y, z); out_proj
+ *   SwiGLU:     down(silu(gate x) * up x);  ReLU^2: down(relu(up x)^2)
  *
  * Plain and obviously right: this is what every faster backend is checked
  * against. Matrix products are split over threads by output row;
  * attention by (token, head). */
 #include "engine/session.h"
 #include "cpu/ops.h"
+#include "cpu/ssm.h"
 
 #include <math.h>
 #include <string.h>
 
 typedef struct {
     spx_session *s;
-    int64_t layer, n, pos0;
+    int64_t kv_layer, n, pos0;
 } attn_job;
 
 /* Jobs of (token, KV head, up to attn_gs of its query heads), dealt to
@@ -31,11 +42,10 @@ static void attn_task(void *arg, int tid, int nth) {
     const spx_config *c = &s->m->cfg;
     int64_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     int64_t group = nh / nkv, gs = s->attn_gs, parts = (group + gs - 1) / gs;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = c->attn_scale;
     float *sc = s->scores + (size_t)tid * (size_t)gs * (size_t)s->n_ctx;
     /* round robin, not ranges: a causal prompt's later tokens have more
-     * keys, so contiguous ranges gave the last thread the most work (3/4
-     * of it with two threads) */
+     * keys, so contiguous ranges gave the last thread the most work */
     for (int64_t w = tid; w < j->n * nkv * parts; w += nth) {
         int64_t t = w / (nkv * parts), kvh = (w / parts) % nkv, h0 = kvh * group + (w % parts) * gs;
         int64_t left = (kvh + 1) * group - h0; /* the group's heads from h0 on */
@@ -44,57 +54,151 @@ static void attn_task(void *arg, int tid, int nth) {
         int64_t start = 0;
         if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;
         const float *q = s->q + t * nh * hd + h0 * hd;
-        spx_kv_scores_g(&s->kv, s->cpu.qk, j->layer, kvh, G, q, hd, start, p + 1, scale, sc, s->n_ctx);
+        spx_kv_scores_g(&s->kv, s->cpu.qk, j->kv_layer, kvh, G, q, hd, start, p + 1, scale, sc, s->n_ctx);
         for (int g = 0; g < G; g++) s->cpu.qk->softmax(sc + (size_t)g * (size_t)s->n_ctx, p + 1 - start);
-        spx_kv_weighted_v_g(&s->kv, s->cpu.qk, j->layer, kvh, G, sc, s->n_ctx, start, p + 1,
+        spx_kv_weighted_v_g(&s->kv, s->cpu.qk, j->kv_layer, kvh, G, sc, s->n_ctx, start, p + 1,
                             s->att + t * nh * hd + h0 * hd, hd);
     }
+}
+
+/* ---- blocks ---------------------------------------------------------------- */
+
+static spx_status blk_attention(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
+    const spx_model *m = s->m;
+    const spx_config *c = &m->cfg;
+    int64_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd, kvd = nkv * hd;
+    {
+        const spx_wmat *w[3] = {&L->w[SPX_SL_Q], &L->w[SPX_SL_K], &L->w[SPX_SL_V]};
+        float *y[3] = {s->q, s->k, s->v};
+        const float *b[3] = {L->v[SPX_SL_BQ], L->v[SPX_SL_BK], L->v[SPX_SL_BV]};
+        SPX_TRY(spx_cpu_matmul_n(&s->cpu, 3, w, s->x, n, y, b, e));
+    }
+    for (int64_t t = 0; t < n; t++) {
+        float *q = s->q + t * qd, *k = s->k + t * kvd;
+        if (L->v[SPX_SL_Q_NORM]) {
+            for (int64_t h = 0; h < nh; h++) spx_cpu_rmsnorm(q + h * hd, q + h * hd, L->v[SPX_SL_Q_NORM], hd, c->rms_eps);
+            for (int64_t h = 0; h < nkv; h++) spx_cpu_rmsnorm(k + h * hd, k + h * hd, L->v[SPX_SL_K_NORM], hd, c->rms_eps);
+        }
+        if (c->rope) {
+            spx_cpu_rope(q, nh, hd, pos0 + t, m->rope_inv_freq);
+            spx_cpu_rope(k, nkv, hd, pos0 + t, m->rope_inv_freq);
+        }
+        spx_kv_store(&s->kv, L->kv_index, pos0 + t, k, s->v + t * kvd);
+    }
+    attn_job aj = {s, L->kv_index, n, pos0};
+    spx_pool_run(m->pool, attn_task, &aj);
+    return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_O], s->att, n, s->x, L->v[SPX_SL_BO], e);
+}
+
+/* LFM2 short convolution: proj[t] = [B | C | u], each H wide. */
+static spx_status blk_shortconv(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
+    const spx_config *c = &s->m->cfg;
+    int64_t H = c->hidden_size, R = 3 * H;
+    float *proj = s->proj;
+    SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_CONV_IN], s->x, n, proj, L->v[SPX_SL_CONV_IN_B], e));
+    for (int64_t t = 0; t < n; t++) {
+        float *B = proj + t * R, *u = B + 2 * H;
+        for (int64_t i = 0; i < H; i++) B[i] *= u[i]; /* B * u, in B's place */
+    }
+    spx_cpu_conv_causal(proj, R, n, H, L->v[SPX_SL_CONV_W], L->v[SPX_SL_CONV_B], c->conv_kernel,
+                        s->state + L->state_off, 0, proj, R);
+    for (int64_t t = 0; t < n; t++) {
+        const float *y = proj + t * R, *C = y + H;
+        float *o = s->att + t * H;
+        for (int64_t i = 0; i < H; i++) o[i] = C[i] * y[i];
+    }
+    return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_CONV_OUT], s->att, n, s->x, L->v[SPX_SL_CONV_OUT_B], e);
+}
+
+/* Mamba-2: proj[t] = [z (di) | x B C (cd) | dt (heads)]; the conv state
+ * [cd, K-1] comes first in the layer's state, the SSM state [heads, P, N]
+ * after it. */
+static spx_status blk_mamba2(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
+    const spx_config *c = &s->m->cfg;
+    int64_t di = spx_ssm_d_inner(c), cd = spx_ssm_conv_dim(c), R = spx_ssm_in_rows(c);
+    int64_t GN = c->ssm_groups * c->ssm_state;
+    float *proj = s->proj, *conv_state = s->state + L->state_off;
+    float *ssm_state = conv_state + cd * (c->ssm_conv_kernel - 1);
+    SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_SSM_IN], s->x, n, proj, L->v[SPX_SL_SSM_IN_B], e));
+    float *xbc = proj + di;
+    spx_cpu_conv_causal(xbc, R, n, cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B], c->ssm_conv_kernel,
+                        conv_state, 1, xbc, R);
+    spx_ssd_args a = {c->ssm_heads, c->ssm_head_dim, c->ssm_state, c->ssm_groups,
+                      L->v[SPX_SL_SSM_A_LOG], L->v[SPX_SL_SSM_D], L->v[SPX_SL_SSM_DT_BIAS], c->ssm_dt_lo, c->ssm_dt_hi};
+    const float *dt = proj + di + cd, *B = xbc + di, *C = B + GN;
+    if (n == 1) spx_cpu_ssd_step(&a, xbc, dt, B, C, ssm_state, s->att);
+    else spx_cpu_ssd_chunked(&a, xbc, dt, B, C, R, n, c->ssm_chunk, ssm_state, s->att, di, s->ssd_work);
+    for (int64_t t = 0; t < n; t++)
+        spx_cpu_rmsnorm_gated(s->att + t * di, s->att + t * di, proj + t * R, L->v[SPX_SL_SSM_NORM], di,
+                              c->ssm_norm_group, c->rms_eps);
+    return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_SSM_OUT], s->att, n, s->x, L->v[SPX_SL_SSM_OUT_B], e);
+}
+
+static spx_status blk_ffn(spx_session *s, const spx_layer *L, int kind, int64_t n, spx_err *e) {
+    const spx_config *c = &s->m->cfg;
+    int64_t I = c->intermediate_size;
+    if (kind == SPX_FFN_RELU2) {
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_UP], s->x, n, s->gate, L->v[SPX_SL_B_UP], e));
+        for (int64_t i = 0; i < n * I; i++) {
+            float r = s->gate[i] > 0 ? s->gate[i] : 0;
+            s->gate[i] = r * r;
+        }
+    } else if (c->gate_up_fused) {
+        /* [n, 2I] gate-then-up rows compacted in place to silu(g) * u [n, I]:
+         * row t's writes [tI, tI + I) never reach unread input of a later row */
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_GATE_UP], s->x, n, s->gate, NULL, e));
+        for (int64_t t = 0; t < n; t++) {
+            const float *g = s->gate + t * 2 * I, *u = g + I;
+            float *o = s->gate + t * I;
+            for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        }
+    } else {
+        const spx_wmat *w[2] = {&L->w[SPX_SL_GATE], &L->w[SPX_SL_UP]};
+        float *y[2] = {s->gate, s->up};
+        const float *b[2] = {L->v[SPX_SL_B_GATE], L->v[SPX_SL_B_UP]};
+        SPX_TRY(spx_cpu_matmul_n(&s->cpu, 2, w, s->x, n, y, b, e));
+        spx_cpu_silu_mul(s->gate, s->up, n * I);
+    }
+    return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_DOWN], s->gate, n, s->x, L->v[SPX_SL_B_DOWN], e);
+}
+
+static void add_residual(float *h, const float *x, int64_t n, float r) {
+    if (r == 1.0f)
+        for (int64_t i = 0; i < n; i++) h[i] += x[i];
+    else
+        for (int64_t i = 0; i < n; i++) h[i] += r * x[i];
 }
 
 spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
     spx_model *m = s->m;
     const spx_config *c = &m->cfg;
-    int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd, kvd = nkv * hd;
+    int64_t H = c->hidden_size;
     /* batch size, context room and token ids were checked by
      * spx_session_forward (backend.c) for every backend */
     int64_t pos0 = s->pos;
     for (int64_t t = 0; t < n; t++) spx_wmat_row_f32(&m->embed, ids[t], s->h + t * H);
+    if (c->embed_mult != 1.0f)
+        for (int64_t i = 0; i < n * H; i++) s->h[i] *= c->embed_mult;
 
     for (int64_t l = 0; l < c->n_layers; l++) {
         const spx_layer *L = &m->layers[l];
-        for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->attn_norm, H, c->rms_eps);
-        {
-            const spx_wmat *w[3] = {&L->wq, &L->wk, &L->wv};
-            float *y[3] = {s->q, s->k, s->v};
-            const float *b[3] = {L->bq, L->bk, L->bv};
-            SPX_TRY(spx_cpu_matmul_n(&s->cpu, 3, w, s->x, n, y, b, e));
-        }
-        for (int64_t t = 0; t < n; t++) {
-            float *q = s->q + t * qd, *k = s->k + t * kvd;
-            if (c->qk_norm) {
-                for (int64_t h = 0; h < nh; h++) spx_cpu_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->rms_eps);
-                for (int64_t h = 0; h < nkv; h++) spx_cpu_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->rms_eps);
+        if (c->mixer[l] != SPX_MIX_NONE) {
+            for (int64_t t = 0; t < n; t++)
+                spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->v[SPX_SL_MIX_NORM], H, c->rms_eps);
+            switch (c->mixer[l]) {
+            case SPX_MIX_ATTN: SPX_TRY(blk_attention(s, L, n, pos0, e)); break;
+            case SPX_MIX_CONV: SPX_TRY(blk_shortconv(s, L, n, e)); break;
+            case SPX_MIX_MAMBA2: SPX_TRY(blk_mamba2(s, L, n, e)); break;
+            default: return spx_fail(e, SPX_ERR_UNSUPPORTED, "layer %lld: unknown mixer kind %d", (long long)l, c->mixer[l]);
             }
-            spx_cpu_rope(q, nh, hd, pos0 + t, m->rope_inv_freq);
-            spx_cpu_rope(k, nkv, hd, pos0 + t, m->rope_inv_freq);
-            spx_kv_store(&s->kv, l, pos0 + t, k, s->v + t * kvd);
+            add_residual(s->h, s->x, n * H, c->residual_mult);
         }
-        attn_job aj = {s, l, n, pos0};
-        spx_pool_run(m->pool, attn_task, &aj);
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->wo, s->att, n, s->x, L->bo, e));
-        for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
-
-        for (int64_t t = 0; t < n; t++) spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->mlp_norm, H, c->rms_eps);
-        {
-            const spx_wmat *w[2] = {&L->w_gate, &L->w_up};
-            float *y[2] = {s->gate, s->up};
-            const float *b[2] = {L->b_gate, L->b_up};
-            SPX_TRY(spx_cpu_matmul_n(&s->cpu, 2, w, s->x, n, y, b, e));
+        if (c->ffn[l] != SPX_FFN_NONE) {
+            for (int64_t t = 0; t < n; t++)
+                spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->v[SPX_SL_FFN_NORM], H, c->rms_eps);
+            SPX_TRY(blk_ffn(s, L, c->ffn[l], n, e));
+            add_residual(s->h, s->x, n * H, c->residual_mult);
         }
-        spx_cpu_silu_mul(s->gate, s->up, n * I);
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w_down, s->gate, n, s->x, L->b_down, e));
-        for (int64_t i = 0; i < n * H; i++) s->h[i] += s->x[i];
     }
     s->pos += n;
     if (want_logits) {
@@ -102,6 +206,10 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
         for (int64_t t = first; t < n; t++)
             spx_cpu_rmsnorm(s->x + (t - first) * H, s->h + t * H, m->final_norm, H, c->rms_eps);
         SPX_TRY(spx_cpu_matmul(&s->cpu, &m->lm_head, s->x, n - first, s->logits, NULL, e));
+        if (c->logits_div != 1.0f) {
+            int64_t k = (n - first) * c->vocab_size;
+            for (int64_t i = 0; i < k; i++) s->logits[i] /= c->logits_div;
+        }
     }
     return SPX_OK;
 }

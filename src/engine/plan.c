@@ -25,19 +25,10 @@ static void say(char *dst, const char *fmt, ...) {
 
 uint64_t spx_plan_layer_bytes(const spx_model *m, int64_t l) {
     if (!m->layers || l < 0 || l >= m->cfg.n_layers) return 0;
-    const spx_config *c = &m->cfg;
-    const spx_layer *L = &m->layers[l];
-    const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    uint64_t b = 0;
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) b += spx_wmat_bytes(w[i]);
-    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size, hd = (uint64_t)c->head_dim;
-    uint64_t qd = (uint64_t)c->n_heads * hd, kvd = (uint64_t)c->n_kv_heads * hd;
-    uint64_t floats = 2 * H; /* input and post-attention norm gains */
-    if (c->qk_norm) floats += 2 * hd;
-    if (c->qkv_bias) floats += qd + 2 * kvd;
-    if (c->o_bias) floats += H;
-    if (c->mlp_bias) floats += 2 * I + H;
-    return b + 4 * floats;
+    uint64_t floats = 0;
+    for (int s = 0; s < SPX_SL_COUNT; s++)
+        if (!spx_slots[s].mat) floats += (uint64_t)spx_slot_numel(&m->cfg, l, (spx_slot)s);
+    return spx_layer_matrix_bytes(&m->layers[l]) + 4 * floats;
 }
 
 uint64_t spx_plan_global_bytes(const spx_model *m) {
@@ -79,12 +70,9 @@ uint64_t spx_plan_cuda_scratch_bytes(const spx_model *m, int64_t n_ctx) {
 
 bool spx_plan_model_quantized(const spx_model *m) {
     if (!m->layers || m->cfg.n_layers <= 0) return false;
-    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
-        const spx_layer *L = &m->layers[l];
-        const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-            if (w[i]->kind != SPX_WM_QUANT) return false;
-    }
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++)
+            if (spx_slots[s].mat && m->layers[l].w[s].rows && m->layers[l].w[s].kind != SPX_WM_QUANT) return false;
     return true;
 }
 
@@ -130,7 +118,7 @@ typedef struct level {
 } level;
 
 static uint64_t per_token(const plan_ctx *p, spx_kv_type kv) {
-    return (uint64_t)spx_kv_bytes_per_token(kv, p->m->cfg.n_layers, p->kvd) + 4 * (uint64_t)p->m->cfg.n_heads;
+    return (uint64_t)spx_kv_bytes_per_token(kv, p->m->cfg.n_attn_layers, p->kvd) + 4 * (uint64_t)p->m->cfg.n_heads;
 }
 
 /* Largest context with fixed + T * per_token <= budget, capped; 0 if none. */
@@ -171,7 +159,7 @@ static void explain_kv_ctx(const plan_ctx *p, spx_plan *o, const char *where) {
         say(o->why_kv, "%s: requested (--kv)", spx_kv_type_name(o->kv));
     else if (o->kv == SPX_KV_Q4)
         say(o->why_kv, "q4: f16 KV for %lld tokens (%.1f MiB) does not fit %s; q4 needs %.1f MiB", (long long)o->n_ctx,
-            mib((uint64_t)o->n_ctx * spx_kv_bytes_per_token(SPX_KV_F16, c->n_layers, p->kvd)), where, mib(o->kv_bytes));
+            mib((uint64_t)o->n_ctx * spx_kv_bytes_per_token(SPX_KV_F16, c->n_attn_layers, p->kvd)), where, mib(o->kv_bytes));
     else if (p->n_kvs == 1)
         say(o->why_kv, "f16: fits (%.1f MiB); q4 would need head_dim %% 32 == 0 (it is %lld)", mib(o->kv_bytes),
             (long long)c->head_dim);
@@ -198,7 +186,7 @@ static void fill_common(const plan_ctx *p, spx_plan *o, const level *lv, spx_kv_
     o->n_ctx = T;
     o->n_ctx_max = fit_ctx(p, lv->fixed, kv);
     if (o->n_ctx_max < T) o->n_ctx_max = T;
-    o->kv_bytes_per_token = spx_kv_bytes_per_token(kv, p->m->cfg.n_layers, p->kvd);
+    o->kv_bytes_per_token = spx_kv_bytes_per_token(kv, p->m->cfg.n_attn_layers, p->kvd);
     o->kv_bytes = o->kv_bytes_per_token * (uint64_t)T;
     o->scratch_bytes = p->S0 + 4 * (uint64_t)p->m->cfg.n_heads * (uint64_t)T;
     o->planned_bytes = lv->fixed + per_token(p, kv) * (uint64_t)T;
@@ -222,7 +210,7 @@ static spx_status no_fit(const plan_ctx *p, const level *lv, int n_lv, spx_err *
                         "a %lld-token context does not fit the %.1f MiB %s budget (%s) even with %s KV (%.1f MiB); "
                         "the largest that fits is %lld (%s, %s KV): use --ctx %lld",
                         (long long)p->T, mib(p->budget), mem, p->budget_src, spx_kv_type_name(p->kvs[p->n_kvs - 1]),
-                        mib(spx_kv_bytes_per_token(p->kvs[p->n_kvs - 1], p->m->cfg.n_layers, p->kvd) * (uint64_t)p->T),
+                        mib(spx_kv_bytes_per_token(p->kvs[p->n_kvs - 1], p->m->cfg.n_attn_layers, p->kvd) * (uint64_t)p->T),
                         (long long)best, spx_residency_name(lv[best_l].res), spx_kv_type_name(best_kv),
                         (long long)best);
     if (last->res == SPX_RES_PINGPONG)
@@ -448,7 +436,7 @@ spx_status spx_plan_make(const spx_hw *hw, const spx_model *m, const spx_plan_re
     if (req->gpu < 0 || (hw->n_gpus > 0 && req->gpu >= hw->n_gpus))
         return spx_fail(e, SPX_ERR_ARG, "--gpu %d: this machine has %d GPU(s)", (int)req->gpu, (int)hw->n_gpus);
     bool quant = spx_plan_model_quantized(m);
-    char why[SPX_PLAN_REASON_MAX] = "";
+    char why[SPX_PLAN_REASON_MAX] = "", why_arch[160] = "";
     bool use_gpu = false;
     if (!strcmp(b, "cpu")) {
         say(why, "cpu: requested (--backend cpu)");
@@ -472,6 +460,11 @@ spx_status spx_plan_make(const spx_hw *hw, const spx_model *m, const spx_plan_re
                             "--backend cuda: the CUDA backend runs 4-bit .trdc models and this one has dense matrices "
                             "(make one with spectra compress)");
         say(why, "cpu: the model's matrices are dense (the CUDA backend runs 4-bit .trdc models: spectra compress)");
+    } else if (!spx_arch_is_llama_blocks(c, why_arch, sizeof why_arch)) {
+        if (!is_auto)
+            return spx_fail(e, SPX_ERR_UNSUPPORTED, "--backend cuda: the CUDA backend runs attention + SwiGLU layers only; %s",
+                            why_arch);
+        say(why, "cpu: the CUDA backend runs attention + SwiGLU layers only; %s", why_arch);
     } else {
         use_gpu = true;
     }

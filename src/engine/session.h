@@ -1,4 +1,5 @@
-/* session.h: internal session state (KV cache and scratch). */
+/* session.h: internal session state (KV cache, recurrent state cache,
+ * scratch). */
 #ifndef SPX_SESSION_H
 #define SPX_SESSION_H
 
@@ -22,11 +23,19 @@ struct spx_session {
     /* scratch for up to spx_batch_max(m) tokens (the CPU backend's; a device
      * backend keeps its own and these stay NULL, except logits) */
     float *h, *x, *q, *k, *v, *att, *gate, *up;
+    float *proj;          /* [B, widest recurrent in_proj] (short conv, Mamba-2) or NULL */
+    float *ssd_work;      /* the chunked SSD's scratch (Mamba-2) or NULL */
     spx_cpu_ctx cpu;      /* pool, kernels, matmul scratch */
     float *scores;        /* [threads, attn_gs, n_ctx] */
     int attn_gs;          /* query heads per attention job (a GQA group's share: the fp16 cache's rows
                            * are read once for them) */
     float *logits;        /* [spx_batch_max(m), vocab] */
+    /* The state cache: every recurrent layer's conv and SSM state
+     * (m->state_floats floats at layer offsets L->state_off; zero at
+     * position 0), beside the KV cache, and one checkpoint of it
+     * (spx_session_checkpoint / spx_session_truncate). */
+    float *state, *state_ckpt;
+    int64_t ckpt_pos;     /* position of the checkpoint, -1: none */
     void *be_state;       /* backend's per-session state (device KV, graphs) */
     int be_ready;         /* session_init succeeded (session_free owed) */
     spx_err err;

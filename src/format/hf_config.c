@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Caps that keep a hostile config from asking for absurd allocations. */
@@ -18,6 +19,9 @@ const char *spx_arch_name(spx_arch a) {
     case SPX_ARCH_QWEN2: return "qwen2";
     case SPX_ARCH_QWEN3: return "qwen3";
     case SPX_ARCH_MISTRAL: return "mistral";
+    case SPX_ARCH_LFM2: return "lfm2";
+    case SPX_ARCH_GRANITE4: return "granite4";
+    case SPX_ARCH_NEMOTRON_H: return "nemotron_h";
     }
     return "?";
 }
@@ -147,6 +151,348 @@ static spx_status parse_ids(ctx *c, spx_config *cfg) {
     return SPX_OK;
 }
 
+/* ---- per-layer structure ------------------------------------------------ */
+
+/* Reads a list of per-layer kind names (layer_types / layers_block_type)
+ * into mixer/ffn kinds through `map`; NULL list: *found = 0. */
+typedef struct { const char *name; uint8_t mixer, ffn; } kind_name;
+
+static spx_status parse_kind_list(ctx *c, spx_config *cfg, const char *key, const kind_name *map, int *found) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c->root, key);
+    *found = 0;
+    if (!lt || cJSON_IsNull(lt)) return SPX_OK;
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->n_layers)
+        return spx_fail(c->e, SPX_ERR_FORMAT, "%s: '%s' must be a list of %lld layer kinds", c->label, key,
+                        (long long)cfg->n_layers);
+    int64_t l = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lt) {
+        const kind_name *k = map;
+        if (cJSON_IsString(it))
+            while (k->name && strcmp(k->name, it->valuestring)) k++;
+        if (!cJSON_IsString(it) || !k->name) {
+            char known[256] = "";
+            for (const kind_name *q = map; q->name; q++)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", q == map ? "" : ", ", q->name);
+            return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: '%s[%lld]' is '%s'; supported: %s", c->label, key,
+                            (long long)l, cJSON_IsString(it) ? it->valuestring : "(not a string)", known);
+        }
+        cfg->mixer[l] = k->mixer;
+        cfg->ffn[l] = k->ffn;
+        l++;
+    }
+    *found = 1;
+    return SPX_OK;
+}
+
+static spx_status need_act(ctx *c, const char *key, const char *want, bool required) {
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(c->root, key);
+    if (!act || cJSON_IsNull(act)) {
+        if (required) return spx_fail(c->e, SPX_ERR_FORMAT, "%s: missing required field '%s'", c->label, key);
+        return SPX_OK;
+    }
+    if (!cJSON_IsString(act) || strcmp(act->valuestring, want))
+        return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: '%s' is '%s'; only %s is supported", c->label, key,
+                        cJSON_IsString(act) ? act->valuestring : "(not a string)", want);
+    return SPX_OK;
+}
+
+/* A number that transformers may write as {"__float__": "Infinity"}
+ * (its JSON encoder's form for non-finite floats). */
+static spx_status get_num_or_inf(ctx *c, const cJSON *v, const char *what, double *out) {
+    if (cJSON_IsNumber(v)) {
+        *out = v->valuedouble;
+        return SPX_OK;
+    }
+    const cJSON *f = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "__float__") : NULL;
+    if (f && cJSON_IsString(f) && !strcmp(f->valuestring, "Infinity")) {
+        *out = INFINITY;
+        return SPX_OK;
+    }
+    return spx_fail(c->e, SPX_ERR_FORMAT, "%s: '%s' must be a number", c->label, what);
+}
+
+/* time_step_limit [lo, hi] (absent: no clamp). */
+static spx_status parse_dt_limit(ctx *c, spx_config *cfg) {
+    cfg->ssm_dt_lo = 0.0f;
+    cfg->ssm_dt_hi = INFINITY;
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(c->root, "time_step_limit");
+    if (!tl || cJSON_IsNull(tl)) return SPX_OK;
+    if (!cJSON_IsArray(tl) || cJSON_GetArraySize(tl) != 2)
+        return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'time_step_limit' must be a list [min, max]", c->label);
+    double lo, hi;
+    SPX_TRY(get_num_or_inf(c, cJSON_GetArrayItem(tl, 0), "time_step_limit[0]", &lo));
+    SPX_TRY(get_num_or_inf(c, cJSON_GetArrayItem(tl, 1), "time_step_limit[1]", &hi));
+    if (!(lo >= 0 && hi > lo))
+        return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'time_step_limit' [%g, %g] must satisfy 0 <= min < max", c->label,
+                        lo, hi);
+    cfg->ssm_dt_lo = (float)lo;
+    cfg->ssm_dt_hi = (float)hi;
+    return SPX_OK;
+}
+
+/* The Mamba-2 shape, from each family's field names; d_inner =
+ * heads * head_dim. */
+typedef struct { const char *heads, *head_dim, *state, *groups, *conv, *chunk; } ssm_keys;
+
+static spx_status parse_ssm(ctx *c, spx_config *cfg, const ssm_keys *k) {
+    const cJSON *r = c->root;
+    SPX_TRY(get_int(c, r, k->heads, true, 1, CAP_HEADS, &cfg->ssm_heads));
+    SPX_TRY(get_int(c, r, k->head_dim, true, 1, CAP_DIM, &cfg->ssm_head_dim));
+    SPX_TRY(get_int(c, r, k->state, true, 1, 4096, &cfg->ssm_state));
+    cfg->ssm_groups = 1;
+    SPX_TRY(get_int(c, r, k->groups, false, 1, CAP_HEADS, &cfg->ssm_groups));
+    cfg->ssm_conv_kernel = 4;
+    SPX_TRY(get_int(c, r, k->conv, false, 1, 64, &cfg->ssm_conv_kernel));
+    cfg->ssm_chunk = 256;
+    SPX_TRY(get_int(c, r, k->chunk, false, 1, 4096, &cfg->ssm_chunk));
+    if (cfg->ssm_heads % cfg->ssm_groups)
+        return spx_fail(c->e, SPX_ERR_FORMAT, "%s: '%s' %lld is not a multiple of '%s' %lld", c->label, k->heads,
+                        (long long)cfg->ssm_heads, k->groups, (long long)cfg->ssm_groups);
+    if (cfg->ssm_heads * cfg->ssm_head_dim > CAP_DIM)
+        return spx_fail(c->e, SPX_ERR_FORMAT, "%s: '%s' * '%s' is too large", c->label, k->heads, k->head_dim);
+    return parse_dt_limit(c, cfg);
+}
+
+static int any_kind(const spx_config *cfg, int mixer, int ffn) {
+    for (int64_t l = 0; l < cfg->n_layers; l++)
+        if ((mixer >= 0 && cfg->mixer[l] == mixer) || (ffn >= 0 && cfg->ffn[l] == ffn)) return 1;
+    return 0;
+}
+
+static void all_layers(spx_config *cfg, spx_mixer_kind m, spx_ffn_kind f) {
+    for (int64_t l = 0; l < cfg->n_layers; l++) cfg->mixer[l] = (uint8_t)m, cfg->ffn[l] = (uint8_t)f;
+}
+
+/* ---- families ------------------------------------------------------------ */
+
+static spx_status parse_llama_family(ctx *c, spx_config *cfg) {
+    const cJSON *root = c->root;
+    SPX_TRY(need_act(c, "hidden_act", "silu", false));
+    SPX_TRY(get_int(c, root, "intermediate_size", true, 1, CAP_DIM, &cfg->intermediate_size));
+    double eps = 1e-6;
+    SPX_TRY(get_num(c, root, "rms_norm_eps", false, 0, 1, &eps));
+    cfg->rms_eps = (float)eps;
+    all_layers(cfg, SPX_MIX_ATTN, SPX_FFN_SWIGLU);
+    bool attn_bias = false, mlp_bias = false;
+    SPX_TRY(get_bool(c, root, "attention_bias", &attn_bias));
+    SPX_TRY(get_bool(c, root, "mlp_bias", &mlp_bias));
+    switch (cfg->arch) {
+    case SPX_ARCH_LLAMA:
+        cfg->qkv_bias = cfg->o_bias = attn_bias;
+        cfg->mlp_bias = mlp_bias;
+        break;
+    case SPX_ARCH_QWEN2:
+        cfg->qkv_bias = true; /* Qwen2 always has q/k/v bias, never o bias */
+        break;
+    case SPX_ARCH_QWEN3:
+        cfg->qkv_bias = cfg->o_bias = attn_bias;
+        cfg->qk_norm = true;
+        break;
+    default: break;
+    }
+    if (cfg->arch == SPX_ARCH_QWEN2 || cfg->arch == SPX_ARCH_QWEN3) {
+        bool use_sw = false;
+        SPX_TRY(get_bool(c, root, "use_sliding_window", &use_sw));
+        if (use_sw)
+            return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'use_sliding_window' true is not supported", c->label);
+    } else {
+        SPX_TRY(get_int(c, root, "sliding_window", false, 1, CAP_POS, &cfg->sliding_window));
+    }
+    return SPX_OK;
+}
+
+/* LFM2: layer_types "conv" / "full_attention" (older: full_attn_idxs);
+ * SwiGLU w1/w3/w2 whose width transformers may adjust
+ * (block_auto_adjust_ff_dim: 2/3, the multiplier, rounded up to
+ * block_multiple_of). */
+static spx_status parse_lfm2(ctx *c, spx_config *cfg) {
+    const cJSON *root = c->root;
+    static const kind_name kinds[] = {{"conv", SPX_MIX_CONV, SPX_FFN_SWIGLU},
+                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU},
+                                      {NULL, 0, 0}};
+    int found = 0;
+    SPX_TRY(parse_kind_list(c, cfg, "layer_types", kinds, &found));
+    if (!found) {
+        const cJSON *fa = cJSON_GetObjectItemCaseSensitive(root, "full_attn_idxs");
+        if (!cJSON_IsArray(fa))
+            return spx_fail(c->e, SPX_ERR_FORMAT, "%s: neither 'layer_types' nor 'full_attn_idxs' says which layers attend",
+                            c->label);
+        all_layers(cfg, SPX_MIX_CONV, SPX_FFN_SWIGLU);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, fa) {
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (double)cfg->n_layers ||
+                it->valuedouble != floor(it->valuedouble))
+                return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'full_attn_idxs' entries must be layer indices below %lld",
+                                c->label, (long long)cfg->n_layers);
+            cfg->mixer[(int64_t)it->valuedouble] = SPX_MIX_ATTN;
+        }
+    }
+    double eps = 1e-5;
+    SPX_TRY(get_num(c, root, "norm_eps", false, 0, 1, &eps));
+    cfg->rms_eps = (float)eps;
+    int64_t ff = 0;
+    SPX_TRY(get_int(c, root, "block_ff_dim", false, 1, CAP_DIM, &ff));
+    SPX_TRY(get_int(c, root, "intermediate_size", ff == 0, 1, CAP_DIM, &ff));
+    bool adjust = false;
+    SPX_TRY(get_bool(c, root, "block_auto_adjust_ff_dim", &adjust));
+    if (adjust) {
+        double mult = 1.0;
+        int64_t multiple = 256;
+        SPX_TRY(get_num(c, root, "block_ffn_dim_multiplier", false, 1e-3, 1e3, &mult));
+        SPX_TRY(get_int(c, root, "block_multiple_of", false, 1, CAP_DIM, &multiple));
+        ff = (int64_t)(2 * ff / 3);
+        ff = (int64_t)(mult * (double)ff);
+        ff = multiple * ((ff + multiple - 1) / multiple);
+        if (ff < 1 || ff > CAP_DIM) return spx_fail(c->e, SPX_ERR_FORMAT, "%s: the adjusted ff width is out of range", c->label);
+    }
+    cfg->intermediate_size = ff;
+    cfg->qk_norm = true;
+    cfg->conv_kernel = 3;
+    SPX_TRY(get_int(c, root, "conv_L_cache", false, 1, 64, &cfg->conv_kernel));
+    SPX_TRY(get_bool(c, root, "conv_bias", &cfg->conv_bias));
+    /* older configs spell the tie "tie_embedding"; transformers ties by default */
+    cfg->tie_embeddings = true;
+    SPX_TRY(get_bool(c, root, "tie_embedding", &cfg->tie_embeddings));
+    SPX_TRY(get_bool(c, root, "tie_word_embeddings", &cfg->tie_embeddings));
+    return SPX_OK;
+}
+
+/* Granite 4.0 hybrid (GraniteMoeHybrid): layer_types (older:
+ * layers_block_type) "mamba"/"linear_attention" or "attention"/
+ * "full_attention"; every layer then has the shared SwiGLU MLP. */
+static spx_status parse_granite4(ctx *c, spx_config *cfg) {
+    const cJSON *root = c->root;
+    static const kind_name kinds[] = {{"mamba", SPX_MIX_MAMBA2, SPX_FFN_SWIGLU},
+                                      {"linear_attention", SPX_MIX_MAMBA2, SPX_FFN_SWIGLU},
+                                      {"attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU},
+                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU},
+                                      {NULL, 0, 0}};
+    int found = 0;
+    SPX_TRY(parse_kind_list(c, cfg, "layer_types", kinds, &found));
+    if (!found) SPX_TRY(parse_kind_list(c, cfg, "layers_block_type", kinds, &found));
+    if (!found) all_layers(cfg, SPX_MIX_MAMBA2, SPX_FFN_SWIGLU);
+    int64_t experts = 0;
+    SPX_TRY(get_int(c, root, "num_local_experts", false, 0, 1 << 20, &experts));
+    if (experts > 0)
+        return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
+                        "%s: 'num_local_experts' is %lld: mixture-of-experts layers are not supported yet (only the dense "
+                        "shared-MLP Granite 4.0 models)", c->label, (long long)experts);
+    SPX_TRY(need_act(c, "hidden_act", "silu", false));
+    SPX_TRY(get_int(c, root, "shared_intermediate_size", true, 1, CAP_DIM, &cfg->intermediate_size));
+    cfg->gate_up_fused = true;
+    double eps = 1e-6, v;
+    SPX_TRY(get_num(c, root, "rms_norm_eps", false, 0, 1, &eps));
+    cfg->rms_eps = (float)eps;
+    bool attn_bias = false;
+    SPX_TRY(get_bool(c, root, "attention_bias", &attn_bias));
+    cfg->qkv_bias = cfg->o_bias = attn_bias;
+    v = cfg->attn_scale;
+    SPX_TRY(get_num(c, root, "attention_multiplier", false, 0, 1e6, &v));
+    cfg->attn_scale = (float)v;
+    v = 1;
+    SPX_TRY(get_num(c, root, "embedding_multiplier", false, 0, 1e6, &v));
+    cfg->embed_mult = (float)v;
+    v = 1;
+    SPX_TRY(get_num(c, root, "residual_multiplier", false, 0, 1e6, &v));
+    cfg->residual_mult = (float)v;
+    v = 1;
+    SPX_TRY(get_num(c, root, "logits_scaling", false, 1e-6, 1e6, &v));
+    cfg->logits_div = (float)v;
+    const cJSON *pe = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");
+    if (pe && !cJSON_IsNull(pe)) {
+        if (cJSON_IsString(pe) && !strcmp(pe->valuestring, "nope")) cfg->rope = false;
+        else if (!cJSON_IsString(pe) || strcmp(pe->valuestring, "rope"))
+            return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'position_embedding_type' must be \"rope\" or \"nope\"", c->label);
+    }
+    static const ssm_keys k = {"mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv",
+                               "mamba_chunk_size"};
+    SPX_TRY(parse_ssm(c, cfg, &k));
+    int64_t expand = 2;
+    SPX_TRY(get_int(c, root, "mamba_expand", false, 1, 64, &expand));
+    if (any_kind(cfg, SPX_MIX_MAMBA2, -1) && expand * cfg->hidden_size != cfg->ssm_heads * cfg->ssm_head_dim)
+        return spx_fail(c->e, SPX_ERR_FORMAT, "%s: mamba_expand * hidden_size (%lld) != mamba_n_heads * mamba_d_head (%lld)",
+                        c->label, (long long)(expand * cfg->hidden_size), (long long)(cfg->ssm_heads * cfg->ssm_head_dim));
+    cfg->ssm_norm_group = cfg->ssm_heads * cfg->ssm_head_dim; /* GraniteMoeHybridRMSNormGated: one group */
+    cfg->ssm_conv_bias = true;
+    SPX_TRY(get_bool(c, root, "mamba_conv_bias", &cfg->ssm_conv_bias));
+    SPX_TRY(get_bool(c, root, "mamba_proj_bias", &cfg->ssm_proj_bias));
+    return SPX_OK;
+}
+
+/* Nemotron-H: one block per layer, layers_block_type (older:
+ * hybrid_override_pattern, M = Mamba-2, * = attention, - = MLP, E = MoE).
+ * Attention has no positions. */
+static spx_status parse_nemotron_h(ctx *c, spx_config *cfg) {
+    const cJSON *root = c->root;
+    static const kind_name kinds[] = {{"mamba", SPX_MIX_MAMBA2, SPX_FFN_NONE},
+                                      {"linear_attention", SPX_MIX_MAMBA2, SPX_FFN_NONE},
+                                      {"attention", SPX_MIX_ATTN, SPX_FFN_NONE},
+                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_NONE},
+                                      {"mlp", SPX_MIX_NONE, SPX_FFN_RELU2},
+                                      {NULL, 0, 0}};
+    int found = 0;
+    const cJSON *lbt = cJSON_GetObjectItemCaseSensitive(root, "layers_block_type");
+    if (cJSON_IsArray(lbt)) {
+        const cJSON *it;
+        int64_t l = 0;
+        cJSON_ArrayForEach(it, lbt) {
+            if (cJSON_IsString(it) && !strcmp(it->valuestring, "moe"))
+                return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
+                                "%s: 'layers_block_type[%lld]' is 'moe': mixture-of-experts blocks are not supported yet",
+                                c->label, (long long)l);
+            l++;
+        }
+    }
+    SPX_TRY(parse_kind_list(c, cfg, "layers_block_type", kinds, &found));
+    if (!found) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(root, "hybrid_override_pattern");
+        if (!cJSON_IsString(pat) || (int64_t)strlen(pat->valuestring) != cfg->n_layers)
+            return spx_fail(c->e, SPX_ERR_FORMAT,
+                            "%s: neither 'layers_block_type' nor a %lld-character 'hybrid_override_pattern' gives the layers",
+                            c->label, (long long)cfg->n_layers);
+        for (int64_t l = 0; l < cfg->n_layers; l++) {
+            char ch = pat->valuestring[l];
+            if (ch == 'M') cfg->mixer[l] = SPX_MIX_MAMBA2, cfg->ffn[l] = SPX_FFN_NONE;
+            else if (ch == '*') cfg->mixer[l] = SPX_MIX_ATTN, cfg->ffn[l] = SPX_FFN_NONE;
+            else if (ch == '-') cfg->mixer[l] = SPX_MIX_NONE, cfg->ffn[l] = SPX_FFN_RELU2;
+            else if (ch == 'E')
+                return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
+                                "%s: 'hybrid_override_pattern'[%lld] is 'E': mixture-of-experts blocks are not supported yet",
+                                c->label, (long long)l);
+            else
+                return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'hybrid_override_pattern'[%lld] is '%c'; expected M, *, - or E",
+                                c->label, (long long)l, ch);
+        }
+    }
+    if (any_kind(cfg, -1, SPX_FFN_RELU2)) {
+        SPX_TRY(need_act(c, "mlp_hidden_act", "relu2", false));
+        SPX_TRY(get_int(c, root, "intermediate_size", true, 1, CAP_DIM, &cfg->intermediate_size));
+    }
+    SPX_TRY(need_act(c, "mamba_hidden_act", "silu", false));
+    double eps = 1e-5;
+    SPX_TRY(get_num(c, root, "layer_norm_epsilon", false, 0, 1, &eps));
+    cfg->rms_eps = (float)eps;
+    SPX_TRY(get_bool(c, root, "mlp_bias", &cfg->mlp_bias));
+    cfg->rope = false;
+    static const ssm_keys k = {"mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
+                               "chunk_size"};
+    if (any_kind(cfg, SPX_MIX_MAMBA2, -1)) {
+        SPX_TRY(parse_ssm(c, cfg, &k));
+        /* transformers' torch path clamps the step below at time_step_min
+         * and ignores time_step_limit (docs/numerics.md) */
+        double tmin = 0;
+        SPX_TRY(get_num(c, root, "time_step_min", false, 0, 1, &tmin));
+        cfg->ssm_dt_lo = (float)tmin;
+        cfg->ssm_dt_hi = INFINITY;
+        cfg->ssm_norm_group = cfg->ssm_heads * cfg->ssm_head_dim / cfg->ssm_groups;
+        cfg->ssm_conv_bias = true;
+        SPX_TRY(get_bool(c, root, "use_conv_bias", &cfg->ssm_conv_bias));
+        SPX_TRY(get_bool(c, root, "use_bias", &cfg->ssm_proj_bias));
+    }
+    return SPX_OK;
+}
+
 static spx_status parse_root(ctx *c, spx_config *cfg) {
     const cJSON *root = c->root;
     if (!cJSON_IsObject(root)) return spx_fail(c->e, SPX_ERR_FORMAT, "%s: not a JSON object", c->label);
@@ -161,25 +507,36 @@ static spx_status parse_root(ctx *c, spx_config *cfg) {
     if (!a0 || !cJSON_IsString(a0))
         return spx_fail(c->e, SPX_ERR_FORMAT, "%s: missing 'architectures' (a list naming the model class)", c->label);
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", a0->valuestring);
-    const char *an = a0->valuestring;
-    if (!strcmp(an, "LlamaForCausalLM")) cfg->arch = SPX_ARCH_LLAMA;
-    else if (!strcmp(an, "Qwen2ForCausalLM")) cfg->arch = SPX_ARCH_QWEN2;
-    else if (!strcmp(an, "Qwen3ForCausalLM")) cfg->arch = SPX_ARCH_QWEN3;
-    else if (!strcmp(an, "MistralForCausalLM")) cfg->arch = SPX_ARCH_MISTRAL;
-    else
+    static const struct { const char *cls; spx_arch arch; } classes[] = {
+        {"LlamaForCausalLM", SPX_ARCH_LLAMA},
+        {"Qwen2ForCausalLM", SPX_ARCH_QWEN2},
+        {"Qwen3ForCausalLM", SPX_ARCH_QWEN3},
+        {"MistralForCausalLM", SPX_ARCH_MISTRAL},
+        {"Lfm2ForCausalLM", SPX_ARCH_LFM2},
+        {"GraniteMoeHybridForCausalLM", SPX_ARCH_GRANITE4},
+        {"NemotronHForCausalLM", SPX_ARCH_NEMOTRON_H},
+    };
+    size_t ci = 0, nc = sizeof classes / sizeof classes[0];
+    while (ci < nc && strcmp(classes[ci].cls, a0->valuestring)) ci++;
+    if (ci == nc)
         return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
                         "%s: 'architectures' is '%s'; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                        "Qwen3ForCausalLM, MistralForCausalLM", c->label, an);
-
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-    if (act && !cJSON_IsNull(act) && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
-        return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'hidden_act' is '%s'; only silu is supported", c->label,
-                        cJSON_IsString(act) ? act->valuestring : "(not a string)");
+                        "Qwen3ForCausalLM, MistralForCausalLM, Lfm2ForCausalLM, GraniteMoeHybridForCausalLM, "
+                        "NemotronHForCausalLM", c->label, a0->valuestring);
+    cfg->arch = classes[ci].arch;
 
     SPX_TRY(get_int(c, root, "vocab_size", true, 1, CAP_VOCAB, &cfg->vocab_size));
     SPX_TRY(get_int(c, root, "hidden_size", true, 1, CAP_DIM, &cfg->hidden_size));
-    SPX_TRY(get_int(c, root, "intermediate_size", true, 1, CAP_DIM, &cfg->intermediate_size));
-    SPX_TRY(get_int(c, root, "num_hidden_layers", true, 1, SPX_MAX_LAYERS, &cfg->n_layers));
+    /* transformers 5's Nemotron-H config has no num_hidden_layers: its
+     * layers_block_type (or older hybrid_override_pattern) gives the count */
+    int layers_implied = 0;
+    if (cfg->arch == SPX_ARCH_NEMOTRON_H) {
+        const cJSON *lbt = cJSON_GetObjectItemCaseSensitive(root, "layers_block_type");
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(root, "hybrid_override_pattern");
+        int64_t n = cJSON_IsArray(lbt) ? cJSON_GetArraySize(lbt) : cJSON_IsString(pat) ? (int64_t)strlen(pat->valuestring) : 0;
+        if (n > 0 && n <= SPX_MAX_LAYERS) cfg->n_layers = n, layers_implied = 1;
+    }
+    SPX_TRY(get_int(c, root, "num_hidden_layers", !layers_implied, 1, SPX_MAX_LAYERS, &cfg->n_layers));
     SPX_TRY(get_int(c, root, "num_attention_heads", true, 1, CAP_HEADS, &cfg->n_heads));
     cfg->n_kv_heads = cfg->n_heads;
     SPX_TRY(get_int(c, root, "num_key_value_heads", false, 1, CAP_HEADS, &cfg->n_kv_heads));
@@ -188,6 +545,8 @@ static spx_status parse_root(ctx *c, spx_config *cfg) {
                         c->label, (long long)cfg->n_heads, (long long)cfg->n_kv_heads);
     if (cfg->hidden_size % cfg->n_heads == 0) cfg->head_dim = cfg->hidden_size / cfg->n_heads;
     else cfg->head_dim = 0;
+    if (cfg->arch == SPX_ARCH_NEMOTRON_H)
+        SPX_TRY(get_int(c, root, "attention_head_dim", false, 2, CAP_DIM, &cfg->head_dim));
     SPX_TRY(get_int(c, root, "head_dim", false, 2, CAP_DIM, &cfg->head_dim));
     if (cfg->head_dim <= 0)
         return spx_fail(c->e, SPX_ERR_FORMAT, "%s: hidden_size %lld is not divisible by num_attention_heads %lld and no 'head_dim' is given",
@@ -197,50 +556,20 @@ static spx_status parse_root(ctx *c, spx_config *cfg) {
         return spx_fail(c->e, SPX_ERR_FORMAT, "%s: num_attention_heads * head_dim is too large", c->label);
     cfg->max_pos = 2048;
     SPX_TRY(get_int(c, root, "max_position_embeddings", false, 1, CAP_POS, &cfg->max_pos));
-    double eps = 1e-6;
-    SPX_TRY(get_num(c, root, "rms_norm_eps", false, 0, 1, &eps));
-    cfg->rms_eps = (float)eps;
-
     cfg->tie_embeddings = false;
     SPX_TRY(get_bool(c, root, "tie_word_embeddings", &cfg->tie_embeddings));
-    bool attn_bias = false, mlp_bias = false;
-    SPX_TRY(get_bool(c, root, "attention_bias", &attn_bias));
-    SPX_TRY(get_bool(c, root, "mlp_bias", &mlp_bias));
-    cfg->qkv_bias = cfg->o_bias = false;
-    cfg->mlp_bias = false;
-    cfg->qk_norm = false;
+    cfg->rope = true;
+    cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
+    cfg->embed_mult = cfg->residual_mult = cfg->logits_div = 1.0f;
     switch (cfg->arch) {
-    case SPX_ARCH_LLAMA:
-        cfg->qkv_bias = cfg->o_bias = attn_bias;
-        cfg->mlp_bias = mlp_bias;
-        break;
-    case SPX_ARCH_QWEN2:
-        cfg->qkv_bias = true; /* Qwen2 always has q/k/v bias, never o bias */
-        break;
-    case SPX_ARCH_QWEN3:
-        cfg->qkv_bias = cfg->o_bias = attn_bias;
-        cfg->qk_norm = true;
-        break;
-    case SPX_ARCH_MISTRAL:
-        break;
+    case SPX_ARCH_LFM2: SPX_TRY(parse_lfm2(c, cfg)); break;
+    case SPX_ARCH_GRANITE4: SPX_TRY(parse_granite4(c, cfg)); break;
+    case SPX_ARCH_NEMOTRON_H: SPX_TRY(parse_nemotron_h(c, cfg)); break;
+    default: SPX_TRY(parse_llama_family(c, cfg)); break;
     }
-    if (cfg->arch == SPX_ARCH_QWEN2 || cfg->arch == SPX_ARCH_QWEN3) {
-        bool use_sw = false;
-        SPX_TRY(get_bool(c, root, "use_sliding_window", &use_sw));
-        if (use_sw)
-            return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'use_sliding_window' true is not supported", c->label);
-    } else {
-        cfg->sliding_window = 0;
-        SPX_TRY(get_int(c, root, "sliding_window", false, 1, CAP_POS, &cfg->sliding_window));
-    }
-    cfg->source_dtype = 32;
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
-    if (!dt || cJSON_IsNull(dt)) dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
-    if (dt && cJSON_IsString(dt)) {
-        if (!strcmp(dt->valuestring, "bfloat16")) cfg->source_dtype = 'b';
-        else if (!strcmp(dt->valuestring, "float16")) cfg->source_dtype = 16;
-    }
-    SPX_TRY(parse_rope(c, cfg));
+    cfg->n_attn_layers = 0;
+    for (int64_t l = 0; l < cfg->n_layers; l++) cfg->n_attn_layers += cfg->mixer[l] == SPX_MIX_ATTN;
+    if (cfg->rope) SPX_TRY(parse_rope(c, cfg));
     SPX_TRY(parse_ids(c, cfg));
     return SPX_OK;
 }
@@ -251,11 +580,42 @@ spx_status spx_config_parse(const char *json, size_t len, const char *label, spx
     cfg->bos_id = -1;
     /* cJSON recurses per nesting level; it caps depth at CJSON_NESTING_LIMIT
      * (1000), which is safe on our stacks. */
+    /* Python's json writes a non-finite float as a bare Infinity (Nemotron-H
+     * and Granite configs: time_step_limit), which is not JSON: outside
+     * strings it is read as 1e999 (strtod: +inf). */
+    char *fixed = NULL;
+    if (len < ((size_t)64 << 20) && memmem(json, len, "Infinity", 8)) {
+        fixed = malloc(len + 1);
+        if (!fixed) return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", label);
+        size_t o = 0;
+        int in_str = 0;
+        for (size_t i = 0; i < len; i++) {
+            char ch = json[i];
+            if (in_str) {
+                if (ch == '\\' && i + 1 < len) fixed[o++] = json[i++];
+                else if (ch == '"') in_str = 0;
+            } else if (ch == '"') {
+                in_str = 1;
+            } else if (ch == 'I' && len - i >= 8 && !memcmp(json + i, "Infinity", 8)) {
+                memcpy(fixed + o, "1e999", 5);
+                o += 5;
+                i += 7;
+                continue;
+            }
+            fixed[o++] = json[i];
+        }
+        json = fixed;
+        len = o;
+    }
     cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root) return spx_fail(e, SPX_ERR_FORMAT, "%s: not valid JSON (near byte %td)", label,
-                               cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : (ptrdiff_t)-1);
+    if (!root) {
+        ptrdiff_t at = cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : (ptrdiff_t)-1;
+        free(fixed);
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: not valid JSON (near byte %td)", label, at);
+    }
     ctx c = {root, label, e};
     spx_status s = parse_root(&c, cfg);
     cJSON_Delete(root);
+    free(fixed);
     return s;
 }

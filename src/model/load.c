@@ -1,6 +1,6 @@
 /* load.c: binds a model's weights from its tensor source (safetensors or
- * .trdc) into spx_model, checking every name, shape and dtype first, and
- * holds the per-architecture data (tensor roles, norm routing, RoPE). */
+ * .trdc) into spx_model by slot (model/arch.h), checking every name, shape
+ * and dtype first; RoPE frequencies. */
 #include "model/model.h"
 #include "core/half.h"
 #include "format/trdc_source.h"
@@ -9,48 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- architecture data ------------------------------------------------ */
-
-/* The normalization that feeds each projection, by name suffix within a
- * layer. Same for every supported architecture (all are pre-norm Llama
- * blocks); a new architecture adds its own table here. o_proj, down_proj
- * and lm_head are fed by no norm (gamma = 1). */
-typedef struct { const char *proj, *norm; } norm_route;
-static const norm_route llama_routes[] = {
-    {"self_attn.q_proj.weight", "input_layernorm.weight"},
-    {"self_attn.k_proj.weight", "input_layernorm.weight"},
-    {"self_attn.v_proj.weight", "input_layernorm.weight"},
-    {"mlp.gate_proj.weight", "post_attention_layernorm.weight"},
-    {"mlp.up_proj.weight", "post_attention_layernorm.weight"},
-    {NULL, NULL},
-};
-
-static const norm_route *routes_for(spx_arch a) {
-    switch (a) {
-    case SPX_ARCH_LLAMA:
-    case SPX_ARCH_QWEN2:
-    case SPX_ARCH_QWEN3:
-    case SPX_ARCH_MISTRAL: return llama_routes;
-    }
-    return NULL;
-}
-
-const char *spx_arch_feeding_norm(const spx_config *cfg, const char *tensor, char *buf, size_t cap) {
-    const norm_route *r = routes_for(cfg->arch);
-    static const char pre[] = "model.layers.";
-    if (!r || strncmp(tensor, pre, sizeof pre - 1)) return NULL;
-    const char *p = tensor + sizeof pre - 1;
-    char *end;
-    long layer = strtol(p, &end, 10);
-    if (end == p || *end != '.') return NULL;
-    for (; r->proj; r++)
-        if (!strcmp(end + 1, r->proj)) {
-            snprintf(buf, cap, "model.layers.%ld.%s", layer, r->norm);
-            return buf;
-        }
-    return NULL;
-}
 
 void spx_rope_inv_freq(const spx_config *c, float *out) {
     int64_t half = c->head_dim / 2;
@@ -73,13 +31,7 @@ void spx_rope_inv_freq(const spx_config *c, float *out) {
             }
             f = (float)v;
         }
-        /* transformers keeps inv_freq as a floating buffer, so loading a
-         * bf16/fp16 checkpoint in its own dtype rounds it; the model was
-         * trained and evaluated that way (docllama-58m's reference logits
-         * match to 3e-5 with this rounding and 4e-2 without). */
-        if (c->source_dtype == 'b') f = spx_bf16_to_f32(spx_f32_to_bf16(f));
-        else if (c->source_dtype == 16) f = spx_f16_to_f32(spx_f32_to_f16(f));
-        out[i] = f;
+        out[i] = f; /* float32 whatever the checkpoint's dtype (docs/numerics.md) */
     }
 }
 
@@ -151,8 +103,9 @@ static spx_status bind_mat(spx_model *m, const char *name, int64_t rows, int64_t
     return SPX_OK;
 }
 
-/* Vectors (norm gains, biases) are small: converted to owned float32. */
-static spx_status bind_vec(spx_model *m, const char *name, int64_t n, int required, float **out,
+/* Small tensors (norm gains, biases, conv kernels, A_log, D) are
+ * converted to owned float32; ndim/dims: the expected source shape. */
+static spx_status bind_vec(spx_model *m, const char *name, int ndim, const int64_t *dims, int required, float **out,
                            spx_err *e) {
     *out = NULL;
     tref t;
@@ -160,9 +113,18 @@ static spx_status bind_vec(spx_model *m, const char *name, int64_t n, int requir
         if (!required) return SPX_OK;
         return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' is missing", m->path, name);
     }
-    if (t.quant || t.ndim != 1 || t.shape[0] != n)
-        return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' has shape [%lld%s] (%d dims), expected [%lld]", t.file,
-                        name, (long long)t.shape[0], t.ndim > 1 ? ", ..." : "", t.ndim, (long long)n);
+    int ok = !t.quant && t.ndim == ndim;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) ok = ok && t.shape[i] == dims[i], n *= dims[i];
+    if (!ok) {
+        char got[96] = "", want[96] = "";
+        for (int i = 0; i < t.ndim && i < 8; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t.shape[i]);
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)dims[i]);
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' has shape [%s]%s, expected [%s]", t.file, name, got,
+                        t.quant ? " (quantized)" : "", want);
+    }
     if (!is_float_dtype(t.dtype))
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16", t.file,
                         name, spx_dtype_name(t.dtype));
@@ -176,66 +138,62 @@ static spx_status bind_vec(spx_model *m, const char *name, int64_t n, int requir
 
 spx_status spx_model_bind_weights(spx_model *m, spx_err *e) {
     const spx_config *c = &m->cfg;
-    int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
-    int64_t qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    int64_t H = c->hidden_size, hd = c->head_dim;
     char nm[256];
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    m->rope_inv_freq = malloc((size_t)(hd / 2) * sizeof(float));
+    m->rope_inv_freq = malloc((size_t)(hd / 2 > 0 ? hd / 2 : 1) * sizeof(float));
     if (!m->layers || !m->rope_inv_freq) return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", m->path);
     spx_rope_inv_freq(c, m->rope_inv_freq);
 
-    SPX_TRY(bind_mat(m, "model.embed_tokens.weight", c->vocab_size, H, &m->embed, e));
-    SPX_TRY(bind_vec(m, "model.norm.weight", H, 1, &m->final_norm, e));
+    SPX_TRY(bind_mat(m, spx_arch_embed_name(c), c->vocab_size, H, &m->embed, e));
+    SPX_TRY(bind_vec(m, spx_arch_final_norm_name(c), 1, &H, 1, &m->final_norm, e));
     tref t;
+    const char *head = spx_arch_lm_head_name(c);
     if (c->tie_embeddings) {
         m->lm_head = m->embed;
-    } else if (find_tensor(m, "lm_head.weight", &t)) {
-        SPX_TRY(bind_mat(m, "lm_head.weight", c->vocab_size, H, &m->lm_head, e));
+    } else if (find_tensor(m, head, &t)) {
+        SPX_TRY(bind_mat(m, head, c->vocab_size, H, &m->lm_head, e));
     } else {
         return spx_fail(e, SPX_ERR_FORMAT,
-                        "%s: tensor 'lm_head.weight' is missing and config.json has tie_word_embeddings false",
-                        m->path);
+                        "%s: tensor '%s' is missing and config.json has tie_word_embeddings false", m->path, head);
     }
+    int64_t kv = 0, state = 0;
     for (int64_t l = 0; l < c->n_layers; l++) {
         spx_layer *L = &m->layers[l];
-#define NAME(s) (snprintf(nm, sizeof nm, "model.layers.%lld.%s", (long long)l, s), nm)
-        SPX_TRY(bind_vec(m, NAME("input_layernorm.weight"), H, 1, &L->attn_norm, e));
-        SPX_TRY(bind_vec(m, NAME("post_attention_layernorm.weight"), H, 1, &L->mlp_norm, e));
-        SPX_TRY(bind_mat(m, NAME("self_attn.q_proj.weight"), qd, H, &L->wq, e));
-        SPX_TRY(bind_mat(m, NAME("self_attn.k_proj.weight"), kvd, H, &L->wk, e));
-        SPX_TRY(bind_mat(m, NAME("self_attn.v_proj.weight"), kvd, H, &L->wv, e));
-        SPX_TRY(bind_mat(m, NAME("self_attn.o_proj.weight"), H, qd, &L->wo, e));
-        SPX_TRY(bind_mat(m, NAME("mlp.gate_proj.weight"), I, H, &L->w_gate, e));
-        SPX_TRY(bind_mat(m, NAME("mlp.up_proj.weight"), I, H, &L->w_up, e));
-        SPX_TRY(bind_mat(m, NAME("mlp.down_proj.weight"), H, I, &L->w_down, e));
-        if (c->qk_norm) {
-            SPX_TRY(bind_vec(m, NAME("self_attn.q_norm.weight"), hd, 1, &L->q_norm, e));
-            SPX_TRY(bind_vec(m, NAME("self_attn.k_norm.weight"), hd, 1, &L->k_norm, e));
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            int64_t d[3];
+            int nd = spx_slot_shape(c, l, (spx_slot)s, d);
+            if (!nd) continue;
+            spx_slot_tensor_name(c, l, (spx_slot)s, nm, sizeof nm);
+            if (spx_slots[s].mat) SPX_TRY(bind_mat(m, nm, d[0], d[1], &L->w[s], e));
+            else SPX_TRY(bind_vec(m, nm, nd, d, 1, &L->v[s], e));
         }
-        if (c->qkv_bias) {
-            SPX_TRY(bind_vec(m, NAME("self_attn.q_proj.bias"), qd, 1, &L->bq, e));
-            SPX_TRY(bind_vec(m, NAME("self_attn.k_proj.bias"), kvd, 1, &L->bk, e));
-            SPX_TRY(bind_vec(m, NAME("self_attn.v_proj.bias"), kvd, 1, &L->bv, e));
-        }
-        if (c->o_bias) SPX_TRY(bind_vec(m, NAME("self_attn.o_proj.bias"), H, 1, &L->bo, e));
-        if (c->mlp_bias) {
-            SPX_TRY(bind_vec(m, NAME("mlp.gate_proj.bias"), I, 1, &L->b_gate, e));
-            SPX_TRY(bind_vec(m, NAME("mlp.up_proj.bias"), I, 1, &L->b_up, e));
-            SPX_TRY(bind_vec(m, NAME("mlp.down_proj.bias"), H, 1, &L->b_down, e));
-        }
-#undef NAME
+        L->kv_index = c->mixer[l] == SPX_MIX_ATTN ? kv++ : -1;
+        int64_t sf = spx_layer_state_floats(c, l);
+        L->state_off = sf ? state : -1;
+        state += sf;
     }
+    m->state_floats = state;
     return SPX_OK;
+}
+
+void spx_model_free_layers(spx_model *m) {
+    if (!m->layers) return;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++) free(m->layers[l].v[s]);
 }
 
 /* ---- accounting ---------------------------------------------------------- */
 
 uint64_t spx_model_bytes_per_token(const spx_model *m) {
     uint64_t b = spx_wmat_bytes(&m->lm_head) + spx_wmat_bytes(&m->embed) / (uint64_t)m->embed.rows;
-    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
-        const spx_layer *L = &m->layers[l];
-        const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) b += spx_wmat_bytes(w[i]);
-    }
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) b += spx_layer_matrix_bytes(&m->layers[l]);
+    return b;
+}
+
+uint64_t spx_layer_matrix_bytes(const spx_layer *L) {
+    uint64_t b = 0;
+    for (int s = 0; s < SPX_SL_COUNT; s++)
+        if (spx_slots[s].mat && L->w[s].rows) b += spx_wmat_bytes(&L->w[s]);
     return b;
 }

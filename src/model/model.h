@@ -1,5 +1,6 @@
-/* model.h: a loaded Llama-family model: config, weights (views into mapped
- * files), tokenizer, thread pool. The forward pass is in forward.c. */
+/* model.h: a loaded model: config, weights (views into mapped files) by
+ * slot (model/arch.h), tokenizer, thread pool. The forward pass is in
+ * engine/forward.c. */
 #ifndef SPX_MODEL_H
 #define SPX_MODEL_H
 
@@ -8,16 +9,18 @@
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "format/tokenizer.h"
+#include "model/arch.h"
 #include "model/wmat.h"
 #include "spectra.h"
 
+/* A layer's tensors by slot: w[s] for matrix slots (rows == 0: the layer
+ * has none), v[s] for the others (owned float32, NULL: none). Which slots
+ * a layer has and their shapes: spx_slot_shape. */
 typedef struct spx_layer {
-    float *attn_norm, *mlp_norm;   /* [hidden] */
-    float *q_norm, *k_norm;        /* [head_dim] (Qwen3) or NULL */
-    float *bq, *bk, *bv, *bo;      /* biases or NULL */
-    float *b_gate, *b_up, *b_down;
-    spx_wmat wq, wk, wv, wo;       /* [nh*hd, hidden] [nkv*hd, hidden] x2, [hidden, nh*hd] */
-    spx_wmat w_gate, w_up, w_down; /* [inter, hidden] x2, [hidden, inter] */
+    spx_wmat w[SPX_SL_COUNT];
+    float *v[SPX_SL_COUNT];
+    int64_t kv_index;              /* its layer in the KV cache, -1: no attention */
+    int64_t state_off;             /* its recurrent state's offset in the state cache (floats), -1: none */
 } spx_layer;
 
 struct spx_trdc;
@@ -29,6 +32,7 @@ struct spx_model {
     spx_wmat lm_head;             /* [vocab, hidden]; == embed when tied */
     float *final_norm;            /* [hidden] */
     float *rope_inv_freq;         /* [head_dim / 2] */
+    int64_t state_floats;         /* recurrent state of all layers (floats per sequence) */
     spx_tokenizer *tok;           /* NULL if the model carries none */
     spx_st *st;                   /* safetensors source, or NULL */
     struct spx_trdc *trdc;        /* .trdc source, or NULL */
@@ -47,7 +51,8 @@ struct spx_model {
 };
 
 /* Computes the RoPE inverse frequencies for cfg (default, linear, llama3)
- * into out[head_dim/2], exactly as transformers' rope init functions. */
+ * into out[head_dim/2], in float32 as transformers' rope init functions
+ * (which keep inv_freq in float32 for a checkpoint of any dtype). */
 void spx_rope_inv_freq(const spx_config *cfg, float *out);
 
 /* Fills m->layers, embed, lm_head, ... from m->st (safetensors) or
@@ -57,10 +62,10 @@ spx_status spx_model_bind_weights(spx_model *m, spx_err *e);
 /* Weight bytes one decoded token reads: every layer matrix, the LM head
  * and one embedding row (norm gains and biases are negligible). */
 uint64_t spx_model_bytes_per_token(const spx_model *m);
+/* Bytes of layer l's matrices as stored. */
+uint64_t spx_layer_matrix_bytes(const spx_layer *L);
 
-/* Name of the normalization whose gain feeds `tensor` (for saliency), as
- * data per architecture; NULL when none does (gamma = 1). */
-const char *spx_arch_feeding_norm(const spx_config *cfg, const char *tensor, char *buf,
-                                  size_t cap);
+/* Frees the owned vectors of every layer (the matrices are views). */
+void spx_model_free_layers(spx_model *m);
 
 #endif

@@ -1,0 +1,279 @@
+/* arch.c: the slot table, shapes and per-family tensor names (arch.h). */
+#include "model/arch.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define M 1 /* matrix */
+#define V 0 /* small tensor kept in float32 */
+#define MIX SPX_BLOCK_MIXER
+#define FFN SPX_BLOCK_FFN
+
+const spx_slot_info spx_slots[SPX_SL_COUNT] = {
+    [SPX_SL_MIX_NORM] = {"mix_norm", V, MIX, -1},
+    [SPX_SL_FFN_NORM] = {"ffn_norm", V, FFN, -1},
+    [SPX_SL_Q] = {"q", M, MIX, SPX_SL_MIX_NORM},
+    [SPX_SL_K] = {"k", M, MIX, SPX_SL_MIX_NORM},
+    [SPX_SL_V] = {"v", M, MIX, SPX_SL_MIX_NORM},
+    [SPX_SL_O] = {"o", M, MIX, -1},
+    [SPX_SL_Q_NORM] = {"q_norm", V, MIX, -1},
+    [SPX_SL_K_NORM] = {"k_norm", V, MIX, -1},
+    [SPX_SL_BQ] = {"bq", V, MIX, -1},
+    [SPX_SL_BK] = {"bk", V, MIX, -1},
+    [SPX_SL_BV] = {"bv", V, MIX, -1},
+    [SPX_SL_BO] = {"bo", V, MIX, -1},
+    [SPX_SL_CONV_IN] = {"conv_in", M, MIX, SPX_SL_MIX_NORM},
+    [SPX_SL_CONV_IN_B] = {"conv_in_b", V, MIX, -1},
+    [SPX_SL_CONV_W] = {"conv_w", V, MIX, -1},
+    [SPX_SL_CONV_B] = {"conv_b", V, MIX, -1},
+    [SPX_SL_CONV_OUT] = {"conv_out", M, MIX, -1},
+    [SPX_SL_CONV_OUT_B] = {"conv_out_b", V, MIX, -1},
+    [SPX_SL_SSM_IN] = {"ssm_in", M, MIX, SPX_SL_MIX_NORM},
+    [SPX_SL_SSM_IN_B] = {"ssm_in_b", V, MIX, -1},
+    [SPX_SL_SSM_CONV_W] = {"ssm_conv_w", V, MIX, -1},
+    [SPX_SL_SSM_CONV_B] = {"ssm_conv_b", V, MIX, -1},
+    [SPX_SL_SSM_DT_BIAS] = {"ssm_dt_bias", V, MIX, -1},
+    [SPX_SL_SSM_A_LOG] = {"ssm_a_log", V, MIX, -1},
+    [SPX_SL_SSM_D] = {"ssm_d", V, MIX, -1},
+    [SPX_SL_SSM_NORM] = {"ssm_norm", V, MIX, -1},
+    /* the gated norm's gain scales out_proj's input */
+    [SPX_SL_SSM_OUT] = {"ssm_out", M, MIX, SPX_SL_SSM_NORM},
+    [SPX_SL_SSM_OUT_B] = {"ssm_out_b", V, MIX, -1},
+    [SPX_SL_GATE] = {"gate", M, FFN, SPX_SL_FFN_NORM},
+    [SPX_SL_UP] = {"up", M, FFN, SPX_SL_FFN_NORM},
+    [SPX_SL_GATE_UP] = {"gate_up", M, FFN, SPX_SL_FFN_NORM},
+    [SPX_SL_DOWN] = {"down", M, FFN, -1},
+    [SPX_SL_B_GATE] = {"b_gate", V, FFN, -1},
+    [SPX_SL_B_UP] = {"b_up", V, FFN, -1},
+    [SPX_SL_B_DOWN] = {"b_down", V, FFN, -1},
+};
+
+/* ---- names per family ------------------------------------------------------ */
+
+typedef struct {
+    const char *layer_fmt; /* printf format of a layer's prefix */
+    const char *embed, *final_norm, *lm_head;
+    const char *slot[SPX_SL_COUNT];
+} family_names;
+
+#define LLAMA_ATTN                                                                                          \
+    [SPX_SL_Q] = "self_attn.q_proj.weight", [SPX_SL_K] = "self_attn.k_proj.weight",                         \
+    [SPX_SL_V] = "self_attn.v_proj.weight", [SPX_SL_O] = "self_attn.o_proj.weight",                         \
+    [SPX_SL_BQ] = "self_attn.q_proj.bias", [SPX_SL_BK] = "self_attn.k_proj.bias",                           \
+    [SPX_SL_BV] = "self_attn.v_proj.bias", [SPX_SL_BO] = "self_attn.o_proj.bias"
+
+static const family_names llama_names = {
+    "model.layers.%lld.", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+    {
+        [SPX_SL_MIX_NORM] = "input_layernorm.weight",
+        [SPX_SL_FFN_NORM] = "post_attention_layernorm.weight",
+        LLAMA_ATTN,
+        [SPX_SL_Q_NORM] = "self_attn.q_norm.weight",
+        [SPX_SL_K_NORM] = "self_attn.k_norm.weight",
+        [SPX_SL_GATE] = "mlp.gate_proj.weight",
+        [SPX_SL_UP] = "mlp.up_proj.weight",
+        [SPX_SL_DOWN] = "mlp.down_proj.weight",
+        [SPX_SL_B_GATE] = "mlp.gate_proj.bias",
+        [SPX_SL_B_UP] = "mlp.up_proj.bias",
+        [SPX_SL_B_DOWN] = "mlp.down_proj.bias",
+    },
+};
+
+static const family_names lfm2_names = {
+    "model.layers.%lld.", "model.embed_tokens.weight", "model.embedding_norm.weight", "lm_head.weight",
+    {
+        [SPX_SL_MIX_NORM] = "operator_norm.weight",
+        [SPX_SL_FFN_NORM] = "ffn_norm.weight",
+        [SPX_SL_Q] = "self_attn.q_proj.weight",
+        [SPX_SL_K] = "self_attn.k_proj.weight",
+        [SPX_SL_V] = "self_attn.v_proj.weight",
+        [SPX_SL_O] = "self_attn.out_proj.weight",
+        [SPX_SL_Q_NORM] = "self_attn.q_layernorm.weight",
+        [SPX_SL_K_NORM] = "self_attn.k_layernorm.weight",
+        [SPX_SL_CONV_IN] = "conv.in_proj.weight",
+        [SPX_SL_CONV_IN_B] = "conv.in_proj.bias",
+        [SPX_SL_CONV_W] = "conv.conv.weight",
+        [SPX_SL_CONV_B] = "conv.conv.bias",
+        [SPX_SL_CONV_OUT] = "conv.out_proj.weight",
+        [SPX_SL_CONV_OUT_B] = "conv.out_proj.bias",
+        [SPX_SL_GATE] = "feed_forward.w1.weight",
+        [SPX_SL_UP] = "feed_forward.w3.weight",
+        [SPX_SL_DOWN] = "feed_forward.w2.weight",
+    },
+};
+
+#define MAMBA2(p)                                                                                           \
+    [SPX_SL_SSM_IN] = p "in_proj.weight", [SPX_SL_SSM_IN_B] = p "in_proj.bias",                             \
+    [SPX_SL_SSM_CONV_W] = p "conv1d.weight", [SPX_SL_SSM_CONV_B] = p "conv1d.bias",                         \
+    [SPX_SL_SSM_DT_BIAS] = p "dt_bias", [SPX_SL_SSM_A_LOG] = p "A_log", [SPX_SL_SSM_D] = p "D",             \
+    [SPX_SL_SSM_NORM] = p "norm.weight", [SPX_SL_SSM_OUT] = p "out_proj.weight",                            \
+    [SPX_SL_SSM_OUT_B] = p "out_proj.bias"
+
+static const family_names granite4_names = {
+    "model.layers.%lld.", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+    {
+        [SPX_SL_MIX_NORM] = "input_layernorm.weight",
+        [SPX_SL_FFN_NORM] = "post_attention_layernorm.weight",
+        LLAMA_ATTN,
+        MAMBA2("mamba."),
+        [SPX_SL_GATE_UP] = "shared_mlp.input_linear.weight",
+        [SPX_SL_DOWN] = "shared_mlp.output_linear.weight",
+    },
+};
+
+/* One block per layer, so its single norm feeds whichever block it has. */
+static const family_names nemotron_h_names = {
+    "backbone.layers.%lld.", "backbone.embeddings.weight", "backbone.norm_f.weight", "lm_head.weight",
+    {
+        [SPX_SL_MIX_NORM] = "norm.weight",
+        [SPX_SL_FFN_NORM] = "norm.weight",
+        [SPX_SL_Q] = "mixer.q_proj.weight",
+        [SPX_SL_K] = "mixer.k_proj.weight",
+        [SPX_SL_V] = "mixer.v_proj.weight",
+        [SPX_SL_O] = "mixer.o_proj.weight",
+        MAMBA2("mixer."),
+        [SPX_SL_UP] = "mixer.up_proj.weight",
+        [SPX_SL_DOWN] = "mixer.down_proj.weight",
+        [SPX_SL_B_UP] = "mixer.up_proj.bias",
+        [SPX_SL_B_DOWN] = "mixer.down_proj.bias",
+    },
+};
+
+static const family_names *names_of(const spx_config *c) {
+    switch (c->arch) {
+    case SPX_ARCH_LFM2: return &lfm2_names;
+    case SPX_ARCH_GRANITE4: return &granite4_names;
+    case SPX_ARCH_NEMOTRON_H: return &nemotron_h_names;
+    default: return &llama_names;
+    }
+}
+
+const char *spx_arch_embed_name(const spx_config *c) { return names_of(c)->embed; }
+const char *spx_arch_final_norm_name(const spx_config *c) { return names_of(c)->final_norm; }
+const char *spx_arch_lm_head_name(const spx_config *c) { return names_of(c)->lm_head; }
+
+void spx_slot_tensor_name(const spx_config *c, int64_t l, spx_slot s, char *buf, size_t cap) {
+    const family_names *f = names_of(c);
+    int n = snprintf(buf, cap, f->layer_fmt, (long long)l);
+    if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "%s", f->slot[s] ? f->slot[s] : "?");
+}
+
+/* ---- shapes -------------------------------------------------------------- */
+
+int64_t spx_ssm_d_inner(const spx_config *c) { return c->ssm_heads * c->ssm_head_dim; }
+int64_t spx_ssm_conv_dim(const spx_config *c) { return spx_ssm_d_inner(c) + 2 * c->ssm_groups * c->ssm_state; }
+int64_t spx_ssm_in_rows(const spx_config *c) { return spx_ssm_d_inner(c) + spx_ssm_conv_dim(c) + c->ssm_heads; }
+
+static int d1(int64_t dims[3], int64_t a) { dims[0] = a; return 1; }
+static int d2(int64_t dims[3], int64_t a, int64_t b) { dims[0] = a, dims[1] = b; return 2; }
+static int d3(int64_t dims[3], int64_t a, int64_t b, int64_t e) { dims[0] = a, dims[1] = b, dims[2] = e; return 3; }
+
+int spx_slot_shape(const spx_config *c, int64_t l, spx_slot s, int64_t dims[3]) {
+    const int mix = c->mixer[l], ffn = c->ffn[l];
+    const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    const int64_t qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    const int64_t di = spx_ssm_d_inner(c), cd = spx_ssm_conv_dim(c), nh = c->ssm_heads;
+    const int attn = mix == SPX_MIX_ATTN, conv = mix == SPX_MIX_CONV, ssm = mix == SPX_MIX_MAMBA2;
+    const int swiglu = ffn == SPX_FFN_SWIGLU, anyffn = ffn != SPX_FFN_NONE;
+    switch (s) {
+    case SPX_SL_MIX_NORM: return mix != SPX_MIX_NONE ? d1(dims, H) : 0;
+    case SPX_SL_FFN_NORM: return anyffn ? d1(dims, H) : 0;
+    case SPX_SL_Q: return attn ? d2(dims, qd, H) : 0;
+    case SPX_SL_K:
+    case SPX_SL_V: return attn ? d2(dims, kvd, H) : 0;
+    case SPX_SL_O: return attn ? d2(dims, H, qd) : 0;
+    case SPX_SL_Q_NORM:
+    case SPX_SL_K_NORM: return attn && c->qk_norm ? d1(dims, hd) : 0;
+    case SPX_SL_BQ: return attn && c->qkv_bias ? d1(dims, qd) : 0;
+    case SPX_SL_BK:
+    case SPX_SL_BV: return attn && c->qkv_bias ? d1(dims, kvd) : 0;
+    case SPX_SL_BO: return attn && c->o_bias ? d1(dims, H) : 0;
+    case SPX_SL_CONV_IN: return conv ? d2(dims, 3 * H, H) : 0;
+    case SPX_SL_CONV_IN_B: return conv && c->conv_bias ? d1(dims, 3 * H) : 0;
+    case SPX_SL_CONV_W: return conv ? d3(dims, H, 1, c->conv_kernel) : 0;
+    case SPX_SL_CONV_B: return conv && c->conv_bias ? d1(dims, H) : 0;
+    case SPX_SL_CONV_OUT: return conv ? d2(dims, H, H) : 0;
+    case SPX_SL_CONV_OUT_B: return conv && c->conv_bias ? d1(dims, H) : 0;
+    case SPX_SL_SSM_IN: return ssm ? d2(dims, spx_ssm_in_rows(c), H) : 0;
+    case SPX_SL_SSM_IN_B: return ssm && c->ssm_proj_bias ? d1(dims, spx_ssm_in_rows(c)) : 0;
+    case SPX_SL_SSM_CONV_W: return ssm ? d3(dims, cd, 1, c->ssm_conv_kernel) : 0;
+    case SPX_SL_SSM_CONV_B: return ssm && c->ssm_conv_bias ? d1(dims, cd) : 0;
+    case SPX_SL_SSM_DT_BIAS:
+    case SPX_SL_SSM_A_LOG:
+    case SPX_SL_SSM_D: return ssm ? d1(dims, nh) : 0;
+    case SPX_SL_SSM_NORM: return ssm ? d1(dims, di) : 0;
+    case SPX_SL_SSM_OUT: return ssm ? d2(dims, H, di) : 0;
+    case SPX_SL_SSM_OUT_B: return ssm && c->ssm_proj_bias ? d1(dims, H) : 0;
+    case SPX_SL_GATE: return swiglu && !c->gate_up_fused ? d2(dims, I, H) : 0;
+    case SPX_SL_UP: return anyffn && !c->gate_up_fused ? d2(dims, I, H) : 0;
+    case SPX_SL_GATE_UP: return swiglu && c->gate_up_fused ? d2(dims, 2 * I, H) : 0;
+    case SPX_SL_DOWN: return anyffn ? d2(dims, H, I) : 0;
+    case SPX_SL_B_GATE: return swiglu && c->mlp_bias && !c->gate_up_fused ? d1(dims, I) : 0;
+    case SPX_SL_B_UP: return anyffn && c->mlp_bias && !c->gate_up_fused ? d1(dims, I) : 0;
+    case SPX_SL_B_DOWN: return anyffn && c->mlp_bias ? d1(dims, H) : 0;
+    case SPX_SL_COUNT: break;
+    }
+    return 0;
+}
+
+int64_t spx_slot_numel(const spx_config *c, int64_t l, spx_slot s) {
+    int64_t d[3];
+    int nd = spx_slot_shape(c, l, s, d);
+    int64_t n = nd ? 1 : 0;
+    for (int i = 0; i < nd; i++) n *= d[i];
+    return n;
+}
+
+int64_t spx_layer_state_floats(const spx_config *c, int64_t l) {
+    switch (c->mixer[l]) {
+    case SPX_MIX_CONV: return c->hidden_size * (c->conv_kernel - 1);
+    case SPX_MIX_MAMBA2:
+        return spx_ssm_conv_dim(c) * (c->ssm_conv_kernel - 1) + c->ssm_heads * c->ssm_head_dim * c->ssm_state;
+    default: return 0;
+    }
+}
+
+const char *spx_layer_kind_name(const spx_config *c, int64_t l, char *buf, size_t cap) {
+    static const char *mix[] = {"", "attn", "conv", "mamba2"}, *ffn[] = {"", "swiglu", "relu2"};
+    const char *a = mix[c->mixer[l] & 3], *b = ffn[c->ffn[l] % 3];
+    snprintf(buf, cap, "%s%s%s", a, *a && *b ? "+" : "", b);
+    return buf;
+}
+
+const char *spx_arch_feeding_norm(const spx_config *cfg, const char *tensor, char *buf, size_t cap) {
+    const family_names *f = names_of(cfg);
+    char pre[64];
+    /* the layer prefix up to its number, e.g. "model.layers." */
+    const char *pct = strchr(f->layer_fmt, '%');
+    size_t pl = (size_t)(pct - f->layer_fmt);
+    if (pl >= sizeof pre || strncmp(tensor, f->layer_fmt, pl)) return NULL;
+    const char *p = tensor + pl;
+    char *end;
+    long long l = strtoll(p, &end, 10);
+    if (end == p || *end != '.' || l < 0 || l >= cfg->n_layers) return NULL;
+    for (int s = 0; s < SPX_SL_COUNT; s++) {
+        int64_t d[3];
+        if (!spx_slots[s].mat || spx_slots[s].feed < 0 || !f->slot[s] || strcmp(end + 1, f->slot[s])) continue;
+        if (!spx_slot_shape(cfg, l, (spx_slot)s, d)) continue;
+        spx_slot_tensor_name(cfg, l, (spx_slot)spx_slots[s].feed, buf, cap);
+        return buf;
+    }
+    return NULL;
+}
+
+int spx_arch_is_llama_blocks(const spx_config *c, char *why, size_t cap) {
+    char k[32];
+    for (int64_t l = 0; l < c->n_layers; l++)
+        if (c->mixer[l] != SPX_MIX_ATTN || c->ffn[l] != SPX_FFN_SWIGLU) {
+            snprintf(why, cap, "layer %lld is %s", (long long)l, spx_layer_kind_name(c, l, k, sizeof k));
+            return 0;
+        }
+    if (!c->rope) return snprintf(why, cap, "its attention has no RoPE"), 0;
+    if (c->gate_up_fused) return snprintf(why, cap, "its MLP has a fused gate+up matrix"), 0;
+    if (c->embed_mult != 1.0f || c->residual_mult != 1.0f || c->logits_div != 1.0f ||
+        c->attn_scale != 1.0f / sqrtf((float)c->head_dim))
+        return snprintf(why, cap, "it scales embeddings, residuals, logits or attention scores"), 0;
+    return 1;
+}

@@ -1,0 +1,90 @@
+/* arch.h: an architecture as data.
+ *
+ * A model is embedding -> n_layers layers -> final norm -> LM head. A
+ * layer is a token-mixing block (attention, short convolution, Mamba-2, or
+ * none) and a feed-forward block (SwiGLU, ReLU^2, or none), each fed by
+ * its own RMSNorm and added to the residual stream (cfg->mixer[l],
+ * cfg->ffn[l]). Every tensor a layer can hold is a slot of this table;
+ * which slots a layer has, their shapes, their names in each family's
+ * checkpoints and the norm whose gain feeds each matrix are answered here
+ * and nowhere else: loading, planning, upload, offload images, freeing,
+ * `spectra plan` / `inspect` and the compressor's saliency loop over
+ * slots. The forward passes name the slots they use (L->w[SPX_SL_Q]).
+ *
+ * Room for mixture-of-experts: a third FFN kind with expert slots. */
+#ifndef SPX_ARCH_H
+#define SPX_ARCH_H
+
+#include "format/hf_config.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum spx_slot {
+    /* the norms that feed the two blocks */
+    SPX_SL_MIX_NORM,
+    SPX_SL_FFN_NORM,
+    /* attention */
+    SPX_SL_Q, SPX_SL_K, SPX_SL_V, SPX_SL_O,
+    SPX_SL_Q_NORM, SPX_SL_K_NORM,   /* per-head RMSNorm gains [head_dim] (Qwen3, LFM2) */
+    SPX_SL_BQ, SPX_SL_BK, SPX_SL_BV, SPX_SL_BO,
+    /* short convolution (LFM2): in_proj -> B, C, x; conv over B*x; C * conv -> out_proj */
+    SPX_SL_CONV_IN, SPX_SL_CONV_IN_B, SPX_SL_CONV_W, SPX_SL_CONV_B, SPX_SL_CONV_OUT, SPX_SL_CONV_OUT_B,
+    /* Mamba-2: in_proj -> z, xBC, dt; conv + silu over xBC; SSD; gated norm; out_proj */
+    SPX_SL_SSM_IN, SPX_SL_SSM_IN_B, SPX_SL_SSM_CONV_W, SPX_SL_SSM_CONV_B,
+    SPX_SL_SSM_DT_BIAS, SPX_SL_SSM_A_LOG, SPX_SL_SSM_D, SPX_SL_SSM_NORM, SPX_SL_SSM_OUT, SPX_SL_SSM_OUT_B,
+    /* feed-forward */
+    SPX_SL_GATE, SPX_SL_UP, SPX_SL_GATE_UP, SPX_SL_DOWN,
+    SPX_SL_B_GATE, SPX_SL_B_UP, SPX_SL_B_DOWN,
+    SPX_SL_COUNT
+} spx_slot;
+
+enum { SPX_BLOCK_MIXER = 0, SPX_BLOCK_FFN = 1 };
+
+typedef struct spx_slot_info {
+    const char *key;  /* short name for plan / inspect ("q", "ssm_in") */
+    uint8_t mat;      /* 1: a 2-D matrix [rows, cols] held as spx_wmat (quantizable);
+                       * 0: a small tensor held as owned float32 (norms, biases, conv kernels, A_log, D) */
+    uint8_t block;    /* SPX_BLOCK_MIXER or SPX_BLOCK_FFN */
+    int8_t feed;      /* the norm slot whose gain multiplies this matrix's input, or -1 */
+} spx_slot_info;
+
+extern const spx_slot_info spx_slots[SPX_SL_COUNT];
+
+/* The expected source shape of slot s in layer l: returns its number of
+ * dimensions (1..3) and fills dims, or 0 when layer l has no such tensor.
+ * Matrices are [rows, cols] = [out, in]; conv kernels [channels, 1, K]. */
+int spx_slot_shape(const spx_config *c, int64_t l, spx_slot s, int64_t dims[3]);
+/* Elements of slot s in layer l (0: absent). */
+int64_t spx_slot_numel(const spx_config *c, int64_t l, spx_slot s);
+/* The tensor name of slot s of layer l in this family's checkpoints. */
+void spx_slot_tensor_name(const spx_config *c, int64_t l, spx_slot s, char *buf, size_t cap);
+
+/* Names of the model-level tensors. */
+const char *spx_arch_embed_name(const spx_config *c);
+const char *spx_arch_final_norm_name(const spx_config *c);
+const char *spx_arch_lm_head_name(const spx_config *c);
+
+/* Mamba-2 widths: d_inner = heads * head_dim; conv channels (x, B, C) =
+ * d_inner + 2 * groups * state; in_proj rows = d_inner (z) + conv + heads (dt). */
+int64_t spx_ssm_d_inner(const spx_config *c);
+int64_t spx_ssm_conv_dim(const spx_config *c);
+int64_t spx_ssm_in_rows(const spx_config *c);
+
+/* Recurrent state floats of layer l (conv history + SSM state; 0 for
+ * attention and FFN-only layers). */
+int64_t spx_layer_state_floats(const spx_config *c, int64_t l);
+/* "attn+swiglu", "conv+swiglu", "mamba2+swiglu", "relu2", ...: layer l's kinds. */
+const char *spx_layer_kind_name(const spx_config *c, int64_t l, char *buf, size_t cap);
+
+/* 1 when every layer is attention (with RoPE, the default softmax scale)
+ * + separate-gate SwiGLU and no multipliers: the blocks the CUDA backend
+ * implements. 0 with the first difference described in why. */
+int spx_arch_is_llama_blocks(const spx_config *c, char *why, size_t cap);
+
+/* Name of the normalization whose gain feeds layer tensor `tensor` (for
+ * saliency), from the slot table; NULL when none does (gamma = 1) and for
+ * model-level tensors (the compressor weighs the LM head by the final norm
+ * itself, spx_arch_final_norm_name). */
+const char *spx_arch_feeding_norm(const spx_config *cfg, const char *tensor, char *buf, size_t cap);
+
+#endif
