@@ -1,6 +1,7 @@
-/* test_compress.c: every Llama-family fixture compresses (default
- * settings), verifies, and runs from its .trdc; logits stay close to the
- * unquantized model's. Also: the compressor's routing of norm gains, the
+/* test_compress.c: every Llama-family and hybrid fixture compresses
+ * (default settings), verifies, and runs from its .trdc; logits stay close
+ * to the unquantized model's and, for the tiny-* fixtures, to
+ * transformers' (reported). Also: the compressor's routing of norm gains, the
  * choice of which tensors are quantized, and clean failures. */
 #include "testlib.h"
 #include "format/trdc.h"
@@ -40,6 +41,52 @@ static float *all_logits(spx_model *m, const int32_t *ids, size_t n) {
     CHECK(s && spx_session_eval(s, ids, n, out, 1) == SPX_OK, "eval");
     spx_session_free(s);
     return out;
+}
+
+/* The compressed model against transformers' float32 logits of the
+ * fixture (tiny-* folders carry them): printed, and bounded as above. */
+static void report_reference(spx_model *mq, const char *src, const char *name) {
+    char rp[600], lp[600];
+    snprintf(rp, sizeof rp, "%s/reference.json", src);
+    snprintf(lp, sizeof lp, "%s/logits.f32", src);
+    if (access(rp, F_OK) || access(lp, F_OK) || strncmp(name, "tiny-", 5)) return;
+    char *js = tl_read(rp, NULL);
+    const char *p = js ? strstr(js, "\"input_ids\"") : NULL;
+    int32_t ids[64];
+    size_t n = 0;
+    if (p && (p = strchr(p, '['))) {
+        for (p++; n < 64;) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p) break;
+            ids[n++] = (int32_t)v;
+            p = end;
+            while (*p == ',' || *p == ' ' || *p == '\n') p++;
+        }
+    }
+    int64_t V = spx_model_vocab_size(mq);
+    size_t len = 0;
+    float *ref = (float *)tl_read(lp, &len);
+    CHECK(n > 0 && ref && len == n * (size_t)V * 4, "%s: reference logits", name);
+    if (n > 0 && ref && len == n * (size_t)V * 4) {
+        float *q = all_logits(mq, ids, n);
+        double se = 0, sr = 0, mean = 0, mx = 0;
+        int same = 0;
+        for (size_t i = 0; i < n * (size_t)V; i++) mean += ref[i];
+        mean /= (double)(n * (size_t)V);
+        for (size_t i = 0; i < n * (size_t)V; i++) {
+            double d = (double)q[i] - ref[i];
+            se += d * d, sr += ((double)ref[i] - mean) * ((double)ref[i] - mean);
+            mx = fabs(d) > mx ? fabs(d) : mx;
+        }
+        for (size_t t = 0; t < n; t++) same += argmax(q + t * V, V) == argmax(ref + t * V, V);
+        double rel = sqrt(se / sr);
+        printf("%-14s .trdc vs transformers: logits max |d| %.4f, rms/std %.4f, top-1 %d/%zu\n", name, mx, rel, same, n);
+        CHECK(isfinite(rel) && rel <= MAX_REL_RMS, "%s: .trdc vs transformers rms %g > %g", name, rel, MAX_REL_RMS);
+        free(q);
+    }
+    free(ref);
+    free(js);
 }
 
 static void check_model(const char *name) {
@@ -118,6 +165,7 @@ static void check_model(const char *name) {
         CHECK(same >= (trained ? MIN_TOP1_TRAINED : MIN_TOP1_RANDOM) * 48, "%s: top-1 agreement %d/48", name, same);
         free(a);
         free(b);
+        report_reference(mq, src, name);
         /* the .trdc carries its tokenizer: it encodes like the folder's */
         if (spx_model_has_tokenizer(mr)) {
             CHECK(spx_model_has_tokenizer(mq), "%s: .trdc lost its tokenizer", name);
@@ -154,24 +202,68 @@ static void check_failures(void) {
     CHECK(spx_compress(&o, &st, &e) == SPX_ERR_ARG, "group 48 accepted");
 }
 
+static int load_config(const char *name, spx_config *c) {
+    char path[512];
+    snprintf(path, sizeof path, "%s", tl_shared("models/"));
+    strncat(path, name, sizeof path - strlen(path) - 1);
+    strncat(path, "/config.json", sizeof path - strlen(path) - 1);
+    size_t len = 0;
+    char *txt = tl_read(path, &len);
+    spx_err e;
+    spx_err_clear(&e);
+    int ok = txt && spx_config_parse(txt, len, path, c, &e) == SPX_OK;
+    CHECK(ok, "%s: %s", path, e.msg);
+    free(txt);
+    return ok;
+}
+
+/* want: the feeding norm's name, or NULL for none */
+static void route(const spx_config *c, const char *tensor, const char *want) {
+    char buf[128];
+    const char *n = spx_arch_feeding_norm(c, tensor, buf, sizeof buf);
+    CHECK(want ? n && !strcmp(n, want) : !n, "%s: feeding norm %s, expected %s", tensor, n ? n : "(none)",
+          want ? want : "(none)");
+}
+
 static void check_routing(void) {
     spx_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = SPX_ARCH_QWEN3;
-    char buf[128];
-    const char *n = spx_arch_feeding_norm(&c, "model.layers.12.mlp.up_proj.weight", buf, sizeof buf);
-    CHECK(n && !strcmp(n, "model.layers.12.post_attention_layernorm.weight"), "%s", n ? n : "(null)");
-    n = spx_arch_feeding_norm(&c, "model.layers.3.self_attn.k_proj.weight", buf, sizeof buf);
-    CHECK(n && !strcmp(n, "model.layers.3.input_layernorm.weight"), "%s", n ? n : "(null)");
-    CHECK(!spx_arch_feeding_norm(&c, "model.layers.3.self_attn.o_proj.weight", buf, sizeof buf), "o_proj has no norm");
-    CHECK(!spx_arch_feeding_norm(&c, "model.layers.3.mlp.down_proj.weight", buf, sizeof buf), "down_proj has no norm");
-    CHECK(!spx_arch_feeding_norm(&c, "lm_head.weight", buf, sizeof buf), "lm_head has no norm");
+    if (load_config("tiny-qwen3", &c)) {
+        route(&c, "model.layers.1.mlp.up_proj.weight", "model.layers.1.post_attention_layernorm.weight");
+        route(&c, "model.layers.0.self_attn.k_proj.weight", "model.layers.0.input_layernorm.weight");
+        route(&c, "model.layers.0.self_attn.o_proj.weight", NULL);
+        route(&c, "model.layers.0.mlp.down_proj.weight", NULL);
+        route(&c, "model.layers.99.mlp.up_proj.weight", NULL); /* no such layer */
+        route(&c, "lm_head.weight", NULL);
+    }
+    if (load_config("tiny-granite4", &c)) { /* layer 0 Mamba-2, layer 1 attention */
+        route(&c, "model.layers.0.mamba.in_proj.weight", "model.layers.0.input_layernorm.weight");
+        route(&c, "model.layers.0.mamba.out_proj.weight", "model.layers.0.mamba.norm.weight");
+        route(&c, "model.layers.0.shared_mlp.input_linear.weight", "model.layers.0.post_attention_layernorm.weight");
+        route(&c, "model.layers.0.shared_mlp.output_linear.weight", NULL);
+        route(&c, "model.layers.1.self_attn.q_proj.weight", "model.layers.1.input_layernorm.weight");
+        route(&c, "model.layers.1.mamba.in_proj.weight", NULL); /* an attention layer has none */
+    }
+    if (load_config("tiny-nemotronh", &c)) { /* Mamba-2, attention, Mamba-2, MLP */
+        route(&c, "backbone.layers.0.mixer.in_proj.weight", "backbone.layers.0.norm.weight");
+        route(&c, "backbone.layers.0.mixer.out_proj.weight", "backbone.layers.0.mixer.norm.weight");
+        route(&c, "backbone.layers.1.mixer.v_proj.weight", "backbone.layers.1.norm.weight");
+        route(&c, "backbone.layers.3.mixer.up_proj.weight", "backbone.layers.3.norm.weight");
+        route(&c, "backbone.layers.3.mixer.down_proj.weight", NULL);
+    }
+    if (load_config("tiny-lfm2", &c)) { /* conv, attention, conv, attention */
+        route(&c, "model.layers.0.conv.in_proj.weight", "model.layers.0.operator_norm.weight");
+        route(&c, "model.layers.0.conv.out_proj.weight", NULL);
+        route(&c, "model.layers.0.feed_forward.w3.weight", "model.layers.0.ffn_norm.weight");
+        route(&c, "model.layers.1.self_attn.q_proj.weight", "model.layers.1.operator_norm.weight");
+        route(&c, "model.layers.1.conv.in_proj.weight", NULL);
+    }
 }
 
 int main(void) {
     check_routing();
     check_failures();
-    const char *models[] = {"tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "stories260K", "docllama-58m"};
+    const char *models[] = {"tiny-llama3", "tiny-qwen2",     "tiny-qwen3",     "tiny-mistral", "tiny-lfm2",
+                            "tiny-granite4", "tiny-nemotronh", "stories260K", "docllama-58m"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
     return tl_finish("test_compress");
 }

@@ -261,7 +261,7 @@ static float ssd_chunk_decays(int64_t L, const float *dt, const float *dtA, cons
             float *Mt = M + t * L;
             const float *CBt = CB + t * L;
             for (int64_t s = 0; s <= t; s++) Mt[s] = E[t] * F[s] * dt[s] * CBt[s];
-            for (int64_t s = t + 1; s < L; s++) Mt[s] = 0.0f;
+            
         }
         cb = ce;
         tb = te;

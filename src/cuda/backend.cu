@@ -72,10 +72,11 @@ extern "C" {
 
 /* ---- per-model device state ------------------------------------------- */
 
+/* A layer on the device by slot (model/arch.h): w[s] for matrix slots,
+ * v[s] for vectors; absent slots are zero / NULL. */
 struct cu_layer {
-    spx_dqmat wq, wk, wv, wo, wg, wu, wd;
-    float *attn_norm, *mlp_norm, *q_norm, *k_norm;
-    float *bq, *bk, *bv, *bo, *bg, *bu, *bd;
+    spx_dqmat w[SPX_SL_COUNT];
+    float *v[SPX_SL_COUNT];
 };
 
 struct cu_model {
@@ -178,12 +179,11 @@ static int gemv_groups_for(const spx_model *m, int n_sm) {
     auto ok = [&](int64_t t) { return t * 10 >= (int64_t)n_sm * 19; };
     if (m->lm_head.q.layout != SPX_Q_TILED || !ok(tiles(m->lm_head))) return 0;
     for (int64_t l = 0; l < m->cfg.n_layers; l++) {
-        const spx_layer *L = &m->layers[l];
-        const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (const spx_wmat *x : w)
-            if (x->q.layout != SPX_Q_TILED) return 0;
-        if (!ok(tiles(L->wq) + tiles(L->wk) + tiles(L->wv)) || !ok(tiles(L->wo)) ||
-            !ok(tiles(L->w_gate) + tiles(L->w_up)) || !ok(tiles(L->w_down)))
+        const spx_wmat *W = m->layers[l].w;
+        for (int s = 0; s < SPX_SL_COUNT; s++)
+            if (W[s].rows && W[s].q.layout != SPX_Q_TILED) return 0;
+        if (!ok(tiles(W[SPX_SL_Q]) + tiles(W[SPX_SL_K]) + tiles(W[SPX_SL_V])) || !ok(tiles(W[SPX_SL_O])) ||
+            !ok(tiles(W[SPX_SL_GATE]) + tiles(W[SPX_SL_UP])) || !ok(tiles(W[SPX_SL_DOWN])))
             return 0;
     }
     return 1;
@@ -194,9 +194,9 @@ static int gemv_groups_for(const spx_model *m, int n_sm) {
  * silu(gate) * up input after tiled gate/up) run only on the tensor-core
  * kernels, whose shared memory bounds the outlier count. */
 static spx_status check_launches(const spx_model *m, int64_t l, spx_err *e) {
-    const spx_layer *L = &m->layers[l];
-    const spx_qtensor *q = &L->wq.q, *k = &L->wk.q, *v = &L->wv.q, *g = &L->w_gate.q, *u = &L->w_up.q,
-                      *d = &L->w_down.q, *o = &L->wo.q;
+    const spx_wmat *W = m->layers[l].w;
+    const spx_qtensor *q = &W[SPX_SL_Q].q, *k = &W[SPX_SL_K].q, *v = &W[SPX_SL_V].q, *g = &W[SPX_SL_GATE].q,
+                      *u = &W[SPX_SL_UP].q, *d = &W[SPX_SL_DOWN].q, *o = &W[SPX_SL_O].q;
     if (q->layout != k->layout || q->layout != v->layout || g->layout != u->layout)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: layer %lld mixes tiled and row-major matrices in q/k/v or gate/up; the cuda backend "
@@ -216,29 +216,10 @@ static spx_status check_launches(const spx_model *m, int64_t l, spx_err *e) {
 
 /* Uploads (or, dry, sizes) layer l's components into *D. */
 static void upload_layer(uploader *u, const spx_model *m, int64_t l, cu_layer *D) {
-    const spx_config *c = &m->cfg;
-    int64_t H = c->hidden_size, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
-    int64_t I = c->intermediate_size;
-    {
-        const spx_layer *L = &m->layers[l];
-        D->wq = up_mat(u, &L->wq);
-        D->wk = up_mat(u, &L->wk);
-        D->wv = up_mat(u, &L->wv);
-        D->wo = up_mat(u, &L->wo);
-        D->wg = up_mat(u, &L->w_gate);
-        D->wu = up_mat(u, &L->w_up);
-        D->wd = up_mat(u, &L->w_down);
-        D->attn_norm = up_vec(u, L->attn_norm, H);
-        D->mlp_norm = up_vec(u, L->mlp_norm, H);
-        D->q_norm = up_vec(u, L->q_norm, hd);
-        D->k_norm = up_vec(u, L->k_norm, hd);
-        D->bq = up_vec(u, L->bq, qd);
-        D->bk = up_vec(u, L->bk, kvd);
-        D->bv = up_vec(u, L->bv, kvd);
-        D->bo = up_vec(u, L->bo, H);
-        D->bg = up_vec(u, L->b_gate, I);
-        D->bu = up_vec(u, L->b_up, I);
-        D->bd = up_vec(u, L->b_down, H);
+    const spx_layer *L = &m->layers[l];
+    for (int s = 0; s < SPX_SL_COUNT; s++) {
+        if (spx_slots[s].mat) D->w[s] = L->w[s].rows ? up_mat(u, &L->w[s]) : spx_dqmat{};
+        else D->v[s] = up_vec(u, L->v[s], spx_slot_numel(&m->cfg, l, (spx_slot)s));
     }
 }
 
@@ -368,16 +349,16 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
                         m->path, (long long)c->head_dim, (long long)c->n_heads, (long long)c->n_kv_heads,
                         SPX_ATTN_MAX_HD);
     char nm[160];
-    SPX_TRY(check_mat(m, &m->embed, "model.embed_tokens.weight", e));
-    SPX_TRY(check_mat(m, &m->lm_head, "lm_head.weight", e));
+    if (!spx_arch_is_llama_blocks(c, nm, sizeof nm))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: the cuda backend runs attention + SwiGLU layers only and %s; use --backend cpu", m->path, nm);
+    SPX_TRY(check_mat(m, &m->embed, spx_arch_embed_name(c), e));
+    SPX_TRY(check_mat(m, &m->lm_head, spx_arch_lm_head_name(c), e));
     for (int64_t l = 0; l < c->n_layers; l++) {
-        const spx_layer *L = &m->layers[l];
-        const spx_wmat *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        const char *n[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                           "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-        for (int i = 0; i < 7; i++) {
-            snprintf(nm, sizeof nm, "model.layers.%lld.%s.weight", (long long)l, n[i]);
-            SPX_TRY(check_mat(m, w[i], nm, e));
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            if (!spx_slots[s].mat || !m->layers[l].w[s].rows) continue;
+            spx_slot_tensor_name(c, l, (spx_slot)s, nm, sizeof nm);
+            SPX_TRY(check_mat(m, &m->layers[l].w[s], nm, e));
         }
         SPX_TRY(check_launches(m, l, e));
     }
@@ -734,15 +715,15 @@ static spx_gemv_args gemv_one(const spx_dqmat &w, const float *x, float *y, cons
 /* The decode step's GEMV launches of layer L: merged q/k/v on rmsnorm(h);
  * gate/up on rmsnorm(h) and down added into h (below). */
 static spx_gemv_args gemv_qkv(const cu_layer *L, cu_sess *cs, float eps) {
-    spx_gemv_args g = gemv_one(L->wq, cs->h, cs->q, L->bq, SPX_GEMV_STORE);
-    g.w[1] = L->wk;
+    spx_gemv_args g = gemv_one(L->w[SPX_SL_Q], cs->h, cs->q, L->v[SPX_SL_BQ], SPX_GEMV_STORE);
+    g.w[1] = L->w[SPX_SL_K];
     g.o[1].y = cs->k;
-    g.o[1].bias = L->bk;
-    g.w[2] = L->wv;
+    g.o[1].bias = L->v[SPX_SL_BK];
+    g.w[2] = L->w[SPX_SL_V];
     g.o[2].y = cs->v;
-    g.o[2].bias = L->bv;
+    g.o[2].bias = L->v[SPX_SL_BV];
     g.n_mats = 3;
-    g.gain = L->attn_norm;
+    g.gain = L->v[SPX_SL_MIX_NORM];
     g.eps = eps;
     return g;
 }
@@ -751,21 +732,21 @@ static spx_gemv_args gemv_qkv(const cu_layer *L, cu_sess *cs, float eps) {
  * product in gate too; else silu(gate) and up are stored apart and the
  * down GEMV's input is their product (x2). */
 static spx_gemv_args gemv_gate_up(const cu_layer *L, cu_sess *cs, float eps, bool pair) {
-    const bool tl = L->wg.tiled, apart = tl && !pair;
-    spx_gemv_args g = gemv_one(L->wg, cs->h, cs->gate, L->bg, tl ? SPX_GEMV_STORE : SPX_GEMV_SWIGLU);
-    g.w[1] = L->wu;
+    const bool tl = L->w[SPX_SL_GATE].tiled, apart = tl && !pair;
+    spx_gemv_args g = gemv_one(L->w[SPX_SL_GATE], cs->h, cs->gate, L->v[SPX_SL_B_GATE], tl ? SPX_GEMV_STORE : SPX_GEMV_SWIGLU);
+    g.w[1] = L->w[SPX_SL_UP];
     g.o[0].silu = apart;
     g.o[1].y = apart ? cs->up : NULL;
-    g.o[1].bias = L->bu;
+    g.o[1].bias = L->v[SPX_SL_B_UP];
     g.n_mats = 2;
-    g.gain = L->mlp_norm;
+    g.gain = L->v[SPX_SL_FFN_NORM];
     g.eps = eps;
     g.pair = tl && pair;
     return g;
 }
 static spx_gemv_args gemv_down(const cu_layer *L, cu_sess *cs, bool pair) {
-    spx_gemv_args g = gemv_one(L->wd, cs->gate, cs->h, L->bd, SPX_GEMV_ADD);
-    g.x2 = L->wg.tiled && !pair ? cs->up : NULL;
+    spx_gemv_args g = gemv_one(L->w[SPX_SL_DOWN], cs->gate, cs->h, L->v[SPX_SL_B_DOWN], SPX_GEMV_ADD);
+    g.x2 = L->w[SPX_SL_GATE].tiled && !pair ? cs->up : NULL;
     return g;
 }
 
@@ -804,17 +785,15 @@ template <typename T> static T *rebase_ptr(T *p, const uint8_t *img, uint8_t *sl
  * the slot (offsets are the same in both). */
 static cu_layer rebase_layer(const cu_layer &L, const uint8_t *img, uint8_t *slot) {
     cu_layer D = L;
-    spx_dqmat *w[] = {&D.wq, &D.wk, &D.wv, &D.wo, &D.wg, &D.wu, &D.wd};
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
-        w[i]->codes = rebase_ptr(w[i]->codes, img, slot);
-        w[i]->scales = rebase_ptr(w[i]->scales, img, slot);
-        w[i]->zeros = rebase_ptr(w[i]->zeros, img, slot);
-        w[i]->oidx = rebase_ptr(w[i]->oidx, img, slot);
-        w[i]->oval = rebase_ptr(w[i]->oval, img, slot);
+    for (int s = 0; s < SPX_SL_COUNT; s++) {
+        spx_dqmat *w = &D.w[s];
+        w->codes = rebase_ptr(w->codes, img, slot);
+        w->scales = rebase_ptr(w->scales, img, slot);
+        w->zeros = rebase_ptr(w->zeros, img, slot);
+        w->oidx = rebase_ptr(w->oidx, img, slot);
+        w->oval = rebase_ptr(w->oval, img, slot);
+        D.v[s] = rebase_ptr(D.v[s], img, slot);
     }
-    float **v[] = {&D.attn_norm, &D.mlp_norm, &D.q_norm, &D.k_norm, &D.bq, &D.bk,
-                   &D.bv,        &D.bo,       &D.bg,     &D.bu,     &D.bd};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) *v[i] = rebase_ptr(*v[i], img, slot);
     return D;
 }
 
@@ -922,10 +901,10 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         if (n == 1) {
             SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_qkv(L, cs, eps)), nsm, st, pdl0));
         } else {
-            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->attn_norm, eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wq, cs->x16, H, cs->q, qd, L->bq, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wk, cs->x16, H, cs->k, kvd, L->bk, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wv, cs->x16, H, cs->v, kvd, L->bv, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_MIX_NORM], eps, n, H, NULL, cs->x16, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_Q], cs->x16, H, cs->q, qd, L->v[SPX_SL_BQ], n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_K], cs->x16, H, cs->k, kvd, L->v[SPX_SL_BK], n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_V], cs->x16, H, cs->v, kvd, L->v[SPX_SL_BV], n, 0), nsm, st));
         }
         spx_rope_args ra;
         memset(&ra, 0, sizeof ra);
@@ -937,8 +916,8 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
         ra.nkv = nkv;
         ra.hd = (int)hd;
         ra.inv_freq = cm->inv_freq;
-        ra.q_norm = L->q_norm;
-        ra.k_norm = L->k_norm;
+        ra.q_norm = L->v[SPX_SL_Q_NORM];
+        ra.k_norm = L->v[SPX_SL_K_NORM];
         ra.eps = eps;
         ra.pos = cs->d_pos;
         ra.kc = kc;
@@ -965,16 +944,16 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             aa.k_new = cs->k;
             aa.v_new = cs->v;
             aa.inv_freq = cm->inv_freq;
-            aa.q_norm = L->q_norm;
-            aa.k_norm = L->k_norm;
+            aa.q_norm = L->v[SPX_SL_Q_NORM];
+            aa.k_norm = L->v[SPX_SL_K_NORM];
             aa.eps = eps;
         }
         SPX_CUDA_TRY(e, spx_attention(aa, st, pdl));
         if (n == 1) {
-            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_one(L->wo, cs->att, cs->h, L->bo, SPX_GEMV_ADD)), nsm, st, pdl));
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_one(L->w[SPX_SL_O], cs->att, cs->h, L->v[SPX_SL_BO], SPX_GEMV_ADD)), nsm, st, pdl));
         } else {
             SPX_CUDA_TRY(e, spx_to_half(cs->att, (int64_t)n * qd, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wo, cs->x16, qd, cs->h, H, L->bo, n, 1), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_O], cs->x16, qd, cs->h, H, L->v[SPX_SL_BO], n, 1), nsm, st));
         }
         /* MLP block */
         if (n == 1) {
@@ -982,11 +961,11 @@ static spx_status enqueue_forward(spx_session *s, int n, int lmode, int n_splits
             SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_gate_up(L, cs, eps, pair)), nsm, st, pdl));
             SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_down(L, cs, pair)), nsm, st, pdl));
         } else {
-            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->mlp_norm, eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wg, cs->x16, H, cs->gate, I, L->bg, n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wu, cs->x16, H, cs->up, I, L->bu, n, 0), nsm, st));
+            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_FFN_NORM], eps, n, H, NULL, cs->x16, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_GATE], cs->x16, H, cs->gate, I, L->v[SPX_SL_B_GATE], n, 0), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_UP], cs->x16, H, cs->up, I, L->v[SPX_SL_B_UP], n, 0), nsm, st));
             SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)n * I, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->wd, cs->x16, I, cs->h, H, L->bd, n, 1), nsm, st));
+            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_DOWN], cs->x16, I, cs->h, H, L->v[SPX_SL_B_DOWN], n, 1), nsm, st));
         }
         if (streamed) SPX_TRY(pp_layer_end(m, cm, cs, l, e));
     }

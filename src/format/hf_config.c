@@ -80,7 +80,7 @@ static spx_status parse_rope(ctx *c, spx_config *cfg) {
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     const char *where = "rope_parameters";
-    cfg->rope_theta = 10000.0;
+    cfg->rope_theta = cfg->arch == SPX_ARCH_LFM2 ? 1e6 : 10000.0; /* Lfm2Config's default is 1e6 */
     SPX_TRY(get_num(c, root, "rope_theta", false, 1e-3, 1e12, &cfg->rope_theta));
     const cJSON *params = NULL;
     if (rp && !cJSON_IsNull(rp)) {
@@ -334,7 +334,7 @@ static spx_status parse_lfm2(ctx *c, spx_config *cfg) {
     int64_t ff = 0;
     SPX_TRY(get_int(c, root, "block_ff_dim", false, 1, CAP_DIM, &ff));
     SPX_TRY(get_int(c, root, "intermediate_size", ff == 0, 1, CAP_DIM, &ff));
-    bool adjust = false;
+    bool adjust = true; /* Lfm2Config's default */
     SPX_TRY(get_bool(c, root, "block_auto_adjust_ff_dim", &adjust));
     if (adjust) {
         double mult = 1.0;
@@ -387,7 +387,7 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
     bool attn_bias = false;
     SPX_TRY(get_bool(c, root, "attention_bias", &attn_bias));
     cfg->qkv_bias = cfg->o_bias = attn_bias;
-    v = cfg->attn_scale;
+    v = 1; /* the softmax scale is attention_multiplier, default 1.0, never 1/sqrt(head_dim) */
     SPX_TRY(get_num(c, root, "attention_multiplier", false, 0, 1e6, &v));
     cfg->attn_scale = (float)v;
     v = 1;
@@ -399,10 +399,13 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
     v = 1;
     SPX_TRY(get_num(c, root, "logits_scaling", false, 1e-6, 1e6, &v));
     cfg->logits_div = (float)v;
+    /* transformers rotates only when position_embedding_type is "rope"
+     * (absent or null: no positions) */
     const cJSON *pe = cJSON_GetObjectItemCaseSensitive(root, "position_embedding_type");
+    cfg->rope = false;
     if (pe && !cJSON_IsNull(pe)) {
-        if (cJSON_IsString(pe) && !strcmp(pe->valuestring, "nope")) cfg->rope = false;
-        else if (!cJSON_IsString(pe) || strcmp(pe->valuestring, "rope"))
+        if (cJSON_IsString(pe) && !strcmp(pe->valuestring, "rope")) cfg->rope = true;
+        else if (!cJSON_IsString(pe) || strcmp(pe->valuestring, "nope"))
             return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'position_embedding_type' must be \"rope\" or \"nope\"", c->label);
     }
     static const ssm_keys k = {"mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv",
@@ -481,7 +484,7 @@ static spx_status parse_nemotron_h(ctx *c, spx_config *cfg) {
         SPX_TRY(parse_ssm(c, cfg, &k));
         /* transformers' torch path clamps the step below at time_step_min
          * and ignores time_step_limit (docs/numerics.md) */
-        double tmin = 0;
+        double tmin = 0.001; /* NemotronHConfig's default */
         SPX_TRY(get_num(c, root, "time_step_min", false, 0, 1, &tmin));
         cfg->ssm_dt_lo = (float)tmin;
         cfg->ssm_dt_hi = INFINITY;

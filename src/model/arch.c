@@ -277,3 +277,25 @@ int spx_arch_is_llama_blocks(const spx_config *c, char *why, size_t cap) {
         return snprintf(why, cap, "it scales embeddings, residuals, logits or attention scores"), 0;
     return 1;
 }
+
+void spx_arch_layers_summary(const spx_config *c, char *buf, size_t cap) {
+    char kinds[8][32];
+    int64_t count[8] = {0};
+    int nk = 0;
+    size_t o = (size_t)snprintf(buf, cap, "%lld layers:", (long long)c->n_layers);
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        char k[32];
+        spx_layer_kind_name(c, l, k, sizeof k);
+        int i = 0;
+        while (i < nk && strcmp(kinds[i], k)) i++;
+        if (i == nk && nk < 8) snprintf(kinds[nk++], sizeof kinds[0], "%s", k);
+        if (i < 8) count[i]++;
+    }
+    for (int i = 0; i < nk && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s %lld %s", i ? "," : "", (long long)count[i], kinds[i]);
+    if (c->n_layers > 128 || nk < 2 || o >= cap) return;
+    o += (size_t)snprintf(buf + o, cap - o, "; pattern ");
+    static const char sym[] = {'-', '*', 'C', 'M'};
+    for (int64_t l = 0; l < c->n_layers && o + 1 < cap; l++) buf[o++] = sym[c->mixer[l] & 3];
+    buf[o < cap ? o : cap - 1] = 0;
+}

@@ -76,6 +76,11 @@ int64_t spx_layer_state_floats(const spx_config *c, int64_t l);
 /* "attn+swiglu", "conv+swiglu", "mamba2+swiglu", "relu2", ...: layer l's kinds. */
 const char *spx_layer_kind_name(const spx_config *c, int64_t l, char *buf, size_t cap);
 
+/* One line on the layer structure: counts per kind and, for up to 128
+ * layers, the pattern (C short conv, * attention, M Mamba-2, - FFN only),
+ * e.g. "4 layers: 2 conv+swiglu, 2 attn+swiglu; pattern C*C*". */
+void spx_arch_layers_summary(const spx_config *c, char *buf, size_t cap);
+
 /* 1 when every layer is attention (with RoPE, the default softmax scale)
  * + separate-gate SwiGLU and no multipliers: the blocks the CUDA backend
  * implements. 0 with the first difference described in why. */

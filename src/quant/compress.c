@@ -119,9 +119,9 @@ static void importance(const spx_config *cfg, const spx_st *st, const spx_st_ten
                        workspace *w, int *have) {
     int64_t cols = t->shape[1];
     *have = 0;
-    if (!gamma && (!strcmp(t->name, "lm_head.weight") ||
-                   (cfg->tie_embeddings && !strcmp(t->name, "model.embed_tokens.weight"))))
-        gamma = norm_gain(st, "model.norm.weight", cols, w->gamma);
+    if (!gamma && (!strcmp(t->name, spx_arch_lm_head_name(cfg)) ||
+                   (cfg->tie_embeddings && !strcmp(t->name, spx_arch_embed_name(cfg)))))
+        gamma = norm_gain(st, spx_arch_final_norm_name(cfg), cols, w->gamma);
     if (!gamma) return;
     for (int64_t c = 0; c < cols; c++) w->imp[c] = gamma[c] * gamma[c];
     *have = 1;

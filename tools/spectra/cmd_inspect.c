@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "common.h"
 #include "format/trdc.h"
+#include "model/arch.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -86,7 +87,18 @@ static void print_table(const spx_trdc *f) {
            "tokenizer %s\n",
            spx_trdc_path(f), (unsigned long long)spx_trdc_version(f), spx_trdc_generator(f),
            model_type(f), spx_trdc_count(f), spx_trdc_tokenizer_json(f) ? "embedded" : "none");
-    printf("quantization: %s\n\n", qs ? qs : "?");
+    printf("quantization: %s\n", qs ? qs : "?");
+    {
+        char *cj = spx_trdc_config_json(f), lay[1200] = "?";
+        spx_config cfg;
+        spx_err e;
+        spx_err_clear(&e);
+        if (cj && spx_config_parse(cj, strlen(cj), spx_trdc_path(f), &cfg, &e) == SPX_OK)
+            spx_arch_layers_summary(&cfg, lay, sizeof lay);
+        else snprintf(lay, sizeof lay, "config not understood: %s", e.msg);
+        printf("layers: %s\n\n", lay);
+        free(cj);
+    }
     free(qs);
 
     int w = 4;

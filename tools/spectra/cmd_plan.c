@@ -178,6 +178,13 @@ int cmd_plan(int argc, char **argv) {
             cJSON_AddStringToObject(mo, "path", model);
             cJSON_AddStringToObject(mo, "arch", c->arch_name);
             cJSON_AddNumberToObject(mo, "n_layers", (double)c->n_layers);
+            cJSON *kinds = cJSON_AddArrayToObject(mo, "layers");
+            for (int64_t l = 0; kinds && l < c->n_layers; l++) {
+                char k[32];
+                cJSON_AddItemToArray(kinds, cJSON_CreateString(spx_layer_kind_name(c, l, k, sizeof k)));
+            }
+            cJSON_AddNumberToObject(mo, "kv_layers", (double)c->n_attn_layers);
+            cJSON_AddNumberToObject(mo, "state_bytes", (double)m->state_floats * 4.0);
             cJSON_AddNumberToObject(mo, "max_context", (double)c->max_pos);
             cJSON_AddBoolToObject(mo, "quantized", quant);
             cJSON_AddNumberToObject(mo, "tiled_matrices", (double)n_tiled);
@@ -190,6 +197,10 @@ int cmd_plan(int argc, char **argv) {
         print_hw(&hw);
         printf("\nmodel     %s: %s, %lld layers, %s, trained context %lld\n", model, c->arch_name,
                (long long)c->n_layers, quant ? "4-bit matrices" : "dense matrices", (long long)c->max_pos);
+        char lay[512];
+        spx_arch_layers_summary(c, lay, sizeof lay);
+        printf("          %s; KV cache in %lld; recurrent state %.1f KiB per sequence\n", lay,
+               (long long)c->n_attn_layers, (double)m->state_floats * 4.0 / 1024.0);
         if (n_tiled || n_could)
             printf("          layout: %lld of %lld tileable matrices tiled%s\n", (long long)n_tiled,
                    (long long)(n_tiled + n_could),
