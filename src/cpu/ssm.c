@@ -254,14 +254,14 @@ static float ssd_chunk_decays(int64_t L, const float *dt, const float *dtA, cons
             c += dtA[s];
             /* below exp(-110) the product with E <= 1 is under float's
              * smallest denormal anyway */
-            F[s] = r - c < -110.0 ? 0.0f : (float)exp(r - c);
-            if (s >= tb) E[s] = (float)exp(c - r);
+            F[s] = r - c < -110.0 ? 0.0f : (float)exp((double)((float)r - (float)c));
+            if (s >= tb) E[s] = (float)exp((double)((float)c - (float)r));
         }
         for (int64_t t = tb; t < te; t++) {
             float *Mt = M + t * L;
             const float *CBt = CB + t * L;
             for (int64_t s = 0; s <= t; s++) Mt[s] = E[t] * F[s] * dt[s] * CBt[s];
-            
+            for (int64_t s = t + 1; s < L; s++) Mt[s] = 0.0f;
         }
         cb = ce;
         tb = te;

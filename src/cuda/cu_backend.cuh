@@ -1,0 +1,183 @@
+/* cu_backend.cuh: the CUDA backend's internal state and the entry points its
+ * files share (the spx_backend table, engine/backend.h, is in cu_step.cu).
+ *
+ * Files by concern: cu_model.cu (upload, residency, model init/free),
+ * cu_session.cu (device KV cache and scratch), cu_forward.cu (the forward
+ * pass assembled from the model's layers), cu_offload.cu (ping-pong layer
+ * streaming and its measurements), cu_step.cu (decode graphs, the step and
+ * queued-ahead protocol).
+ *
+ *
+ * model_init uploads every quantized matrix component by component exactly
+ * as laid out in the .trdc map (codes, fp16 scales, packed zero nibbles,
+ * outlier indices and values: no re-layout) into one device allocation,
+ * plus norm gains, biases and RoPE frequencies as float32. Dense matrices
+ * are refused ("compress first"): this backend runs 4-bit G32 .trdc models.
+ *
+ * session_init allocates the device KV cache (fp16, the CPU's layout, or
+ * with --kv q4 the CPU's 4-bit rows split into code/scale/zero planes,
+ * kvq4_math.h) and
+ * scratch for SPX_BATCH_MAX_CUDA tokens. forward(n) runs the same math as the
+ * CPU reference (engine/forward.c): n == 1 through the fused GEMV path
+ * (RMSNorm in the GEMV prologue, merged Q/K/V launch, residual adds and
+ * SwiGLU in GEMV epilogues, RoPE and the fp16 KV store in the decode
+ * attention kernel), n >= 2 through the tensor-core GEMM. Every
+ * kernel reads the position (and the embedding its token ids) from device
+ * memory, so step_greedy captures one decode step (ending with the argmax
+ * and the position advance on the device) in a CUDA graph once per
+ * session and replays it; only the next token id comes back to the host.
+ *
+ * Ping-pong layer offload (layers streamed from pinned host memory through
+ * two device slots): cu_offload.cu.
+ *
+ * The single-token kernels are chained with programmatic dependent launch
+ * (each fetches its first weights before waiting for the previous one);
+ * SPECTRA_CUDA_PDL=0 turns that off (for measurements). The decode
+ * attention kernel does rope_store's work (q/k norm, RoPE, the store of
+ * the token's K/V row, quantized for --kv q4); SPECTRA_CUDA_KVQ4_FUSE=0
+ * keeps rope_store's launch for the 4-bit cache (measurements).
+ *
+ * Limits: one device (the first); KV cache fp16 or q4 (--kv f32 is refused
+ * with a message); head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
+ * The host-side KV cache and scratch that api.c allocates for every
+ * session stay unused here. */
+#ifndef SPX_CUDA_CU_BACKEND_CUH
+#define SPX_CUDA_CU_BACKEND_CUH
+
+#include "cuda/act.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/cuda_check.h"
+#include "cuda/embed.cuh"
+#include "cuda/gemm_cublas.cuh"
+#include "cuda/gemm_q4.cuh"
+#include "cuda/gemv_q4.cuh"
+#include "cuda/norm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/sample.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "core/dtype.h"
+#include "engine/backend.h"
+#include "engine/plan.h"
+#include "engine/session.h"
+}
+
+/* ---- per-model device state ------------------------------------------- */
+
+/* A layer on the device by slot (model/arch.h): w[s] for matrix slots,
+ * v[s] for vectors; absent slots are zero / NULL. */
+struct cu_layer {
+    spx_dqmat w[SPX_SL_COUNT];
+    float *v[SPX_SL_COUNT];
+};
+
+struct cu_model {
+    int dev, n_sm;
+    bool pdl;                 /* decode kernels use programmatic dependent launch */
+    bool kvq4_fuse;           /* --kv q4 decode: RoPE and the row's store in the attention kernel */
+    int gemv_groups;          /* spx_gemv_args.groups for every decode GEMV (gemv_groups_for) */
+    int gemv_pair;            /* tiled gate/up as spx_gemv_args.pair: with gemv_groups (SPECTRA_GEMV_PAIR=0/1) */
+    uint8_t *arena;
+    size_t arena_bytes;
+    cu_layer *layers;
+    spx_dqmat embed, lm_head;
+    float *final_norm, *inv_freq;
+    void *cublas;             /* cuBLAS handle of the prefill GEMM, or NULL (gemm_q4.cu's kernel) */
+    /* ping-pong offload: layers [n_resident, n_layers) stream; their cu_layer
+     * pointers point into host (the image of layer l starts at img_off[l]) */
+    int64_t n_resident;
+    uint8_t *host;            /* pinned */
+    size_t host_bytes;
+    size_t *img_off, *img_bytes; /* [n_layers]; set for streamed layers */
+    size_t slot_bytes;        /* largest streamed image, rounded up to 256 */
+    uint64_t stream_bytes;    /* sum of the streamed images: copied per forward pass */
+};
+
+/* Two passes over the weights: the first (dry) sizes the arena, the second
+ * copies. Every component starts 256-byte aligned. */
+/* ---- per-session device state ------------------------------------------ */
+
+enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3, LM_SAMPLE = 4 };
+
+#define CU_PART_TOK_SPLITS 128 /* n_tok * n_splits bound when splitting */
+
+/* Ping-pong offload state of a session (when its model streams layers):
+ * the slots, the copy stream and the events ordering it against the
+ * compute stream, all made at session start (events used inside a graph
+ * capture must exist before it). */
+struct cu_pp {
+    cudaStream_t cp;              /* copy stream */
+    uint8_t *slots;               /* [n_slots * slot_bytes] */
+    cudaEvent_t fork, join;       /* cp starts after, and st continues after, a pass's copies */
+    cudaEvent_t copied[2];        /* slot i holds the layer its last copy brought */
+    cudaEvent_t used[2];          /* the last kernel reading slot i finished */
+    int no_copy;                  /* measurement: compute from the slots as they are (streamed layers 0, 1), no copies */
+};
+
+struct cu_sess {
+    cudaStream_t st;
+    __half *kc, *vc;                 /* [n_layers, n_ctx, kvd]; --kv q4: the bytes of kvq4_math.h's layout */
+    float *h, *x, *q, *k, *v, *att, *gate, *up, *logits, *part;
+    float *ws;                       /* split-K workspace of the GEMM */
+    size_t ws_floats;
+    __half *x16;                     /* [B, max(H, qd, I)] */
+    __half *w16;                     /* fp16 weight scratch of the cuBLAS prefill GEMM (NULL: gemm_q4.cu's kernel) */
+    size_t w16_elems;
+    int32_t *d_ids, *d_pos;
+    unsigned long long *d_best;
+    int *attn_cnt;                   /* [n_heads] the decode attention's split counters (spx_attn_args.cnt) */
+    spx_sample_dev *d_samp, *pin_samp; /* sampling parameters and RNG state (device, pinned) */
+    cudaGraphExec_t graph_s;           /* the decode step ending with the device sampler */
+    int have_graph_s;
+    int32_t *pin;                    /* pinned: [B] ids, [B] pos (the next id comes back through ring) */
+    cudaGraphExec_t graph;
+    int have_graph;
+    int dev_known;                   /* device pos/ids[0] mirror the fields below */
+    int64_t dev_pos;
+    int32_t dev_tok;
+    /* Decode steps queued one ahead (cu_step): the argmax or the sampler
+     * writes each step's token (and the sampler its RNG state) into ring
+     * (mapped pinned memory, 2 x SPX_TOKEN_RING entries) and step_ev[pos & 1]
+     * is recorded after the step; pend: the step at pend_pos with input
+     * pend_tok is queued, its result not yet read. */
+    unsigned long long *ring, *ring_d; /* host and device addresses */
+    cudaEvent_t step_ev[2];
+    int pend;
+    int64_t pend_pos;
+    int32_t pend_tok;
+    int pend_sampled;                /* the queued step samples, with pend_samp (its parameters and RNG state) */
+    spx_sample_dev pend_samp;
+    int ahead_ok;                    /* SPECTRA_CUDA_AHEAD=0: never queue a step ahead (measurements) */
+    int dec_splits;
+    void *allocs[32];                /* every cudaMalloc above, freed in session_free */
+    int n_allocs;
+    cu_pp pp;                        /* ping-pong offload (see the top of this file) */
+};
+
+static inline double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+static inline int64_t cu_pp_n_stream(const spx_model *m, const cu_model *cm) { return m->cfg.n_layers - cm->n_resident; }
+
+
+/* ---- entry points shared by the backend's files ---------------------------- */
+
+spx_status cu_capture_decode(spx_session *s, cu_sess *cs, spx_err *e);
+spx_status cu_capture_graph(spx_session *s, cu_sess *cs, cudaGraphExec_t *out, spx_err *e, int lmode = LM_ARGMAX);
+spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
+void cu_model_free(spx_model *m);
+spx_status cu_model_init(spx_model *m, spx_err *e);
+spx_status cu_offload_stats(spx_session *s, int32_t n_steps, spx_offload_stats *o, spx_err *e);
+void cu_session_free(spx_session *s);
+spx_status cu_session_init(spx_session *s, spx_err *e);
+spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e);
+spx_status cu_pp_begin(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);
+spx_status cu_pp_end(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);
+spx_status cu_pp_layer_begin(const cu_model *cm, cu_sess *cs, int64_t l, cu_layer *out, spx_err *e);
+spx_status cu_pp_layer_end(const spx_model *m, const cu_model *cm, cu_sess *cs, int64_t l, spx_err *e);
+int cu_splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys);
+
+#endif

@@ -1,0 +1,359 @@
+/* cu_model.cu: model_init / model_free of the CUDA backend: every matrix
+ * uploaded component by component exactly as laid out in the .trdc map,
+ * slot by slot (model/arch.h), into one device allocation; the residency
+ * decision (resident or ping-pong) from the device budget. */
+#include "cuda/cu_backend.cuh"
+
+struct uploader {
+    uint8_t *base;
+    size_t off;
+    int dry;
+    int host;                 /* base is (pinned) host memory: plain copies */
+    cudaError_t err;
+};
+
+static void *up_take(uploader *u, const void *src, size_t n) {
+    size_t o = (u->off + 255) & ~(size_t)255;
+    u->off = o + n + 16; /* slack: the GEMV reads scale/zero words aligned down */
+    if (u->dry) return NULL;
+    if (u->host) {
+        if (n) memcpy(u->base + o, src, n);
+        memset(u->base + o + n, 0, 16);
+    } else if (n && u->err == cudaSuccess) {
+        u->err = cudaMemcpy(u->base + o, src, n, cudaMemcpyHostToDevice);
+    }
+    return u->base + o;
+}
+
+static float *up_vec(uploader *u, const float *v, int64_t n) {
+    return v ? (float *)up_take(u, v, (size_t)n * sizeof(float)) : NULL;
+}
+
+static spx_dqmat up_mat(uploader *u, const spx_wmat *w) {
+    const spx_qtensor *q = &w->q;
+    spx_dqmat d;
+    memset(&d, 0, sizeof d);
+    d.rows = q->rows;
+    d.cols = q->cols;
+    d.n_groups = (int)(q->cols / SPX_CUDA_GROUP);
+    d.zrow = (d.n_groups + 1) / 2;
+    d.n_out = (int)q->n_outliers;
+    d.tiled = q->layout == SPX_Q_TILED;
+    size_t r = (size_t)q->rows;
+    d.codes = (const uint8_t *)up_take(u, q->codes, (size_t)spx_q_codes_bytes(q->rows, q->cols, 4, q->layout));
+    d.scales = (const __half *)up_take(u, q->scales, (size_t)spx_q_scales_bytes(q->rows, q->cols, 32, q->layout));
+    d.zeros = (const uint8_t *)up_take(u, q->zeros, (size_t)spx_q_zeros_bytes(q->rows, q->cols, 32, q->layout));
+    if (d.n_out > 0) {
+        d.oidx = (const int32_t *)up_take(u, q->outlier_idx, (size_t)d.n_out * 4);
+        d.oval = (const __half *)up_take(u, q->outlier_val, r * (size_t)d.n_out * 2);
+    }
+    return d;
+}
+
+static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *name, spx_err *e) {
+    if (w->kind != SPX_WM_QUANT)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: matrix '%s' is dense %s; the cuda backend runs 4-bit .trdc models: compress first "
+                        "(spectra compress -m MODEL -o MODEL.trdc)",
+                        m->path, name, spx_dtype_name(w->dtype));
+    const spx_qtensor *q = &w->q;
+    if (q->bits != 4 || q->group != SPX_CUDA_GROUP)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: matrix '%s' has %d-bit codes in groups of %d; the cuda backend runs 4 bits in groups of "
+                        "32 (recompress with --bits 4 --group 32)",
+                        m->path, name, (int)q->bits, (int)q->group);
+    if (q->cols % SPX_CUDA_GROUP || q->cols > SPX_GEMV_MAX_COLS || q->rows >= ((int64_t)1 << 31))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: matrix '%s' is [%lld, %lld]; the cuda backend needs cols <= %d",
+                        m->path, name, (long long)q->rows, (long long)q->cols, SPX_GEMV_MAX_COLS);
+    return SPX_OK;
+}
+
+/* Whether the decode GEMVs run as blocks of two warp groups sharing one
+ * input image (spx_gemv_args.groups): for all of a model's launches or for
+ * none, since mixing the two forms in one step costs more than either gains
+ * (H200: Llama-3.1-8B 490.1 tok/s all, 486.6 all but the LM head, 481.7
+ * none; Llama-3.2-1B, whose O, down and q/k/v launches have fewer tiles than
+ * two per SM, 1,798 none, 1,723 all; bench/gpu/NOTES.md 28). So: every launch
+ * tiled with at least 1.9 tiles (16 rows) per SM. */
+static int gemv_groups_for(const spx_model *m, int n_sm) {
+    auto tiles = [](const spx_wmat &w) { return (w.q.rows + 15) / 16; };
+    auto ok = [&](int64_t t) { return t * 10 >= (int64_t)n_sm * 19; };
+    if (m->lm_head.q.layout != SPX_Q_TILED || !ok(tiles(m->lm_head))) return 0;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        const spx_wmat *W = m->layers[l].w;
+        for (int s = 0; s < SPX_SL_COUNT; s++)
+            if (W[s].rows && W[s].q.layout != SPX_Q_TILED) return 0;
+        if (!ok(tiles(W[SPX_SL_Q]) + tiles(W[SPX_SL_K]) + tiles(W[SPX_SL_V])) || !ok(tiles(W[SPX_SL_O])) ||
+            !ok(tiles(W[SPX_SL_GATE]) + tiles(W[SPX_SL_UP])) || !ok(tiles(W[SPX_SL_DOWN])))
+            return 0;
+    }
+    return 1;
+}
+
+/* The decode GEMV launches of layer l: q/k/v one launch and gate/up one,
+ * so each set shares a layout; tiled launches (and the down projection's
+ * silu(gate) * up input after tiled gate/up) run only on the tensor-core
+ * kernels, whose shared memory bounds the outlier count. */
+static spx_status check_launches(const spx_model *m, int64_t l, spx_err *e) {
+    const spx_wmat *W = m->layers[l].w;
+    const spx_qtensor *q = &W[SPX_SL_Q].q, *k = &W[SPX_SL_K].q, *v = &W[SPX_SL_V].q, *g = &W[SPX_SL_GATE].q,
+                      *u = &W[SPX_SL_UP].q, *d = &W[SPX_SL_DOWN].q, *o = &W[SPX_SL_O].q;
+    if (q->layout != k->layout || q->layout != v->layout || g->layout != u->layout)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: layer %lld mixes tiled and row-major matrices in q/k/v or gate/up; the cuda backend "
+                        "needs one layout per set (recompress with spectra compress)",
+                        m->path, (long long)l);
+    const bool tq = q->layout == SPX_Q_TILED, tg = g->layout == SPX_Q_TILED;
+    if ((tq && !spx_gemv_q4_fits(q->cols, q->n_outliers + k->n_outliers + v->n_outliers)) ||
+        (o->layout == SPX_Q_TILED && !spx_gemv_q4_fits(o->cols, o->n_outliers)) ||
+        (tg && !spx_gemv_q4_fits(g->cols, g->n_outliers + u->n_outliers)) ||
+        ((tg || d->layout == SPX_Q_TILED) && !spx_gemv_q4_fits(d->cols, d->n_outliers)))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: layer %lld: a tiled matrix has more outlier columns than the decode GEMV takes at its "
+                        "width (recompress with --layout rows)",
+                        m->path, (long long)l);
+    return SPX_OK;
+}
+
+/* Uploads (or, dry, sizes) layer l's components into *D. */
+static void upload_layer(uploader *u, const spx_model *m, int64_t l, cu_layer *D) {
+    const spx_layer *L = &m->layers[l];
+    for (int s = 0; s < SPX_SL_COUNT; s++) {
+        if (spx_slots[s].mat) D->w[s] = L->w[s].rows ? up_mat(u, &L->w[s]) : spx_dqmat{};
+        else D->v[s] = up_vec(u, L->v[s], spx_slot_numel(&m->cfg, l, (spx_slot)s));
+    }
+}
+
+/* Uploads (or, dry, sizes) the global tensors and layers [0, n_layers). */
+static void upload_all(uploader *u, const spx_model *m, cu_model *cm, int64_t n_layers) {
+    const spx_config *c = &m->cfg;
+    cm->embed = up_mat(u, &m->embed);
+    if (m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes) cm->lm_head = cm->embed;
+    else cm->lm_head = up_mat(u, &m->lm_head);
+    cm->final_norm = up_vec(u, m->final_norm, c->hidden_size);
+    cm->inv_freq = up_vec(u, m->rope_inv_freq, c->head_dim / 2);
+    for (int64_t l = 0; l < n_layers; l++) upload_layer(u, m, l, &cm->layers[l]);
+}
+
+static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The context the sessions are planned for (the plan's, else min(model
+ * maximum, SPX_PLAN_DEFAULT_CTX)), and what a session of T tokens takes
+ * on the device beside the weights (KV cache of the planned type, scratch). */
+static int64_t planned_ctx(const spx_model *m) {
+    const spx_config *c = &m->cfg;
+    if (m->plan_n_ctx > 0) return m->plan_n_ctx;
+    return c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
+}
+
+static uint64_t session_bytes(const spx_model *m, int64_t T) {
+    const spx_config *c = &m->cfg;
+    const spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
+    return (uint64_t)spx_kv_bytes_per_token(kv, c->n_layers, c->n_kv_heads * c->head_dim) * (uint64_t)T +
+           spx_plan_cuda_scratch_bytes(m, T);
+}
+
+/* Sets cm->n_resident from SPECTRA_CUDA_RESIDENT_LAYERS, the model params,
+ * or engine/plan.h's memory model with the real image sizes: every layer if
+ * weights + KV(T) + scratch(T) fit the budget, else the first layers that
+ * fit beside the globals, two slots of the largest image, KV and scratch.
+ * glob: bytes of the global tensors; cm->img_bytes filled. */
+static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob, size_t free_b, spx_err *e) {
+    const spx_config *c = &m->cfg;
+    const int64_t L = c->n_layers;
+    uint64_t all = glob, slot = 0;
+    for (int64_t l = 0; l < L; l++) {
+        all += round256(cm->img_bytes[l]);
+        if (round256(cm->img_bytes[l]) > slot) slot = round256(cm->img_bytes[l]);
+    }
+    const char *env = getenv("SPECTRA_CUDA_RESIDENT_LAYERS");
+    if (env && *env) {
+        char *end = NULL;
+        long long k = strtoll(env, &end, 10);
+        if (*end || k < 0)
+            return spx_fail(e, SPX_ERR_ARG, "SPECTRA_CUDA_RESIDENT_LAYERS='%s': expected a layer count >= 0", env);
+        cm->n_resident = k < L ? (int64_t)k : L;
+        return SPX_OK;
+    }
+    if (m->pingpong) {
+        int64_t k = m->n_layers_resident;
+        cm->n_resident = k < 0 ? 0 : k < L ? k : L;
+        return SPX_OK;
+    }
+    uint64_t budget;
+    char src[96];
+    if (m->vram_budget_mb > 0) {
+        budget = (uint64_t)m->vram_budget_mb << 20;
+        snprintf(src, sizeof src, "the budget");
+        if (budget > free_b) {
+            budget = free_b;
+            snprintf(src, sizeof src, "the budget, capped at the free memory");
+        }
+    } else {
+        budget = free_b > SPX_PLAN_VRAM_MARGIN ? free_b - SPX_PLAN_VRAM_MARGIN : 0;
+        snprintf(src, sizeof src, "%.0f MiB free - %.0f MiB margin", mib(free_b), mib(SPX_PLAN_VRAM_MARGIN));
+    }
+    const int64_t T = planned_ctx(m);
+    uint64_t ctx = session_bytes(m, T);
+    if (all + ctx <= budget) {
+        cm->n_resident = L;
+        return SPX_OK;
+    }
+    uint64_t used = glob + 2 * slot + ctx;
+    if (used > budget)
+        return spx_fail(e, SPX_ERR_NOMEM,
+                        "%s: %.1f MiB of device memory (%s) cannot hold the weights (%.1f MiB) nor ping-pong "
+                        "offload: embedding + LM head %.1f MiB, two layer slots 2 x %.1f MiB, KV cache and scratch "
+                        "for %lld tokens %.1f MiB need %.1f MiB",
+                        m->path, mib(budget), src, mib(all), mib(glob), mib(slot), (long long)T, mib(ctx), mib(used));
+    int64_t k = 0;
+    while (k < L && used + round256(cm->img_bytes[k]) <= budget) used += round256(cm->img_bytes[k++]);
+    cm->n_resident = k;
+    return SPX_OK;
+}
+
+void cu_model_free(spx_model *m) {
+    cu_model *cm = (cu_model *)m->be_state;
+    if (!cm) return;
+    cudaSetDevice(cm->dev);
+    spx_gemm_cublas_destroy(cm->cublas);
+    if (cm->arena) cudaFree(cm->arena);
+    if (cm->host) cudaFreeHost(cm->host);
+    free(cm->img_off);
+    free(cm->img_bytes);
+    free(cm->layers);
+    free(cm);
+    m->be_state = NULL;
+}
+
+static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
+    const spx_config *c = &m->cfg;
+    int n_dev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess || n_dev < 1) {
+        cudaGetLastError();
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: no CUDA device is available (%s); use --backend cpu", m->path,
+                        ce != cudaSuccess ? cudaGetErrorString(ce) : "device count 0");
+    }
+    cm->dev = 0;
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    SPX_CUDA_TRY(e, cudaDeviceGetAttribute(&cm->n_sm, cudaDevAttrMultiProcessorCount, cm->dev));
+    cm->pdl = spx_env_flag("SPECTRA_CUDA_PDL", 1) != 0;              /* benchmarking knob: 0 turns PDL off */
+    cm->kvq4_fuse = spx_env_flag("SPECTRA_CUDA_KVQ4_FUSE", 1) != 0; /* 0 keeps rope_store for --kv q4 */
+
+    if (c->head_dim > SPX_ATTN_MAX_HD || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: head_dim %lld with %lld heads / %lld KV heads; the cuda backend needs an even head_dim <= "
+                        "%d and heads a multiple of KV heads",
+                        m->path, (long long)c->head_dim, (long long)c->n_heads, (long long)c->n_kv_heads,
+                        SPX_ATTN_MAX_HD);
+    char nm[160];
+    if (!spx_arch_is_llama_blocks(c, nm, sizeof nm))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: the cuda backend runs attention + SwiGLU layers only and %s; use --backend cpu", m->path, nm);
+    SPX_TRY(check_mat(m, &m->embed, spx_arch_embed_name(c), e));
+    SPX_TRY(check_mat(m, &m->lm_head, spx_arch_lm_head_name(c), e));
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            if (!spx_slots[s].mat || !m->layers[l].w[s].rows) continue;
+            spx_slot_tensor_name(c, l, (spx_slot)s, nm, sizeof nm);
+            SPX_TRY(check_mat(m, &m->layers[l].w[s], nm, e));
+        }
+        SPX_TRY(check_launches(m, l, e));
+    }
+    cm->gemv_groups = gemv_groups_for(m, cm->n_sm);
+    /* SPECTRA_GEMV_PAIR (measurements, tests): 0 stores silu(gate) and up apart, 1 pairs them in every model */
+    cm->gemv_pair = spx_env_flag("SPECTRA_GEMV_PAIR", cm->gemv_groups);
+    if (m->lm_head.q.layout == SPX_Q_TILED && !spx_gemv_q4_fits(m->lm_head.q.cols, m->lm_head.q.n_outliers))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: lm_head.weight is tiled with %lld outlier columns, more than the decode GEMV takes at "
+                        "width %lld (recompress with --layout rows)",
+                        m->path, (long long)m->lm_head.q.n_outliers, (long long)m->lm_head.q.cols);
+    const int64_t n_layers = c->n_layers;
+    cm->layers = (cu_layer *)calloc((size_t)n_layers, sizeof *cm->layers);
+    cm->img_off = (size_t *)calloc((size_t)n_layers, sizeof *cm->img_off);
+    cm->img_bytes = (size_t *)calloc((size_t)n_layers, sizeof *cm->img_bytes);
+    if (!cm->layers || !cm->img_off || !cm->img_bytes) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+
+    /* sizes: the global tensors, then each layer's image from an aligned start */
+    uploader u;
+    memset(&u, 0, sizeof u);
+    u.dry = 1;
+    upload_all(&u, m, cm, 0);
+    const size_t glob = round256(u.off);
+    for (int64_t l = 0; l < n_layers; l++) {
+        cu_layer tmp;
+        memset(&u, 0, sizeof u);
+        u.dry = 1;
+        upload_layer(&u, m, l, &tmp);
+        cm->img_bytes[l] = u.off;
+    }
+    size_t free_b = 0, total_b = 0;
+    SPX_CUDA_TRY(e, cudaMemGetInfo(&free_b, &total_b));
+    SPX_TRY(choose_residency(m, cm, glob, free_b, e));
+    const int64_t k = cm->n_resident;
+
+    cm->arena_bytes = glob;
+    for (int64_t l = 0; l < k; l++) cm->arena_bytes += round256(cm->img_bytes[l]);
+    if (cm->arena_bytes > free_b)
+        return spx_fail(e, SPX_ERR_NOMEM,
+                        "%s: the embedding, LM head and %lld resident layers need %.1f MiB of device memory; %.1f MiB "
+                        "are free (a smaller --vram-budget streams more layers)",
+                        m->path, (long long)k, mib(cm->arena_bytes), mib(free_b));
+    cudaError_t ce2 = cudaMalloc((void **)&cm->arena, cm->arena_bytes);
+    if (ce2 != cudaSuccess) {
+        cudaGetLastError();
+        cm->arena = NULL;
+        return spx_fail(e, SPX_ERR_NOMEM, "%s: cudaMalloc of the %.1f MiB weight arena failed: %s", m->path,
+                        mib(cm->arena_bytes), cudaGetErrorString(ce2));
+    }
+    memset(&u, 0, sizeof u);
+    u.base = cm->arena;
+    upload_all(&u, m, cm, k);
+    SPX_CUDA_TRY(e, u.err);
+
+    if (k < n_layers) { /* the streamed layers: one pinned block, an image per layer */
+        size_t off = 0;
+        cm->slot_bytes = 0;
+        cm->stream_bytes = 0;
+        for (int64_t l = k; l < n_layers; l++) {
+            cm->img_off[l] = off;
+            off += round256(cm->img_bytes[l]);
+            cm->stream_bytes += cm->img_bytes[l];
+            if (round256(cm->img_bytes[l]) > cm->slot_bytes) cm->slot_bytes = round256(cm->img_bytes[l]);
+        }
+        cm->host_bytes = off;
+        ce2 = cudaMallocHost((void **)&cm->host, cm->host_bytes);
+        if (ce2 != cudaSuccess) {
+            cudaGetLastError();
+            cm->host = NULL;
+            return spx_fail(e, SPX_ERR_NOMEM,
+                            "%s: ping-pong offload: cudaMallocHost of %.1f MiB of pinned host memory for %lld "
+                            "streamed layers failed: %s (free RAM, or keep more layers on the device)",
+                            m->path, mib(cm->host_bytes), (long long)(n_layers - k), cudaGetErrorString(ce2));
+        }
+        for (int64_t l = k; l < n_layers; l++) {
+            memset(&u, 0, sizeof u);
+            u.host = 1;
+            u.base = cm->host + cm->img_off[l];
+            upload_layer(&u, m, l, &cm->layers[l]);
+        }
+        spx_log(2, "cuda: ping-pong offload: %lld of %lld layers resident (%.1f MiB), %lld stream from %.1f MiB of "
+                   "pinned memory through 2 slots of %.1f MiB",
+                (long long)k, (long long)n_layers, mib(cm->arena_bytes), (long long)(n_layers - k),
+                mib(cm->host_bytes), mib(cm->slot_bytes));
+    }
+    SPX_CUDA_TRY(e, spx_gemv_q4_setup(m->max_cols));
+    SPX_CUDA_TRY(e, spx_attention_setup());
+    cm->cublas = spx_gemm_cublas_create(); /* NULL: prefill stays on gemm_q4.cu's kernel */
+    return SPX_OK;
+}
+
+spx_status cu_model_init(spx_model *m, spx_err *e) {
+    cu_model *cm = (cu_model *)calloc(1, sizeof *cm);
+    if (!cm) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    m->be_state = cm;
+    spx_status st = cu_model_init_inner(m, cm, e);
+    if (st != SPX_OK) cu_model_free(m);
+    return st;
+}

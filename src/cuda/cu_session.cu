@@ -1,0 +1,168 @@
+/* cu_session.cu: session_init / session_free of the CUDA backend: the
+ * device KV cache, scratch for SPX_BATCH_MAX_CUDA tokens, the decode
+ * attention's split counters, pinned step buffers and the ping-pong slots. */
+#include "cuda/cu_backend.cuh"
+
+static cudaError_t sess_alloc(cu_sess *cs, void **p, size_t bytes) {
+    *p = NULL;
+    if (cs->n_allocs >= (int)(sizeof cs->allocs / sizeof cs->allocs[0])) return cudaErrorInvalidValue;
+    cudaError_t err = cudaMalloc(p, bytes ? bytes : 1);
+    if (err == cudaSuccess) cs->allocs[cs->n_allocs++] = *p;
+    return err;
+}
+
+static void pp_session_free(cu_sess *cs) {
+    cu_pp *p = &cs->pp;
+    if (p->cp) cudaStreamSynchronize(p->cp);
+    cudaEvent_t *ev[] = {&p->fork, &p->join, &p->copied[0], &p->copied[1], &p->used[0], &p->used[1]};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        if (*ev[i]) cudaEventDestroy(*ev[i]), *ev[i] = NULL;
+    if (p->cp) cudaStreamDestroy(p->cp);
+    p->cp = NULL; /* the slots are in cs->allocs */
+}
+
+/* After the rest of session_init (the device is set). */
+static spx_status pp_session_init(spx_session *s, cu_sess *cs, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    int64_t ns = cu_pp_n_stream(s->m, cm);
+    if (ns <= 0) return SPX_OK;
+    cu_pp *p = &cs->pp;
+    size_t bytes = cm->slot_bytes * (ns > 1 ? 2 : 1);
+    cudaError_t ce = sess_alloc(cs, (void **)&p->slots, bytes);
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        return spx_fail(e, SPX_ERR_NOMEM, "ping-pong offload: the two layer slots (%.1f MiB) do not fit on the device: %s",
+                        mib(bytes), cudaGetErrorString(ce));
+    }
+    SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&p->cp, cudaStreamNonBlocking));
+    cudaEvent_t *ev[] = {&p->fork, &p->join, &p->copied[0], &p->copied[1], &p->used[0], &p->used[1]};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        SPX_CUDA_TRY(e, cudaEventCreateWithFlags(ev[i], cudaEventDisableTiming));
+    return SPX_OK;
+}
+
+void cu_session_free(spx_session *s) {
+    cu_sess *cs = (cu_sess *)s->be_state;
+    if (!cs) return;
+    cu_model *cm = (cu_model *)s->m->be_state;
+    cudaSetDevice(cm->dev);
+    if (cs->st) cudaStreamSynchronize(cs->st);
+    if (cs->have_graph) cudaGraphExecDestroy(cs->graph);
+    if (cs->have_graph_s) cudaGraphExecDestroy(cs->graph_s);
+    if (cs->pin_samp) cudaFreeHost(cs->pin_samp);
+    if (cs->ring) cudaFreeHost(cs->ring);
+    for (int i = 0; i < 2; i++)
+        if (cs->step_ev[i]) cudaEventDestroy(cs->step_ev[i]);
+    pp_session_free(cs);
+    for (int i = 0; i < cs->n_allocs; i++) cudaFree(cs->allocs[i]);
+    if (cs->pin) cudaFreeHost(cs->pin);
+    if (cs->st) cudaStreamDestroy(cs->st);
+    free(cs);
+    s->be_state = NULL;
+}
+
+/* Key splits of the attention (flash-decoding). A prompt: enough blocks
+ * for two per SM. One token (the decode graph, sized for the session's
+ * context): one split per 16 key tiles (4 per warp), at least one; on the
+ * H200 fewer, longer splits beat one tile per block (8B tg128 at 641 keys:
+ * 1 split 412 tok/s, 4: 400, 21: 396; at 8K keys 16 splits 398 against 33:
+ * 393), the combine pass and the blocks' fixed costs being what a short
+ * split pays for. The decode kernels (spx_attention_decode_fast, either
+ * cache) instead take one pass of SPX_ATTN_DECODE_KEYS keys per split up
+ * to 64 blocks in all, then more passes per block: its last block merges
+ * the splits, and that grows with their count (8B, 8 KV heads, same H200
+ * run: 640 keys 2 splits 446.6 tok/s, 3: 450.8, 5: 457.4, 8: 457.4; 8K
+ * keys 8 splits 455.3, 12: 447.0, 16: 435.8, 24: 415.0). This is the
+ * launch's count for the session's context; at position p the kernels run
+ * only the splits p needs (attention.cu ad_active_splits).
+ * SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
+int cu_splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
+    const char *env = getenv("SPECTRA_CUDA_ATTN_SPLITS");
+    int bps = spx_attention_blocks_per_split(n_tok, (int)c->n_heads, (int)c->n_kv_heads);
+    int64_t S = (2 * (int64_t)cm->n_sm + bps - 1) / bps;
+    int64_t tiles = (max_keys + 31) / 32;
+    if (S > tiles) S = tiles;
+    if (n_tok == 1 && spx_attention_decode_fast((int)c->head_dim)) {
+        S = (max_keys + SPX_ATTN_DECODE_KEYS - 1) / SPX_ATTN_DECODE_KEYS;
+        if (S > 64 / bps) S = 64 / bps;
+    } else if (n_tok == 1 && S > (tiles + 15) / 16) S = (tiles + 15) / 16;
+    if (env && atoi(env) > 0) S = atoi(env);
+    if (S * n_tok > CU_PART_TOK_SPLITS) S = CU_PART_TOK_SPLITS / n_tok;
+    return S < 1 ? 1 : (int)S;
+}
+
+static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e) {
+    const spx_model *m = s->m;
+    const cu_model *cm = (const cu_model *)m->be_state;
+    const spx_config *c = &m->cfg;
+    if (s->kv.type != SPX_KV_F16 && s->kv.type != SPX_KV_Q4)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "the cuda backend keeps the KV cache in fp16 (--kv f16) or 4-bit (--kv q4); --kv f32 is not "
+                        "supported on the device (use --backend cpu)");
+    if (s->n_ctx >= ((int64_t)1 << 31)) return spx_fail(e, SPX_ERR_ARG, "context too large for the cuda backend");
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
+    size_t B = SPX_BATCH_MAX_CUDA, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+    size_t hd = (size_t)c->head_dim, qd = (size_t)c->n_heads * hd, kvd = (size_t)c->n_kv_heads * hd;
+    size_t V = (size_t)c->vocab_size, L = (size_t)c->n_layers, T = (size_t)s->n_ctx;
+    size_t wide = H > qd ? H : qd;
+    if (I > wide) wide = I;
+    /* q4: kvq4_math.h's planes, spx_kv_bytes_per_token's bytes (+ alignment) */
+    size_t kv_bytes = s->kv.type == SPX_KV_Q4 ? L * spx_kvq4_layout_of((int64_t)T, (int64_t)kvd).layer_bytes
+                                              : L * T * kvd * 2;
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->kc, kv_bytes));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->vc, kv_bytes));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->h, B * H * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x, B * wide * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->q, B * qd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->k, B * kvd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->v, B * kvd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->att, B * qd * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->gate, B * I * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->up, B * I * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, (size_t)SPX_BATCH_MAX * V * 4)); /* LM_ALL goes in chunks */
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->part, (size_t)CU_PART_TOK_SPLITS * (size_t)c->n_heads * (hd + 2) * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x16, B * wide * 2));
+    cs->ws_floats = 4 * (size_t)SPX_BATCH_MAX * wide; /* split-K partials: large M needs few splits */
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ws, cs->ws_floats * 4));
+    if (cm->cublas) { /* the largest layer matrix (the LM head goes in row chunks), capped */
+        int64_t mx = (int64_t)(qd > kvd ? qd : kvd) * (int64_t)H;
+        if ((int64_t)H * (int64_t)qd > mx) mx = (int64_t)H * (int64_t)qd;
+        if ((int64_t)I * (int64_t)H > mx) mx = (int64_t)I * (int64_t)H;
+        if (mx > SPX_CUDA_W16_MAX_ELEMS) mx = SPX_CUDA_W16_MAX_ELEMS;
+        cs->w16_elems = (size_t)mx;
+        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->w16, cs->w16_elems * 2));
+    }
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_ids, B * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_cnt, (size_t)c->n_heads * 4));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->attn_cnt, 0, (size_t)c->n_heads * 4, cs->st));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
+    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
+    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 1) * 4));
+    SPX_CUDA_TRY(e, cudaHostAlloc((void **)&cs->ring, 2 * SPX_TOKEN_RING * sizeof *cs->ring, cudaHostAllocMapped));
+    memset(cs->ring, 0xff, 2 * SPX_TOKEN_RING * sizeof *cs->ring);
+    SPX_CUDA_TRY(e, cudaHostGetDevicePointer((void **)&cs->ring_d, cs->ring, 0));
+    for (int i = 0; i < 2; i++) SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&cs->step_ev[i], cudaEventDisableTiming));
+    {
+        const char *env = getenv("SPECTRA_CUDA_AHEAD");
+        cs->ahead_ok = !(env && strcmp(env, "0") == 0);
+    }
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_best, 0, 8, cs->st));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_pos, 0, 4, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    cs->dec_splits = cu_splits_for(cm, c, 1, s->n_ctx);
+    return SPX_OK;
+}
+
+spx_status cu_session_init(spx_session *s, spx_err *e) {
+    cu_sess *cs = (cu_sess *)calloc(1, sizeof *cs);
+    if (!cs) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    s->be_state = cs;
+    spx_status st = cu_session_init_inner(s, cs, e);
+    if (st == SPX_OK) st = pp_session_init(s, cs, e);
+    if (st != SPX_OK) cu_session_free(s);
+    return st;
+}
