@@ -185,6 +185,17 @@ static char *subst(const char *text, const char *from, const char *to) {
     return r;
 }
 
+/* subst() of each (from, to) pair in turn; pairs ends with NULL. */
+static char *subst_all(const char *text, const char *const *pairs) {
+    char *cur = text ? strdup(text) : NULL;
+    for (; cur && pairs[0]; pairs += 2) {
+        char *next = subst(cur, pairs[0], pairs[1]);
+        free(cur);
+        cur = next;
+    }
+    return cur;
+}
+
 /* Fields both config styles must agree on. */
 static void check_same(const spx_config *a, const spx_config *b, const char *what) {
     CHECK(a->arch == b->arch && a->n_layers == b->n_layers && a->hidden_size == b->hidden_size &&
@@ -232,6 +243,17 @@ static void test_hybrid_fixtures(void) {
                   c.eos_ids[0] == 2,
               "heads/vocab/ids");
         CHECK(c.embed_mult == 1 && c.residual_mult == 1 && c.logits_div == 1, "multipliers");
+        /* the fields are read, not defaulted */
+        static const char *const lv[] = {"\"norm_eps\": 1e-05", "\"norm_eps\": 2e-06", "\"conv_L_cache\": 3",
+                                         "\"conv_L_cache\": 4", "\"conv_bias\": false", "\"conv_bias\": true",
+                                         "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false", NULL};
+        char *v = subst_all(t, lv);
+        if (v) {
+            CHECK(parse(v, &c, &e) == SPX_OK && c.rms_eps == 2e-6f && c.conv_kernel == 4 && c.conv_bias && !c.tie_embeddings,
+                  "lfm2 variant: eps %g conv %lld bias %d tie %d %s", c.rms_eps, (long long)c.conv_kernel, c.conv_bias,
+                  c.tie_embeddings, e.msg);
+            free(v);
+        }
         free(t);
     }
     t = fixture("tiny-granite4");
@@ -271,6 +293,19 @@ static void test_hybrid_fixtures(void) {
                   "multipliers %g %g %g %g", c.attn_scale, c.embed_mult, c.residual_mult, c.logits_div);
         }
         free(v), free(w), free(x), free(y);
+        static const char *const gv[] = {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 3e-06", "\"mamba_d_conv\": 4",
+                                         "\"mamba_d_conv\": 3", "\"mamba_conv_bias\": true", "\"mamba_conv_bias\": false",
+                                         "\"mamba_proj_bias\": false", "\"mamba_proj_bias\": true",
+                                         "\"attention_bias\": false", "\"attention_bias\": true",
+                                         "\"mamba_d_state\": 16", "\"mamba_d_state\": 24", NULL};
+        v = subst_all(t, gv);
+        if (v) {
+            CHECK(parse(v, &c, &e) == SPX_OK && c.rms_eps == 3e-6f && c.ssm_conv_kernel == 3 && !c.ssm_conv_bias &&
+                      c.ssm_proj_bias && c.qkv_bias && c.o_bias && c.ssm_state == 24,
+                  "granite variant: eps %g conv %lld biases %d %d %d state %lld %s", c.rms_eps,
+                  (long long)c.ssm_conv_kernel, c.ssm_conv_bias, c.ssm_proj_bias, c.qkv_bias, (long long)c.ssm_state, e.msg);
+            free(v);
+        }
         free(t);
     }
     t = fixture("tiny-nemotronh");
@@ -304,6 +339,19 @@ static void test_hybrid_fixtures(void) {
         if (v) {
             CHECK(parse(v, &c, &e) == SPX_OK && c.ssm_groups == 4 && c.ssm_norm_group == 64, "groups %lld norm %lld %s",
                   (long long)c.ssm_groups, (long long)c.ssm_norm_group, e.msg);
+            free(v);
+        }
+        static const char *const nv[] = {"\"layer_norm_epsilon\": 1e-05", "\"layer_norm_epsilon\": 2e-06",
+                                         "\"conv_kernel\": 4", "\"conv_kernel\": 3", "\"use_conv_bias\": true",
+                                         "\"use_conv_bias\": false", "\"use_bias\": false", "\"use_bias\": true",
+                                         "\"mlp_bias\": false", "\"mlp_bias\": true", "\"head_dim\": 32,",
+                                         "\"head_dim\": 64,", NULL};
+        v = subst_all(t, nv);
+        if (v) {
+            CHECK(parse(v, &c, &e) == SPX_OK && c.rms_eps == 2e-6f && c.ssm_conv_kernel == 3 && !c.ssm_conv_bias &&
+                      c.ssm_proj_bias && c.mlp_bias && c.head_dim == 64 && feq(c.attn_scale, 0.125),
+                  "nemotron variant: eps %g conv %lld biases %d %d %d head_dim %lld %s", c.rms_eps,
+                  (long long)c.ssm_conv_kernel, c.ssm_conv_bias, c.ssm_proj_bias, c.mlp_bias, (long long)c.head_dim, e.msg);
             free(v);
         }
         free(t);
@@ -444,8 +492,14 @@ static void test_hybrid_old_styles(void) {
 
 #define GRANITE_SMALL "\"architectures\":[\"GraniteMoeHybridForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128," \
                       "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,"            \
-                      "\"shared_intermediate_size\":256,\"mamba_n_heads\":8,\"mamba_d_head\":32,\"mamba_d_state\":16"
+                      "\"num_local_experts\":0,\"shared_intermediate_size\":256,\"mamba_n_heads\":8,\"mamba_d_head\":32,\"mamba_d_state\":16"
 #define GRANITE_KINDS ",\"layer_types\":[\"mamba\",\"attention\",\"mamba\",\"attention\"]"
+    /* no num_local_experts: transformers' default is 8 routed experts, refused for now */
+    CHECK(parse("{\"architectures\":[\"GraniteMoeHybridForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
+                "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"shared_intermediate_size\":256,\"mamba_n_heads\":8,"
+                "\"mamba_d_head\":32,\"mamba_d_state\":16}", &a, &e) == SPX_ERR_UNSUPPORTED &&
+              strstr(e.msg, "num_local_experts"),
+          "granite without num_local_experts: %s", e.msg);
     /* transformers' defaults: NoPE unless position_embedding_type is "rope",
      * scale = attention_multiplier (1.0), no layer list: all Mamba */
     CHECK(parse("{" GRANITE_SMALL GRANITE_KINDS "}", &a, &e) == SPX_OK, "%s", e.msg);
@@ -538,6 +592,12 @@ static void test_hybrid_old_styles(void) {
     CHECK(parse("{" NEMO_SMALL ",\"layers_block_type\":[\"mamba\",\"mlp\",\"mamba\",\"attention\",\"mlp\"]}", &b, &e) ==
               SPX_OK, "older kind names: %s", e.msg);
     check_same(&a, &b, "mamba/attention/mlp");
+    /* the older attention_head_dim, where it differs from hidden / heads */
+    CHECK(parse("{\"architectures\":[\"NemotronHForCausalLM\"],\"vocab_size\":512,\"hidden_size\":96,"
+                "\"num_attention_heads\":4,\"attention_head_dim\":32,\"intermediate_size\":256,"
+                "\"hybrid_override_pattern\":\"*-\"}", &a, &e) == SPX_OK && a.head_dim == 32 &&
+              feq(a.attn_scale, 1 / sqrt(32.0)),
+          "attention_head_dim: %lld %g %s", (long long)a.head_dim, a.attn_scale, e.msg);
     /* attention-only and MLP-only models need no Mamba fields */
     CHECK(parse("{\"architectures\":[\"NemotronHForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
                 "\"num_attention_heads\":4,\"intermediate_size\":256,\"hybrid_override_pattern\":\"*-*-\"}", &a, &e) ==
@@ -574,7 +634,9 @@ static void test_hybrid_errors(void) {
         {"{" NEMO_SMALL ",\"hybrid_override_pattern\":\"M-E*\"}", SPX_ERR_UNSUPPORTED, "'hybrid_override_pattern'[2] is 'E'", "mixture-of-experts"},
         {"{" NEMO_SMALL ",\"layers_block_type\":[\"mamba\",\"moe\",\"attention\"]}", SPX_ERR_UNSUPPORTED, "'layers_block_type[1]' is 'moe'", "mixture-of-experts"},
         {"{" NEMO_SMALL ",\"hybrid_override_pattern\":\"M-X*\"}", SPX_ERR_FORMAT, "hybrid_override_pattern", "'X'"},
-        {"{" GRANITE_SMALL GRANITE_KINDS ",\"num_local_experts\":4}", SPX_ERR_UNSUPPORTED, "num_local_experts", NULL},
+        {"{\"architectures\":[\"GraniteMoeHybridForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,\"num_hidden_layers\":4,"
+         "\"num_attention_heads\":4,\"num_local_experts\":4,\"shared_intermediate_size\":256}",
+         SPX_ERR_UNSUPPORTED, "num_local_experts", NULL},
         /* unknown layer kinds list the supported names */
         {"{" LFM2_SMALL ",\"intermediate_size\":256,\"layer_types\":[\"conv\",\"sliding_attention\",\"conv\",\"conv\"]}",
          SPX_ERR_UNSUPPORTED, "'layer_types[1]' is 'sliding_attention'", "supported: conv, full_attention"},
@@ -605,8 +667,8 @@ static void test_hybrid_errors(void) {
          "'n_groups' 3"},
         {"{" GRANITE_SMALL GRANITE_KINDS ",\"mamba_d_head\":\"auto\"}", SPX_ERR_FORMAT, "mamba_d_head", NULL},
         {"{\"architectures\":[\"GraniteMoeHybridForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
-         "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"shared_intermediate_size\":256,\"mamba_d_head\":32,"
-         "\"mamba_d_state\":16}", SPX_ERR_FORMAT, "'mamba_n_heads'", NULL},
+         "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_local_experts\":0,\"shared_intermediate_size\":256,"
+         "\"mamba_d_head\":32,\"mamba_d_state\":16}", SPX_ERR_FORMAT, "'mamba_n_heads'", NULL},
         /* time_step_limit */
         {"{" GRANITE_SMALL GRANITE_KINDS ",\"time_step_limit\":[0.1,0.1]}", SPX_ERR_FORMAT, "time_step_limit", "min < max"},
         {"{" GRANITE_SMALL GRANITE_KINDS ",\"time_step_limit\":[0.2,0.1]}", SPX_ERR_FORMAT, "time_step_limit", "min < max"},

@@ -265,19 +265,6 @@ static void test_backend_choice(spx_model *m) {
           p.why_backend);
     m->layers[3].w[SPX_SL_UP] = keep;
 
-    /* a block kind the CUDA backend does not implement: auto runs on the
-     * CPU and says why, an explicit cuda is refused */
-    m->cfg.mixer[5] = SPX_MIX_MAMBA2;
-    CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK && !strcmp(p.backend, "cpu") && strstr(p.why_backend, "layer 5 is mamba2"),
-          "%s", p.why_backend);
-    r.backend = "cuda";
-    CHECK(plan(&hw, m, &r, &p, &e) == SPX_ERR_UNSUPPORTED && strstr(e.msg, "attention + SwiGLU"), "%s", e.msg);
-    r.backend = NULL;
-    m->cfg.mixer[5] = SPX_MIX_ATTN;
-    m->cfg.logits_div = 2.0f;
-    CHECK(plan(&hw, m, &r, &p, &e) == SPX_OK && !strcmp(p.backend, "cpu") && strstr(p.why_backend, "scales"), "%s",
-          p.why_backend);
-    m->cfg.logits_div = 1.0f;
 }
 
 static void test_cpu(spx_model *m) {

@@ -40,6 +40,14 @@
 #                                rounds, each of 3 repetitions: the table has
 #                                every round and the ratio of the medians, so
 #                                drift on the shared machine hits both alike.
+#   sh bench/gpu/run.sh hybrid   checks, GEMV, then real-shape hybrids
+#                                (HYBRID_SHAPES, default lfm2-1.2b
+#                                granite4-micro nemotronh-4b) made by
+#                                transformers there (bench/gpu/hybrid_ref.py),
+#                                compressed, their CUDA and CPU logits against
+#                                transformers' (KL, top-1; hybrid.jsonl),
+#                                pp512/tg128 beside transformers' bf16 speed.
+#                                AB_P=512 in ab mode: the bench's prompt too.
 #   sh bench/gpu/run.sh ncu      no checks, no GEMV: the decode step's kernels
 #                                one by one under Nsight Compute (8B, 3 tokens;
 #                                NCU_KV=q4: the 4-bit KV cache), time per
@@ -60,11 +68,11 @@ SHARED=${SHARED:-../shared}
 if [ "${1:-}" = pack ]; then
     make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
     mkdir -p $D/bin $D/lib $D/models
-    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/bench/gpu/bench_gemv $D/bin/ || exit 1
+    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/tests/cuda/test_cuda_ssm "$BUILD"/bench/gpu/bench_gemv $D/bin/ || exit 1
     cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
     if [ "${MODELS:-1}" != 0 ]; then
         # tiny-llama3 also row-major (--layout rows): both layouts end to end
-        for m in tiny-llama3 tiny-qwen2 tiny-qwen3 tiny-mistral docllama-58m; do
+        for m in tiny-llama3 tiny-qwen2 tiny-qwen3 tiny-mistral tiny-lfm2 tiny-granite4 tiny-nemotronh docllama-58m; do
             [ $D/models/$m.trdc -nt "$BUILD"/spectra ] || "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc -q || exit 1
         done
         rm -f $D/models/docllama-58m-rows.trdc
@@ -140,6 +148,9 @@ fi
 
 if [ "${CHECKS:-1}" != 0 ]; then
     echo "== checks"
+    timeout 60 $B/test_cuda_ssm > "$OUT/test_ssm.log" 2>&1
+    echo "test_cuda_ssm exit $?" >> "$OUT/test_ssm.log"
+    { grep -v '^FAIL' "$OUT/test_ssm.log" | tail -n 4; grep '^FAIL' "$OUT/test_ssm.log" | head -n 20; } | tee /dev/fd/3
     timeout 400 $B/test_cuda $D/models/*.trdc > "$OUT/test.log" 2>&1
     echo "test_cuda exit $?" >> "$OUT/test.log"
     { grep -v '^FAIL' "$OUT/test.log" | tail -n 16; grep '^FAIL' "$OUT/test.log" | head -n 20; } | tee /dev/fd/3
@@ -235,12 +246,34 @@ elif [ "$MODE" = ab ]; then
             for kv in ${AB_KV:-f16}; do
                 for var in ${AB:--}; do
                     variant "$var" spectra
-                    env $v timeout 120 $bin bench -m $W/$s.trdc --backend cuda --kv $kv -p 0 -n 128 -r 3 --json 2> $T/ab.err |
+                    env $v timeout 120 $bin bench -m $W/$s.trdc --backend cuda --kv $kv -p "${AB_P:-0}" -n 128 -r 3 --json 2> $T/ab.err |
                         sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (kv $kv, ${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
                         { echo "bench $s $kv $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
                 done
             done
         done
+    done
+elif [ "$MODE" = hybrid ]; then
+    # real-shape hybrids (random weights of the published shapes, bench/gpu/hybrid_ref.py) made with
+    # transformers here, compressed by Spectra, logits against transformers' (KL, top-1), and both speeds
+    echo "== hybrids: ${HYBRID_SHAPES:=lfm2-1.2b granite4-micro nemotronh-4b}" | tee /dev/fd/3
+    : > "$OUT/hybrid.jsonl"
+    for s in $HYBRID_SHAPES; do
+        rm -rf $W/$s
+        PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu/hybrid_ref.py make $s $W/$s 2>&1 | grep -v Warning | tail -n 3 | tee /dev/fd/3
+        timeout 300 $B/spectra compress -m $W/$s -o $W/$s.trdc 2>&1 | tail -n 1 | tee /dev/fd/3
+        timeout 120 $B/spectra logits -m $W/$s.trdc --backend cuda --ids "$(cat $W/$s/ref_ids.txt)" -o $T/$s.f32 > /dev/null 2> $T/lg.err ||
+            { echo "logits $s failed:"; cat $T/lg.err; } | tee /dev/fd/3
+        timeout 120 $B/spectra logits -m $W/$s.trdc --backend cpu --threads 16 --ids "$(cat $W/$s/ref_ids.txt)" -o $T/$s.cpu.f32 > /dev/null 2> $T/lg.err ||
+            { echo "cpu logits $s failed:"; cat $T/lg.err; } | tee /dev/fd/3
+        { printf '{"shape": "%s", "cuda_vs_hf": ' $s; python3 bench/gpu/hybrid_ref.py compare $W/$s $T/$s.f32 | tr -d '\n'
+          printf ', "cpu_vs_hf": '; python3 bench/gpu/hybrid_ref.py compare $W/$s $T/$s.cpu.f32 | tr -d '\n'
+          printf ', "hf_speed": '; cat $W/$s/hf_speed.json; echo '}'; } >> "$OUT/hybrid.jsonl"
+        tail -n 1 "$OUT/hybrid.jsonl" >&3
+        timeout 200 $B/spectra bench -m $W/$s.trdc --backend cuda -p 512 -n 128 -r 3 --json 2> $T/hb.err >> "$OUT/bench.jsonl" ||
+            { echo "bench $s failed:"; cat $T/hb.err; } | tee /dev/fd/3
+        tail -n 1 "$OUT/bench.jsonl" | cut -c 1-400 >&3
+        rm -rf $W/$s $W/$s.trdc
     done
 elif [ "$MODE" != quick ]; then
     echo "== end to end" | tee /dev/fd/3

@@ -17,15 +17,17 @@
  *   y_t      = exp(cum_t) S_prev C_t + sum_s M[t, s] x_s + D x_t L P N + L^2 P / 2
  *   S        = exp(cum_{L-1}) S_prev + sum_s exp(cum_{L-1} - cum_s) dt_s
  *              x_s (outer) B_s                                   L P N
- * Cost model (multiply-adds per token and head): the token loop does
- * 2 P N, reading and writing the whole [H, P, N] state once per token, so
- * it runs at the speed of the cache level that holds the state (the state
- * of a real layer, H P N floats, exceeds L1 and often L2). The chunked
- * form does 2 P N + L P / 2 + (L N / 2) / (H / G), about the same
- * arithmetic, but as small matrix products over operands that stay in L1
- * / L2 (one head's S, the chunk's x, B, C rows and M), touching the state
- * once per chunk instead of once per token, so it runs at the FMA rate.
- * L of 32..128 balances the L P / 2 quadratic term against that reuse.
+ * Cost model, per token and head: the token loop does 2 P N multiply-adds
+ * and P N multiplies (a S) and reads and writes the whole [H, P, N] state
+ * once per token, so it runs at the speed of the cache level that holds
+ * the state (H P N floats: beyond L1, often beyond L2). The chunked form
+ * does 2 P N + L P / 2 + (L N / 2) / (H / G) multiply-adds, a little less
+ * arithmetic, as small matrix products whose operands stay in L1 / L2
+ * (one head's S, the chunk's x, B, C rows and M), touching the state once
+ * per chunk, so it runs near the FMA rate; per chunk and head it adds
+ * O(L) exps and O(L^2) products for M. The quadratic term's share is
+ * L / (4 N): chunks up to about N tokens (64 is a good default) keep it
+ * small while amortising the per-chunk costs.
  *
  * The exponentials: cum is summed in double (a float cum of a few hundred
  * would lose ~1e-5 relative in exp(cum_t - cum_s)). exp(cum_t - cum_s) is
@@ -34,14 +36,15 @@
  * within which cum falls by at most SSD_BAND_SPAN, so E >= exp(-SPAN) and
  * F <= exp(SPAN) stay in float range (for s before the band F only
  * shrinks: the product underflows only where the true value is far below
- * float's range). Each factor is one double exp rounded to float, so
- * M[t, s] carries a few float roundings, and the cost is O(L) exps per
- * band instead of L^2 / 2. */
+ * float's range). Each factor is a double exp rounded to float once (or
+ * one float product more for s before the band), so M[t, s] carries a few
+ * float roundings, at L + 3 exps per band instead of L^2 / 2. */
 #include "cpu/ssm.h"
 
 #include "cpu/qkernels.h"
 #include "cpu/ssm_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -115,41 +118,82 @@ static void scalar_chunk_cb(const float *C, const float *B, int64_t ld, int64_t 
     }
 }
 
-static void scalar_chunk_out(const spx_ssd_chunk_head *c) {
-    const int64_t L = c->L, P = c->P, N = c->N, ld = c->ld;
-    for (int64_t t = 0; t < L; t++) {
-        const float *Ct = c->C + t * ld, *xt = c->x + t * ld, *Mt = c->M + t * L;
-        float *yt = c->y + t * c->ldy;
-        for (int64_t p = 0; p < P; p++) {
-            const float *Sp = c->S + p * N;
-            float acc = 0.0f;
-            for (int64_t n = 0; n < N; n++) acc += Sp[n] * Ct[n];
-            yt[p] = c->e[t] * acc;
-        }
-        for (int64_t s = 0; s <= t; s++) {
-            const float m = Mt[s], *xs = c->x + s * ld;
-            for (int64_t p = 0; p < P; p++) yt[p] += m * xs[p];
-        }
-        for (int64_t p = 0; p < P; p++) yt[p] += c->D * xt[p];
+static void scalar_chunk_m(const float *E, const float *F, const float *dt, const float *CB, int64_t L, int64_t t0,
+                           int64_t t1, float *M) {
+    for (int64_t t = t0; t < t1; t++) {
+        float *Mt = M + t * L;
+        const float *CBt = CB + t * L;
+        for (int64_t s = 0; s <= t; s++) Mt[s] = E[t] * F[s] * dt[s] * CBt[s];
+        for (int64_t s = t + 1; s < L; s++) Mt[s] = 0.0f;
     }
 }
 
+/* The chunk kernels keep SB independent sums (SB consecutive p of y, or n
+ * of S) in a local array: every sum is still taken in the reference order
+ * (n, then s ascending), but a fixed count of independent accumulators is
+ * what a compiler can keep in registers and vectorize without being told
+ * (nb < SB only at a row's end). */
+#define SB 8
+
+static inline void scalar_out_block(const spx_ssd_chunk_head *c, int64_t t, int64_t p0, int64_t nb) {
+    const int64_t P = c->P, N = c->N, ld = c->ld;
+    const float *Ct = c->C + t * ld, *xt = c->x + t * ld + p0, *Mt = c->M + t * c->L;
+    float acc[SB] = {0};
+    for (int64_t n = 0; n < N; n++) {
+        const float cn = Ct[n], *Sn = c->St + n * P + p0;
+        for (int64_t j = 0; j < nb; j++) acc[j] += Sn[j] * cn;
+    }
+    for (int64_t j = 0; j < nb; j++) acc[j] *= c->e[t];
+    for (int64_t s = 0; s <= t; s++) {
+        const float m = Mt[s], *xs = c->x + s * ld + p0;
+        for (int64_t j = 0; j < nb; j++) acc[j] += m * xs[j];
+    }
+    float *yt = c->y + t * c->ldy + p0;
+    for (int64_t j = 0; j < nb; j++) yt[j] = acc[j] + c->D * xt[j];
+}
+
+/* y_t[p] = e_t (sum_n S[p, n] C_t[n]) + sum_{s<=t} M[t, s] x_s[p] + D x_t[p],
+ * S read through its transpose St (p contiguous). */
+static void scalar_chunk_out(const spx_ssd_chunk_head *c) {
+    const int64_t P = c->P, N = c->N;
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t n = 0; n < N; n++) c->St[n * P + p] = c->S[p * N + n];
+    for (int64_t t = 0; t < c->L; t++)
+        for (int64_t p0 = 0; p0 < P; p0 += SB) {
+            if (P - p0 >= SB) scalar_out_block(c, t, p0, SB);
+            else scalar_out_block(c, t, p0, P - p0);
+        }
+}
+
+static inline void scalar_state_block(const spx_ssd_chunk_head *c, int64_t p, int64_t n0, int64_t nb) {
+    const int64_t P = c->P, ld = c->ld;
+    float *Sp = c->S + p * c->N + n0;
+    float acc[SB] = {0};
+    for (int64_t j = 0; j < nb; j++) acc[j] = Sp[j] * c->decay;
+    for (int64_t s = 0; s < c->L; s++) {
+        const float xw = c->Xw[s * P + p], *Bs = c->B + s * ld + n0;
+        for (int64_t j = 0; j < nb; j++) acc[j] += xw * Bs[j];
+    }
+    for (int64_t j = 0; j < nb; j++) Sp[j] = acc[j];
+}
+
+/* S[p, n] = decay S[p, n] + sum_s (w_s x_s[p]) B_s[n] */
 static void scalar_chunk_state(const spx_ssd_chunk_head *c) {
     const int64_t L = c->L, P = c->P, N = c->N, ld = c->ld;
-    for (int64_t p = 0; p < P; p++) {
-        float *Sp = c->S + p * N;
-        for (int64_t n = 0; n < N; n++) Sp[n] *= c->decay;
-        for (int64_t s = 0; s < L; s++) {
-            const float xw = c->Xw[s * P + p], *Bs = c->B + s * ld;
-            for (int64_t n = 0; n < N; n++) Sp[n] += xw * Bs[n];
+    for (int64_t s = 0; s < L; s++)
+        for (int64_t p = 0; p < P; p++) c->Xw[s * P + p] = c->w[s] * c->x[s * ld + p];
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t n0 = 0; n0 < N; n0 += SB) {
+            if (N - n0 >= SB) scalar_state_block(c, p, n0, SB);
+            else scalar_state_block(c, p, n0, N - n0);
         }
-    }
 }
 
 static const spx_ssm_kernels g_scalar = {
     .name = "scalar",
     .step_head = scalar_step_head,
     .chunk_cb = scalar_chunk_cb,
+    .chunk_m = scalar_chunk_m,
     .chunk_out = scalar_chunk_out,
     .chunk_state = scalar_chunk_state,
 };
@@ -215,7 +259,7 @@ void spx_cpu_ssd_step(const spx_ssd_args *a, const float *x, const float *dt_raw
 }
 
 /* Work layout (floats), Lc = chunk:
- *   CB [Lc * Lc] | M [Lc * Lc] | Xw [Lc * P] | tmp [P * N] |
+ *   CB [Lc * Lc] | M [Lc * Lc] | Xw [Lc * P] | St [P * N] |
  *   dt, dtA, E, F, e, w [Lc each]
  * (a short last chunk uses the leading part of each array). */
 int64_t spx_ssd_chunked_work(const spx_ssd_args *a, int64_t chunk) {
@@ -223,46 +267,50 @@ int64_t spx_ssd_chunked_work(const spx_ssd_args *a, int64_t chunk) {
     return 2 * Lc * Lc + Lc * (a->P + 6) + a->P * a->N;
 }
 
-/* One head's decay factors for a chunk (ssm_internal.h names them), from
- * dt[L] and dtA[L] = dt A; M from the group's CB. Returns exp(cum_{L-1}).
- * Sums of dtA in double, each in index order from 0, so every pass sees
- * the same cum_t. */
-static float ssd_chunk_decays(int64_t L, const float *dt, const float *dtA, const float *CB, float *M, float *E,
-                              float *F, float *e, float *w) {
-    double cs = 0.0;
-    for (int64_t t = 0; t < L; t++) {
-        cs += dtA[t];
-        e[t] = (float)exp(cs);
-    }
-    const float decay = (float)exp(cs);
-    double suf = 0.0; /* cum_{L-1} - cum_s = sum_{k>s} dtA_k */
-    for (int64_t s = L - 1; s >= 0; s--) {
-        w[s] = dt[s] * (float)exp(suf);
-        suf += dtA[s];
-    }
-    /* Bands [tb, te): r = cum_tb, cum_t >= r - SPAN inside. The comparison
-     * fails for a NaN, which then gets a band of one row and spreads into
-     * the outputs as the token loop's would. */
-    double cb = 0.0; /* cum_{tb-1} */
+/* One head's decay factors for a chunk (ssm_internal.h names them) from
+ * dt[L] and dtA[L] = dt A, and M from the group's CB (k->chunk_m); returns
+ * exp(cum_{L-1}). Sums of dtA in double in index order, so every pass sees
+ * the same cum_t. Per band (file comment) with r = cum_tb, each factor
+ * computed in double and rounded to float once:
+ *   F_s = exp(r - cum_s), E_t = 1 / F_t, e_t = E_t exp(r)   (s, t in the band)
+ *   F_s *= exp(r - r_prev)  for the earlier s (<= 1: F only shrinks;
+ *                           values under FLT_MIN become 0, no denormals)
+ * and the last band (te = L) gives w_s = dt_s F_s exp(cum_{L-1} - r) for
+ * every s and the decay exp(cum_{L-1} - r) exp(r). So a chunk costs
+ * L + 3 exps per band. The band test fails for a NaN, which then gets a
+ * band of one row and spreads into the outputs as the token loop's would. */
+static float ssd_chunk_decays(const spx_ssm_kernels *k, int64_t L, const float *dt, const float *dtA,
+                              const float *CB, float *M, float *E, float *F, float *e, float *w) {
+    float decay = 0.0f;
+    double cb = 0.0, rprev = 0.0; /* cum_{tb-1}, the previous band's r */
     for (int64_t tb = 0; tb < L;) {
         const double r = cb + dtA[tb];
         double ce = r;
         int64_t te = tb + 1;
         while (te < L && ce + dtA[te] >= r - SSD_BAND_SPAN) ce += dtA[te++];
-        double c = 0.0;
-        for (int64_t s = 0; s < te; s++) {
+        if (tb > 0) {
+            const float shift = (float)exp(r - rprev);
+            for (int64_t s = 0; s < tb; s++) {
+                F[s] *= shift;
+                if (!(F[s] >= FLT_MIN)) F[s] = 0.0f;
+            }
+        }
+        const double er = exp(r);
+        double c = cb;
+        for (int64_t s = tb; s < te; s++) {
             c += dtA[s];
-            /* below exp(-110) the product with E <= 1 is under float's
-             * smallest denormal anyway */
-            F[s] = r - c < -110.0 ? 0.0f : (float)exp((double)((float)r - (float)c));
-            if (s >= tb) E[s] = (float)exp((double)((float)c - (float)r));
+            const double f = exp(r - c); /* r - c in [-SPAN, 0]: f >= 1 */
+            F[s] = (float)f;
+            E[s] = (float)(1.0 / f);
+            e[s] = (float)(er / f);
         }
-        for (int64_t t = tb; t < te; t++) {
-            float *Mt = M + t * L;
-            const float *CBt = CB + t * L;
-            for (int64_t s = 0; s <= t; s++) Mt[s] = E[t] * F[s] * dt[s] * CBt[s];
-            for (int64_t s = t + 1; s < L; s++) Mt[s] = 0.0f;
+        if (te == L) {
+            const double eL = exp(ce - r);
+            for (int64_t s = 0; s < L; s++) w[s] = dt[s] * (float)((double)F[s] * eL);
+            decay = (float)(eL * er);
         }
+        k->chunk_m(E, F, dt, CB, L, tb, te, M);
+        rprev = r;
         cb = ce;
         tb = te;
     }
@@ -274,8 +322,8 @@ void spx_ssd_chunked_with(const spx_ssm_kernels *k, const spx_ssd_args *a, const
                           float *y, int64_t ldy, float *work) {
     const int64_t P = a->P, N = a->N, hpg = a->H / a->G;
     const int64_t Lc = chunk < 1 ? 1 : chunk;
-    float *CB = work, *M = CB + Lc * Lc, *Xw = M + Lc * Lc, *tmp = Xw + Lc * P;
-    float *dt = tmp + P * N, *dtA = dt + Lc, *E = dtA + Lc, *F = E + Lc, *e = F + Lc, *w = e + Lc;
+    float *CB = work, *M = CB + Lc * Lc, *Xw = M + Lc * Lc, *St = Xw + Lc * P;
+    float *dt = St + P * N, *dtA = dt + Lc, *E = dtA + Lc, *F = E + Lc, *e = F + Lc, *w = e + Lc;
     for (int64_t c0 = 0; c0 < T; c0 += Lc) {
         const int64_t L = T - c0 < Lc ? T - c0 : Lc;
         const float *xc = x + c0 * ldx, *dc = dt_raw + c0 * ldx;
@@ -288,18 +336,16 @@ void spx_ssd_chunked_with(const spx_ssm_kernels *k, const spx_ssd_args *a, const
                     dt[t] = ssd_dt(a, h, dc[t * ldx + h]);
                     dtA[t] = dt[t] * A;
                 }
-                const float decay = ssd_chunk_decays(L, dt, dtA, CB, M, E, F, e, w);
+                const float decay = ssd_chunk_decays(k, L, dt, dtA, CB, M, E, F, e, w);
                 const float *xh = xc + h * P;
-                for (int64_t s = 0; s < L; s++)
-                    for (int64_t p = 0; p < P; p++) Xw[s * P + p] = w[s] * xh[s * ldx + p];
                 const spx_ssd_chunk_head ch = {
                     .L = L, .P = P, .N = N, .ld = ldx,
                     .x = xh, .B = Bg, .C = Cg,
-                    .M = M, .e = e, .Xw = Xw,
+                    .M = M, .e = e, .w = w,
                     .D = a->D[h], .decay = decay,
                     .S = state + h * P * N,
                     .y = y + c0 * ldy + h * P, .ldy = ldy,
-                    .tmp = tmp,
+                    .Xw = Xw, .St = St,
                 };
                 /* outputs read the state the chunk started with */
                 k->chunk_out(&ch);

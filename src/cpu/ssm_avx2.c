@@ -13,11 +13,11 @@
  * output element (n, then s ascending) but fused. Shapes without a fast
  * path (P or N not a multiple of 8) take the scalar kernel.
  *
- * Blocking: chunk_out holds a tile of up to 4 tokens x 16 head values in
- * 8 accumulators and walks n (the carried term, against S transposed into
+ * Blocking: chunk_out holds a tile of up to 6 tokens x 16 head values in
+ * 12 accumulators and walks n (the carried term, against S transposed into
  * the scratch so that p is contiguous) and then s (the intra-chunk term);
- * chunk_state holds up to 4 rows p x 16 state values and walks s. Each
- * step loads 2 vectors and broadcasts 4 scalars for 8 FMAs. The tile
+ * chunk_state holds up to 6 rows p x 16 state values and walks s. Each
+ * step loads 2 vectors and broadcasts 6 scalars for 12 FMAs. The tile
  * sizes are compile-time constants of always-inlined helpers so the
  * accumulators live in registers. */
 #include "cpu/ssm_internal.h"
@@ -28,6 +28,11 @@
 
 #define SPX_AVX2 __attribute__((target("avx2,fma")))
 #define SPX_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
+
+/* Tile height of the chunk kernels: 6 x 2 accumulators, 2 loaded vectors
+ * and a broadcast fill 15 of the 16 ymm registers; 12 independent FMA
+ * chains cover the FMA latency on two ports. */
+#define TILE_R 6
 
 SPX_AVX2_INLINE float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -117,8 +122,8 @@ SPX_AVX2 static void avx2_chunk_cb(const float *C, const float *B, int64_t ld, i
 SPX_AVX2_INLINE void out_tile(const int R, const int W, const spx_ssd_chunk_head *c, const float *St, int64_t t0,
                               int64_t p0) {
     const int64_t P = c->P, N = c->N, L = c->L, ld = c->ld;
-    __m256 acc[4][2];
-#pragma GCC unroll 4
+    __m256 acc[TILE_R][2];
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
         for (int v = 0; v < W; v++) acc[r][v] = _mm256_setzero_ps();
@@ -127,14 +132,14 @@ SPX_AVX2_INLINE void out_tile(const int R, const int W, const spx_ssd_chunk_head
         __m256 sv[2];
 #pragma GCC unroll 2
         for (int v = 0; v < W; v++) sv[v] = _mm256_loadu_ps(St + n * P + p0 + 8 * v);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             const __m256 cv = _mm256_broadcast_ss(c->C + (t0 + r) * ld + n);
 #pragma GCC unroll 2
             for (int v = 0; v < W; v++) acc[r][v] = _mm256_fmadd_ps(cv, sv[v], acc[r][v]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
         const __m256 ev = _mm256_set1_ps(c->e[t0 + r]);
 #pragma GCC unroll 2
@@ -145,7 +150,7 @@ SPX_AVX2_INLINE void out_tile(const int R, const int W, const spx_ssd_chunk_head
         __m256 xv[2];
 #pragma GCC unroll 2
         for (int v = 0; v < W; v++) xv[v] = _mm256_loadu_ps(c->x + s * ld + p0 + 8 * v);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             const __m256 mv = _mm256_broadcast_ss(c->M + (t0 + r) * L + s);
 #pragma GCC unroll 2
@@ -153,7 +158,7 @@ SPX_AVX2_INLINE void out_tile(const int R, const int W, const spx_ssd_chunk_head
         }
     }
     const __m256 vD = _mm256_set1_ps(c->D);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
         for (int v = 0; v < W; v++) {
@@ -192,23 +197,32 @@ SPX_AVX2 static void transpose_pn(const float *S, int64_t P, int64_t N, float *S
         }
 }
 
+/* One tile of height R (1 .. TILE_R, a constant in each case) and width 16
+ * (wide) or 8. */
+#define TILE_CASE(F, R, ...)                  \
+    case R:                                   \
+        if (wide) F(R, 2, __VA_ARGS__);       \
+        else F(R, 1, __VA_ARGS__);            \
+        break;
+#define TILE_SWITCH(F, R, ...)                                                                     \
+    switch (R) {                                                                                   \
+        TILE_CASE(F, 1, __VA_ARGS__) TILE_CASE(F, 2, __VA_ARGS__) TILE_CASE(F, 3, __VA_ARGS__)     \
+        TILE_CASE(F, 4, __VA_ARGS__) TILE_CASE(F, 5, __VA_ARGS__) TILE_CASE(F, 6, __VA_ARGS__)     \
+    default: break;                                                                                \
+    }
+
 SPX_AVX2 static void avx2_chunk_out(const spx_ssd_chunk_head *c) {
     const int64_t P = c->P, L = c->L;
     if (P % 8 != 0 || c->N % 8 != 0) {
         spx_ssm_kernels_scalar()->chunk_out(c);
         return;
     }
-    transpose_pn(c->S, P, c->N, c->tmp);
+    transpose_pn(c->S, P, c->N, c->St);
     for (int64_t p0 = 0; p0 < P; p0 += 16) {
         const int wide = P - p0 >= 16;
-        int64_t t0 = 0;
-        for (; t0 + 4 <= L; t0 += 4) {
-            if (wide) out_tile(4, 2, c, c->tmp, t0, p0);
-            else out_tile(4, 1, c, c->tmp, t0, p0);
-        }
-        for (; t0 < L; t0++) {
-            if (wide) out_tile(1, 2, c, c->tmp, t0, p0);
-            else out_tile(1, 1, c, c->tmp, t0, p0);
+        for (int64_t t0 = 0; t0 < L; t0 += TILE_R) {
+            const int64_t R = L - t0 < TILE_R ? L - t0 : TILE_R;
+            TILE_SWITCH(out_tile, R, c, c->St, t0, p0)
         }
     }
 }
@@ -218,8 +232,8 @@ SPX_AVX2 static void avx2_chunk_out(const spx_ssd_chunk_head *c) {
 SPX_AVX2_INLINE void state_tile(const int R, const int W, const spx_ssd_chunk_head *c, int64_t p0, int64_t n0) {
     const int64_t P = c->P, N = c->N, L = c->L, ld = c->ld;
     const __m256 vdec = _mm256_set1_ps(c->decay);
-    __m256 acc[4][2];
-#pragma GCC unroll 4
+    __m256 acc[TILE_R][2];
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
         for (int v = 0; v < W; v++)
@@ -228,36 +242,57 @@ SPX_AVX2_INLINE void state_tile(const int R, const int W, const spx_ssd_chunk_he
         __m256 bv[2];
 #pragma GCC unroll 2
         for (int v = 0; v < W; v++) bv[v] = _mm256_loadu_ps(c->B + s * ld + n0 + 8 * v);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             const __m256 xw = _mm256_broadcast_ss(c->Xw + s * P + p0 + r);
 #pragma GCC unroll 2
             for (int v = 0; v < W; v++) acc[r][v] = _mm256_fmadd_ps(xw, bv[v], acc[r][v]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
         for (int v = 0; v < W; v++) _mm256_storeu_ps(c->S + (p0 + r) * N + n0 + 8 * v, acc[r][v]);
 }
 
 SPX_AVX2 static void avx2_chunk_state(const spx_ssd_chunk_head *c) {
-    const int64_t P = c->P, N = c->N;
+    const int64_t P = c->P, N = c->N, L = c->L, P8 = P & ~(int64_t)7;
     if (N % 8 != 0) {
         spx_ssm_kernels_scalar()->chunk_state(c);
         return;
     }
+    for (int64_t s = 0; s < L; s++) {
+        const float *xs = c->x + s * c->ld;
+        float *xw = c->Xw + s * P;
+        const __m256 wv = _mm256_set1_ps(c->w[s]);
+        for (int64_t p = 0; p < P8; p += 8) _mm256_storeu_ps(xw + p, _mm256_mul_ps(wv, _mm256_loadu_ps(xs + p)));
+        for (int64_t p = P8; p < P; p++) xw[p] = c->w[s] * xs[p];
+    }
     for (int64_t n0 = 0; n0 < N; n0 += 16) {
         const int wide = N - n0 >= 16;
-        int64_t p0 = 0;
-        for (; p0 + 4 <= P; p0 += 4) {
-            if (wide) state_tile(4, 2, c, p0, n0);
-            else state_tile(4, 1, c, p0, n0);
+        for (int64_t p0 = 0; p0 < P; p0 += TILE_R) {
+            const int64_t R = P - p0 < TILE_R ? P - p0 : TILE_R;
+            TILE_SWITCH(state_tile, R, c, p0, n0)
         }
-        for (; p0 < P; p0++) {
-            if (wide) state_tile(1, 2, c, p0, n0);
-            else state_tile(1, 1, c, p0, n0);
+    }
+}
+
+/* ---- decay matrix rows ---------------------------------------------------
+ * The scalar kernel's products in its order, 8 columns at a time (no FMA:
+ * bit-identical to it). */
+SPX_AVX2 static void avx2_chunk_m(const float *E, const float *F, const float *dt, const float *CB, int64_t L,
+                                  int64_t t0, int64_t t1, float *M) {
+    for (int64_t t = t0; t < t1; t++) {
+        float *Mt = M + t * L;
+        const float *CBt = CB + t * L;
+        const __m256 ev = _mm256_set1_ps(E[t]);
+        int64_t s = 0;
+        for (; s + 8 <= t + 1; s += 8) {
+            const __m256 m = _mm256_mul_ps(_mm256_mul_ps(ev, _mm256_loadu_ps(F + s)), _mm256_loadu_ps(dt + s));
+            _mm256_storeu_ps(Mt + s, _mm256_mul_ps(m, _mm256_loadu_ps(CBt + s)));
         }
+        for (; s <= t; s++) Mt[s] = E[t] * F[s] * dt[s] * CBt[s];
+        for (; s < L; s++) Mt[s] = 0.0f;
     }
 }
 
@@ -265,6 +300,7 @@ static const spx_ssm_kernels g_avx2 = {
     .name = "avx2",
     .step_head = avx2_step_head,
     .chunk_cb = avx2_chunk_cb,
+    .chunk_m = avx2_chunk_m,
     .chunk_out = avx2_chunk_out,
     .chunk_state = avx2_chunk_state,
 };

@@ -10,13 +10,16 @@
  *   M[t * L + s]                  exp(cum_t - cum_s) dt_s (C_t . B_s) for
  *                                 s <= t, exactly 0 for s > t
  *   e[t]    = exp(cum_t)          decay of the carried state up to token t
- *   Xw[s * P + p] = exp(cum_{L-1} - cum_s) dt_s x_s[p]
+ *   w[s]    = exp(cum_{L-1} - cum_s) dt_s   token s's weight in the new state
  *   decay   = exp(cum_{L-1})
  * where cum_t = sum_{k<=t} dt_k A (inclusive). The kernels compute
  *   chunk_out:   y_t[p] = e[t] (S[p, :] . C_t) + sum_{s<=t} M[t, s] x_s[p]
  *                         + D x_t[p]                       (S not changed)
- *   chunk_state: S[p, n] = decay S[p, n] + sum_s Xw[s, p] B_s[n]
- * and chunk_cb the group's CB[t * L + s] = C_t . B_s (s <= t; 0 above). */
+ *   chunk_state: S[p, n] = decay S[p, n] + sum_s (w[s] x_s[p]) B_s[n]
+ *                (the product w[s] x_s[p] rounded first, in Xw[s * P + p])
+ * and chunk_cb the group's CB[t * L + s] = C_t . B_s (s <= t; 0 above),
+ * chunk_m rows of M from the factors of ssm.c's bands (E_t F_s =
+ * exp(cum_t - cum_s)): M[t L + s] = ((E[t] F[s]) dt[s]) CB[t L + s]. */
 #ifndef SPX_CPU_SSM_INTERNAL_H
 #define SPX_CPU_SSM_INTERNAL_H
 
@@ -27,12 +30,13 @@
 typedef struct spx_ssd_chunk_head {
     int64_t L, P, N, ld;
     const float *x, *B, *C; /* token 0 of the chunk; rows ld apart */
-    const float *M, *e, *Xw; /* [L, L], [L], [L, P] */
+    const float *M, *e, *w;  /* [L, L], [L], [L] */
     float D, decay;
     float *S;                /* [P, N], this head's state */
     float *y;                /* token 0's output for this head */
     int64_t ldy;
-    float *tmp;              /* [P * N] kernel scratch (avx2: S transposed) */
+    float *Xw;               /* [L * P] scratch of chunk_state */
+    float *St;               /* [P * N] scratch of chunk_out (avx2: S transposed) */
 } spx_ssd_chunk_head;
 
 typedef struct spx_ssm_kernels {
@@ -42,6 +46,9 @@ typedef struct spx_ssm_kernels {
     void (*step_head)(float *S, const float *x, const float *B, const float *C, int64_t P, int64_t N, float da,
                       float dt, float D, float *y);
     void (*chunk_cb)(const float *C, const float *B, int64_t ld, int64_t L, int64_t N, float *CB);
+    /* rows t0 <= t < t1 of M (s <= t; exactly 0 for t < s < L) */
+    void (*chunk_m)(const float *E, const float *F, const float *dt, const float *CB, int64_t L, int64_t t0,
+                    int64_t t1, float *M);
     void (*chunk_out)(const spx_ssd_chunk_head *c);
     void (*chunk_state)(const spx_ssd_chunk_head *c);
 } spx_ssm_kernels;

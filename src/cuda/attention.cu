@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
     const int64_t kvd = (int64_t)a.nkv * hd;
     int64_t k_begin, k_end;
     attn_keys(a, t, split, &k_begin, &k_end);
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = a.scale > 0 ? a.scale : 1.0f / sqrtf((float)hd);
 
     float *qs = at_sm; /* [AT_HB][hd] */
     float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
@@ -640,7 +640,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_kernel(const __grid
     float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
     attn_state_init<ND>(m, l, acc);
     float4 *pr = reinterpret_cast<float4 *>(ad_sm + L::PR) + warp * 32;
-    const float scale = 1.0f / sqrtf((float)HD);
+    const float scale = a.scale > 0 ? a.scale : 1.0f / sqrtf((float)HD);
     for (int64_t k0 = kb + warp * 32; k0 < ke; k0 += AD_WARPS * 32) {
         if (k0 != kb + warp * 32) { /* a later pass: this warp's previous tile is consumed */
             __syncwarp();
@@ -929,7 +929,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) attn_decode_q4_kernel(const __g
     float m[AT_HB], l[AT_HB], acc[AT_HB][ND];
     attn_state_init<ND>(m, l, acc);
     float4 *pr = reinterpret_cast<float4 *>(ad_sm + L::PR) + warp * 32;
-    const float scale = 1.0f / sqrtf((float)HD);
+    const float scale = a.scale > 0 ? a.scale : 1.0f / sqrtf((float)HD);
     /* this lane's value dimensions ND l ..: group gl, bytes from vb, high nibbles or low */
     const int d0 = ND * lane, gl = d0 >> 5, vb = 16 * gl + (d0 & 15), vsh = (d0 & 16) ? 4 : 0;
     for (int64_t k0 = k0f; k0 < ke; k0 += NT) {
@@ -1133,7 +1133,7 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_q4_kernel(const __gr
     const int G0 = kvh * ng; /* this head's first group in a row */
     int64_t k_begin, k_end;
     attn_keys(a, t, split, &k_begin, &k_end);
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = a.scale > 0 ? a.scale : 1.0f / sqrtf((float)hd);
 
     float *qs = at_sm;               /* [AT_HB][hd], rotated */
     float *qsum = qs + AT_HB * hd;   /* [AT_HB][ng] */

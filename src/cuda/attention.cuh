@@ -9,7 +9,8 @@
  * n_splits and a decode graph replays at any context length.
  *
  * Matches the CPU's spx_kv_scores / softmax / spx_kv_weighted_v (f16):
- * scores q.k * (1/sqrt(hd)) in float32. Limits: hd <= 256; nh a multiple
+ * scores q.k * scale in float32 (scale: the model's, cfg->attn_scale; 0
+ * means 1/sqrt(hd)). Limits: hd <= 256; nh a multiple
  * of nkv; part holds n_tok * nh * n_splits * (hd + 2) floats when
  * n_splits > 1.
  *
@@ -45,6 +46,7 @@ struct spx_attn_args {
     float *part;                /* scratch, see above */
     int n_tok, nh, nkv, hd;
     int window;                 /* sliding window (0: none) */
+    float scale;                /* softmax scale of q.k; 0: 1/sqrt(hd) */
     int n_splits;               /* >= 1 */
     const int32_t *pos;         /* device: position of query 0 */
     spx_kvq4 kq, vq;            /* --kv q4: this layer's caches instead (kq.codes NULL: fp16) */

@@ -120,8 +120,10 @@ struct cu_pp {
 
 struct cu_sess {
     cudaStream_t st;
-    __half *kc, *vc;                 /* [n_layers, n_ctx, kvd]; --kv q4: the bytes of kvq4_math.h's layout */
+    __half *kc, *vc;                 /* [n_attn_layers, n_ctx, kvd]; --kv q4: the bytes of kvq4_math.h's layout */
     float *h, *x, *q, *k, *v, *att, *gate, *up, *logits, *part;
+    float *proj;                     /* [B, widest recurrent in_proj output] or NULL */
+    float *state, *state_ckpt;       /* the recurrent layers' state cache (m->state_floats) and its checkpoint */
     float *ws;                       /* split-K workspace of the GEMM */
     size_t ws_floats;
     __half *x16;                     /* [B, max(H, qd, I)] */
@@ -173,6 +175,7 @@ spx_status cu_model_init(spx_model *m, spx_err *e);
 spx_status cu_offload_stats(spx_session *s, int32_t n_steps, spx_offload_stats *o, spx_err *e);
 void cu_session_free(spx_session *s);
 spx_status cu_session_init(spx_session *s, spx_err *e);
+spx_status cu_state_op(spx_session *s, int op, spx_err *e);
 spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e);
 spx_status cu_pp_begin(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);
 spx_status cu_pp_end(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);

@@ -2,6 +2,7 @@
  * (engine/forward.c), one token through the fused GEMV path, n >= 2
  * through the tensor-core GEMM (see cu_backend.cuh). */
 #include "cuda/cu_backend.cuh"
+#include "cuda/ssm.cuh"
 
 /* ---- the forward pass ---------------------------------------------------- */
 
@@ -63,12 +64,6 @@ static spx_gemv_args gemv_gate_up(const cu_layer *L, cu_sess *cs, float eps, boo
     g.pair = tl && pair;
     return g;
 }
-static spx_gemv_args gemv_down(const cu_layer *L, cu_sess *cs, bool pair) {
-    spx_gemv_args g = gemv_one(L->w[SPX_SL_DOWN], cs->gate, cs->h, L->v[SPX_SL_B_DOWN], SPX_GEMV_ADD);
-    g.x2 = L->w[SPX_SL_GATE].tiled && !pair ? cs->up : NULL;
-    return g;
-}
-
 static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __half *x, int64_t ldx, float *y,
                               int64_t ldy, const float *bias, int M, int accumulate) {
     spx_gemm_args g;
@@ -94,28 +89,230 @@ static cudaError_t run_gemm(const cu_model *cm, const cu_sess *cs, const spx_gem
     return spx_gemm_q4(g, nsm, st);
 }
 
+/* What every block of one forward pass shares. */
+struct fwd {
+    spx_session *s;
+    const spx_model *m;
+    const cu_model *cm;
+    cu_sess *cs;
+    const spx_config *c;
+    cudaStream_t st;
+    int n, nsm, n_splits;
+    bool pdl;       /* the decode chain's kernels use PDL */
+    bool fuse_rope; /* the decode attention kernel does rope_store's work */
+    float eps;
+};
+
+/* a decode GEMV launch in the model's form (cm->gemv_groups) */
+static spx_gemv_args dec(const fwd &f, spx_gemv_args g) {
+    g.groups = f.cm->gemv_groups;
+    return g;
+}
+
+/* A block's input projection y[n, w.rows] = rmsnorm(h, gain) W^T (+ bias):
+ * one token through the GEMV (norm fused into its prologue), a prompt
+ * through the GEMM on the fp16 normed rows. */
+static spx_status in_proj(const fwd &f, const spx_dqmat &w, const float *gain, const float *bias, float *y, bool pdl,
+                          spx_err *e) {
+    const int64_t H = f.c->hidden_size;
+    if (f.n == 1) {
+        spx_gemv_args g = gemv_one(w, f.cs->h, y, bias, SPX_GEMV_STORE);
+        g.gain = gain;
+        g.eps = f.eps;
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl));
+    } else {
+        SPX_CUDA_TRY(e, spx_rmsnorm(f.cs->h, gain, f.eps, f.n, H, NULL, f.cs->x16, f.st));
+        SPX_CUDA_TRY(e, run_gemm(f.cm, f.cs, gemm_one(f.cs, w, f.cs->x16, H, y, w.rows, bias, f.n, 0), f.nsm, f.st));
+    }
+    return SPX_OK;
+}
+
+/* A block's output projection added to the residual stream: h += r (x W^T
+ * + bias), x [n, w.cols]; fused into the GEMV / GEMM epilogue when r == 1,
+ * else stored and added by spx_cu_axpy. x2: the decode GEMV's input is x *
+ * x2 (tiled gate/up stored apart). have16: a prompt's input is already in
+ * cs->x16 as fp16 (the SwiGLU kernel wrote it there). */
+static spx_status out_proj(const fwd &f, const spx_dqmat &w, const float *bias, const float *x, const float *x2,
+                           bool have16, spx_err *e) {
+    const int64_t H = f.c->hidden_size;
+    const float r = f.c->residual_mult;
+    cu_sess *cs = f.cs;
+    float *y = r == 1.0f ? cs->h : cs->x;
+    if (f.n == 1) {
+        spx_gemv_args g = gemv_one(w, x, y, bias, r == 1.0f ? SPX_GEMV_ADD : SPX_GEMV_STORE);
+        g.x2 = x2;
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, f.pdl));
+    } else {
+        if (!have16) SPX_CUDA_TRY(e, spx_to_half(x, (int64_t)f.n * w.cols, cs->x16, f.st));
+        SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, w, cs->x16, w.cols, y, H, bias, f.n, r == 1.0f), f.nsm, f.st));
+    }
+    if (r != 1.0f) SPX_CUDA_TRY(e, spx_cu_axpy(cs->h, cs->x, (int64_t)f.n * H, r, f.st));
+    return SPX_OK;
+}
+
+/* ---- blocks (the CPU's meaning: engine/forward.c) --------------------------- */
+
+static spx_status blk_attention(const fwd &f, const cu_layer *L, int64_t l, bool pdl0, spx_err *e) {
+    const spx_session *s = f.s;
+    const spx_config *c = f.c;
+    cu_sess *cs = f.cs;
+    const int64_t H = c->hidden_size, hd = c->head_dim;
+    const int nh = (int)c->n_heads, nkv = (int)c->n_kv_heads;
+    const int64_t kvd = nkv * hd, kvi = f.m->layers[l].kv_index;
+    __half *kc = cs->kc + (size_t)kvi * (size_t)s->n_ctx * (size_t)kvd;
+    __half *vc = cs->vc + (size_t)kvi * (size_t)s->n_ctx * (size_t)kvd;
+    if (f.n == 1) {
+        spx_gemv_args g = gemv_qkv(L, cs, f.eps);
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl0));
+    } else {
+        SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_MIX_NORM], f.eps, f.n, H, NULL, cs->x16, f.st));
+        const spx_dqmat *w[3] = {&L->w[SPX_SL_Q], &L->w[SPX_SL_K], &L->w[SPX_SL_V]};
+        float *y[3] = {cs->q, cs->k, cs->v};
+        const float *b[3] = {L->v[SPX_SL_BQ], L->v[SPX_SL_BK], L->v[SPX_SL_BV]};
+        for (int i = 0; i < 3; i++)
+            SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, *w[i], cs->x16, H, y[i], w[i]->rows, b[i], f.n, 0), f.nsm, f.st));
+    }
+    spx_rope_args ra;
+    memset(&ra, 0, sizeof ra);
+    ra.q = cs->q;
+    ra.k = cs->k;
+    ra.v = cs->v;
+    ra.n_tok = f.n;
+    ra.nh = nh;
+    ra.nkv = nkv;
+    ra.hd = (int)hd;
+    ra.inv_freq = f.cm->inv_freq; /* all zero without RoPE: the identity rotation */
+    ra.q_norm = L->v[SPX_SL_Q_NORM];
+    ra.k_norm = L->v[SPX_SL_K_NORM];
+    ra.eps = f.eps;
+    ra.pos = cs->d_pos;
+    ra.kc = kc;
+    ra.vc = vc;
+    kv_q4_layer(s, cs, kvi, &ra.kq, &ra.vq, &ra.rot);
+    if (!f.fuse_rope) SPX_CUDA_TRY(e, spx_rope_store(ra, f.st, f.pdl));
+    spx_attn_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.q = cs->q;
+    aa.kc = kc;
+    aa.vc = vc;
+    aa.out = cs->att;
+    aa.part = cs->part;
+    aa.n_tok = f.n;
+    aa.nh = nh;
+    aa.nkv = nkv;
+    aa.hd = (int)hd;
+    aa.window = (int)c->sliding_window;
+    aa.scale = c->attn_scale;
+    aa.n_splits = f.n_splits;
+    aa.pos = cs->d_pos;
+    kv_q4_layer(s, cs, kvi, &aa.kq, &aa.vq, &aa.rot);
+    aa.cnt = cs->attn_cnt;
+    if (f.fuse_rope) { /* the decode kernel does rope_store's work */
+        aa.k_new = cs->k;
+        aa.v_new = cs->v;
+        aa.inv_freq = f.cm->inv_freq;
+        aa.q_norm = L->v[SPX_SL_Q_NORM];
+        aa.k_norm = L->v[SPX_SL_K_NORM];
+        aa.eps = f.eps;
+    }
+    SPX_CUDA_TRY(e, spx_attention(aa, f.st, f.pdl));
+    return out_proj(f, L->w[SPX_SL_O], L->v[SPX_SL_BO], cs->att, NULL, false, e);
+}
+
+/* SwiGLU, separate gate and up: the decode path's fused launches (see
+ * gemv_gate_up); a prompt through the GEMM and spx_silu_mul. */
+static spx_status blk_swiglu(const fwd &f, const cu_layer *L, bool pdl1, spx_err *e) {
+    const spx_config *c = f.c;
+    cu_sess *cs = f.cs;
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    if (c->gate_up_fused) { /* one [2I, H] matrix: gate rows then up rows */
+        SPX_TRY(in_proj(f, L->w[SPX_SL_GATE_UP], L->v[SPX_SL_FFN_NORM], NULL, cs->gate, pdl1, e));
+        SPX_CUDA_TRY(e, spx_cu_swiglu_fused(cs->gate, f.n, (int)I, cs->up, f.st));
+        return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->up, NULL, false, e);
+    }
+    if (f.n == 1) {
+        const bool pair = f.cm->gemv_pair != 0;
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, gemv_gate_up(L, cs, f.eps, pair)), f.nsm, f.st, pdl1));
+        const bool apart = L->w[SPX_SL_GATE].tiled && !pair;
+        return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->gate, apart ? cs->up : NULL, false, e);
+    }
+    SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_FFN_NORM], f.eps, f.n, H, NULL, cs->x16, f.st));
+    SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, L->w[SPX_SL_GATE], cs->x16, H, cs->gate, I, L->v[SPX_SL_B_GATE], f.n, 0),
+                             f.nsm, f.st));
+    SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, L->w[SPX_SL_UP], cs->x16, H, cs->up, I, L->v[SPX_SL_B_UP], f.n, 0),
+                             f.nsm, f.st));
+    SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)f.n * I, NULL, cs->x16, f.st)); /* the GEMM's fp16 input */
+    return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->gate, NULL, true, e);
+}
+
+/* Nemotron-H's MLP: down(relu(up x)^2). */
+static spx_status blk_relu2(const fwd &f, const cu_layer *L, bool pdl1, spx_err *e) {
+    cu_sess *cs = f.cs;
+    SPX_TRY(in_proj(f, L->w[SPX_SL_UP], L->v[SPX_SL_FFN_NORM], L->v[SPX_SL_B_UP], cs->gate, pdl1, e));
+    SPX_CUDA_TRY(e, spx_cu_relu2(cs->gate, (int64_t)f.n * f.c->intermediate_size, f.st));
+    return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->gate, NULL, false, e);
+}
+
+/* LFM2's short convolution: proj rows [B | C | u]; y = C * conv(B * u). */
+static spx_status blk_shortconv(const fwd &f, const cu_layer *L, int64_t l, bool pdl0, spx_err *e) {
+    const spx_config *c = f.c;
+    cu_sess *cs = f.cs;
+    const int H = (int)c->hidden_size;
+    const int64_t R = 3 * (int64_t)H;
+    float *state = cs->state + f.m->layers[l].state_off;
+    SPX_TRY(in_proj(f, L->w[SPX_SL_CONV_IN], L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_CONV_IN_B], cs->proj, pdl0, e));
+    SPX_CUDA_TRY(e, spx_cu_shortconv_gates(cs->proj, f.n, H, f.st));
+    SPX_CUDA_TRY(e, spx_cu_conv_causal(cs->proj, R, f.n, H, L->v[SPX_SL_CONV_W], L->v[SPX_SL_CONV_B], (int)c->conv_kernel,
+                                       state, 0, cs->proj, R, f.st));
+    SPX_CUDA_TRY(e, spx_cu_mul_rows(cs->proj + H, R, cs->proj, R, f.n, H, cs->att, H, f.st));
+    return out_proj(f, L->w[SPX_SL_CONV_OUT], L->v[SPX_SL_CONV_OUT_B], cs->att, NULL, false, e);
+}
+
+/* Mamba-2: proj rows [z (di) | x B C (cd) | dt (heads)]; the layer's state
+ * is its conv history [cd, K-1] then its SSM state [heads, P, N]. */
+static spx_status blk_mamba2(const fwd &f, const cu_layer *L, int64_t l, bool pdl0, spx_err *e) {
+    const spx_config *c = f.c;
+    cu_sess *cs = f.cs;
+    const int64_t di = spx_ssm_d_inner(c), cd = spx_ssm_conv_dim(c), R = spx_ssm_in_rows(c);
+    const int64_t GN = c->ssm_groups * c->ssm_state;
+    float *conv_state = cs->state + f.m->layers[l].state_off;
+    float *ssm_state = conv_state + cd * (c->ssm_conv_kernel - 1);
+    SPX_TRY(in_proj(f, L->w[SPX_SL_SSM_IN], L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_SSM_IN_B], cs->proj, pdl0, e));
+    float *xbc = cs->proj + di;
+    SPX_CUDA_TRY(e, spx_cu_conv_causal(xbc, R, f.n, (int)cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B],
+                                       (int)c->ssm_conv_kernel, conv_state, 1, xbc, R, f.st));
+    spx_cu_ssd a;
+    a.H = (int)c->ssm_heads, a.P = (int)c->ssm_head_dim, a.N = (int)c->ssm_state, a.G = (int)c->ssm_groups;
+    a.A_log = L->v[SPX_SL_SSM_A_LOG], a.D = L->v[SPX_SL_SSM_D], a.dt_bias = L->v[SPX_SL_SSM_DT_BIAS];
+    a.dt_lo = c->ssm_dt_lo, a.dt_hi = c->ssm_dt_hi;
+    const float *dt = cs->proj + di + cd, *B = xbc + di, *C = B + GN;
+    if (f.n == 1) SPX_CUDA_TRY(e, spx_cu_ssd_step(a, xbc, dt, B, C, ssm_state, cs->att, f.st));
+    else SPX_CUDA_TRY(e, spx_cu_ssd_scan(a, xbc, dt, B, C, R, f.n, ssm_state, cs->att, di, f.st));
+    SPX_CUDA_TRY(e, spx_cu_rmsnorm_gated(cs->att, cs->att, di, cs->proj, R, L->v[SPX_SL_SSM_NORM], f.n, (int)di,
+                                         (int)c->ssm_norm_group, f.eps, f.st));
+    return out_proj(f, L->w[SPX_SL_SSM_OUT], L->v[SPX_SL_SSM_OUT_B], cs->att, NULL, false, e);
+}
+
+/* ---- the pass -------------------------------------------------------------- */
+
 spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e) {
     const spx_model *m = s->m;
     const cu_model *cm = (const cu_model *)m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
     const spx_config *c = &m->cfg;
     cudaStream_t st = cs->st;
-    const int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
-    const int nh = (int)c->n_heads, nkv = (int)c->n_kv_heads;
-    const int64_t qd = nh * hd, kvd = nkv * hd, V = c->vocab_size;
-    const float eps = c->rms_eps;
-    const int nsm = cm->n_sm;
-    const bool pdl = cm->pdl && n == 1; /* the decode chain only */
+    const int64_t H = c->hidden_size, V = c->vocab_size;
+    fwd f;
+    f.s = s, f.m = m, f.cm = cm, f.cs = cs, f.c = c, f.st = st;
+    f.n = n, f.nsm = cm->n_sm, f.n_splits = n_splits;
+    f.pdl = cm->pdl && n == 1; /* the decode chain only */
     /* the decode kernel does rope_store's work (the 4-bit cache too, unless SPECTRA_CUDA_KVQ4_FUSE=0) */
-    const bool fuse_rope = n == 1 && (s->kv.type != SPX_KV_Q4 || cm->kvq4_fuse) && spx_attention_decode_fast((int)hd);
+    f.fuse_rope = n == 1 && (s->kv.type != SPX_KV_Q4 || cm->kvq4_fuse) && spx_attention_decode_fast((int)c->head_dim);
+    f.eps = c->rms_eps;
 
-    /* a decode GEMV launch in the model's form (cm->gemv_groups) */
-    auto dec = [cm](spx_gemv_args g) {
-        g.groups = cm->gemv_groups;
-        return g;
-    };
     SPX_TRY(cu_pp_begin(m, cm, cs, e));
-    SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, pdl));
+    SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, f.pdl));
+    if (c->embed_mult != 1.0f) SPX_CUDA_TRY(e, spx_cu_scale(cs->h, (int64_t)n * H, c->embed_mult, 0, st));
     for (int64_t l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &cm->layers[l];
         cu_layer Ls;
@@ -124,83 +321,24 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
             SPX_TRY(cu_pp_layer_begin(cm, cs, l, &Ls, e));
             L = &Ls;
         }
-        const bool pdl0 = pdl && !streamed; /* the layer's first kernel */
-        __half *kc = cs->kc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
-        __half *vc = cs->vc + (size_t)l * (size_t)s->n_ctx * (size_t)kvd;
-        /* attention block */
-        if (n == 1) {
-            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_qkv(L, cs, eps)), nsm, st, pdl0));
-        } else {
-            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_MIX_NORM], eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_Q], cs->x16, H, cs->q, qd, L->v[SPX_SL_BQ], n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_K], cs->x16, H, cs->k, kvd, L->v[SPX_SL_BK], n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_V], cs->x16, H, cs->v, kvd, L->v[SPX_SL_BV], n, 0), nsm, st));
+        const bool pdl0 = f.pdl && !streamed; /* the layer's first kernel */
+        switch (c->mixer[l]) {
+        case SPX_MIX_ATTN: SPX_TRY(blk_attention(f, L, l, pdl0, e)); break;
+        case SPX_MIX_CONV: SPX_TRY(blk_shortconv(f, L, l, pdl0, e)); break;
+        case SPX_MIX_MAMBA2: SPX_TRY(blk_mamba2(f, L, l, pdl0, e)); break;
+        default: break;
         }
-        spx_rope_args ra;
-        memset(&ra, 0, sizeof ra);
-        ra.q = cs->q;
-        ra.k = cs->k;
-        ra.v = cs->v;
-        ra.n_tok = n;
-        ra.nh = nh;
-        ra.nkv = nkv;
-        ra.hd = (int)hd;
-        ra.inv_freq = cm->inv_freq;
-        ra.q_norm = L->v[SPX_SL_Q_NORM];
-        ra.k_norm = L->v[SPX_SL_K_NORM];
-        ra.eps = eps;
-        ra.pos = cs->d_pos;
-        ra.kc = kc;
-        ra.vc = vc;
-        kv_q4_layer(s, cs, l, &ra.kq, &ra.vq, &ra.rot);
-        if (!fuse_rope) SPX_CUDA_TRY(e, spx_rope_store(ra, st, pdl));
-        spx_attn_args aa;
-        memset(&aa, 0, sizeof aa);
-        aa.q = cs->q;
-        aa.kc = kc;
-        aa.vc = vc;
-        aa.out = cs->att;
-        aa.part = cs->part;
-        aa.n_tok = n;
-        aa.nh = nh;
-        aa.nkv = nkv;
-        aa.hd = (int)hd;
-        aa.window = (int)c->sliding_window;
-        aa.n_splits = n_splits;
-        aa.pos = cs->d_pos;
-        kv_q4_layer(s, cs, l, &aa.kq, &aa.vq, &aa.rot);
-        aa.cnt = cs->attn_cnt;
-        if (fuse_rope) { /* the decode kernel does rope_store's work */
-            aa.k_new = cs->k;
-            aa.v_new = cs->v;
-            aa.inv_freq = cm->inv_freq;
-            aa.q_norm = L->v[SPX_SL_Q_NORM];
-            aa.k_norm = L->v[SPX_SL_K_NORM];
-            aa.eps = eps;
-        }
-        SPX_CUDA_TRY(e, spx_attention(aa, st, pdl));
-        if (n == 1) {
-            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_one(L->w[SPX_SL_O], cs->att, cs->h, L->v[SPX_SL_BO], SPX_GEMV_ADD)), nsm, st, pdl));
-        } else {
-            SPX_CUDA_TRY(e, spx_to_half(cs->att, (int64_t)n * qd, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_O], cs->x16, qd, cs->h, H, L->v[SPX_SL_BO], n, 1), nsm, st));
-        }
-        /* MLP block */
-        if (n == 1) {
-            const bool pair = cm->gemv_pair != 0;
-            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_gate_up(L, cs, eps, pair)), nsm, st, pdl));
-            SPX_CUDA_TRY(e, spx_gemv_q4(dec(gemv_down(L, cs, pair)), nsm, st, pdl));
-        } else {
-            SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_FFN_NORM], eps, n, H, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_GATE], cs->x16, H, cs->gate, I, L->v[SPX_SL_B_GATE], n, 0), nsm, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_UP], cs->x16, H, cs->up, I, L->v[SPX_SL_B_UP], n, 0), nsm, st));
-            SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)n * I, NULL, cs->x16, st));
-            SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, L->w[SPX_SL_DOWN], cs->x16, I, cs->h, H, L->v[SPX_SL_B_DOWN], n, 1), nsm, st));
+        switch (c->ffn[l]) {
+        case SPX_FFN_SWIGLU: SPX_TRY(blk_swiglu(f, L, c->mixer[l] == SPX_MIX_NONE ? pdl0 : f.pdl, e)); break;
+        case SPX_FFN_RELU2: SPX_TRY(blk_relu2(f, L, c->mixer[l] == SPX_MIX_NONE ? pdl0 : f.pdl, e)); break;
+        default: break;
         }
         if (streamed) SPX_TRY(cu_pp_layer_end(m, cm, cs, l, e));
     }
     SPX_TRY(cu_pp_end(m, cm, cs, e));
     if (lmode == LM_NONE) return SPX_OK;
+    const int nsm = cm->n_sm;
+    const float eps = f.eps;
     if (lmode == LM_ALL && n > 1) { /* chunks of SPX_BATCH_MAX tokens, each copied to the host (never captured) */
         SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, cm->final_norm, eps, n, H, NULL, cs->x16, st));
         for (int t0 = 0; t0 < n; t0 += SPX_BATCH_MAX) {
@@ -208,20 +346,24 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
             SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, cm->lm_head, cs->x16 + (size_t)t0 * (size_t)H, H, cs->logits, V,
                                                  NULL, k, 0),
                                      nsm, st));
+            if (c->logits_div != 1.0f) SPX_CUDA_TRY(e, spx_cu_scale(cs->logits, (int64_t)k * V, c->logits_div, 1, st));
             SPX_CUDA_TRY(e, cudaMemcpyAsync(s->logits + (size_t)t0 * (size_t)V, cs->logits, (size_t)k * (size_t)V * 4,
                                             cudaMemcpyDeviceToHost, st));
         }
         return SPX_OK;
     }
+    /* the argmax of logits / logits_div is the argmax of the logits (a
+     * positive divisor): the fused ARGMAX launch skips the division */
     spx_gemv_args g = gemv_one(cm->lm_head, cs->h + (size_t)(n - 1) * (size_t)H, cs->logits, NULL,
                                lmode == LM_ARGMAX ? SPX_GEMV_ARGMAX : SPX_GEMV_STORE);
     g.gain = cm->final_norm;
     g.eps = eps;
     g.best = cs->d_best;
-    SPX_CUDA_TRY(e, spx_gemv_q4(dec(g), nsm, st, pdl));
-    if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, pdl, cs->ring_d));
+    SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), nsm, st, f.pdl));
+    if (lmode != LM_ARGMAX && c->logits_div != 1.0f) SPX_CUDA_TRY(e, spx_cu_scale(cs->logits, V, c->logits_div, 1, st));
+    if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, f.pdl, cs->ring_d));
     if (lmode == LM_SAMPLE)
-        SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, pdl, cs->ring_d));
+        SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, f.pdl, cs->ring_d));
     return SPX_OK;
 }
 

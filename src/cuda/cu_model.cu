@@ -90,24 +90,32 @@ static int gemv_groups_for(const spx_model *m, int n_sm) {
     return 1;
 }
 
-/* The decode GEMV launches of layer l: q/k/v one launch and gate/up one,
- * so each set shares a layout; tiled launches (and the down projection's
- * silu(gate) * up input after tiled gate/up) run only on the tensor-core
- * kernels, whose shared memory bounds the outlier count. */
+/* The decode GEMV launches of layer l: q/k/v one launch and separate
+ * gate/up one, so each set shares a layout; every other matrix is a launch
+ * of its own. Tiled launches (and the down projection's silu(gate) * up
+ * input after tiled gate/up) run only on the tensor-core kernels, whose
+ * shared memory bounds the outlier count. */
 static spx_status check_launches(const spx_model *m, int64_t l, spx_err *e) {
     const spx_wmat *W = m->layers[l].w;
     const spx_qtensor *q = &W[SPX_SL_Q].q, *k = &W[SPX_SL_K].q, *v = &W[SPX_SL_V].q, *g = &W[SPX_SL_GATE].q,
-                      *u = &W[SPX_SL_UP].q, *d = &W[SPX_SL_DOWN].q, *o = &W[SPX_SL_O].q;
-    if (q->layout != k->layout || q->layout != v->layout || g->layout != u->layout)
+                      *u = &W[SPX_SL_UP].q;
+    const bool attn = W[SPX_SL_Q].rows > 0, sep = W[SPX_SL_GATE].rows > 0; /* separate gate and up */
+    if ((attn && (q->layout != k->layout || q->layout != v->layout)) || (sep && g->layout != u->layout))
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: layer %lld mixes tiled and row-major matrices in q/k/v or gate/up; the cuda backend "
                         "needs one layout per set (recompress with spectra compress)",
                         m->path, (long long)l);
-    const bool tq = q->layout == SPX_Q_TILED, tg = g->layout == SPX_Q_TILED;
-    if ((tq && !spx_gemv_q4_fits(q->cols, q->n_outliers + k->n_outliers + v->n_outliers)) ||
-        (o->layout == SPX_Q_TILED && !spx_gemv_q4_fits(o->cols, o->n_outliers)) ||
-        (tg && !spx_gemv_q4_fits(g->cols, g->n_outliers + u->n_outliers)) ||
-        ((tg || d->layout == SPX_Q_TILED) && !spx_gemv_q4_fits(d->cols, d->n_outliers)))
+    const bool tq = attn && q->layout == SPX_Q_TILED, tg = sep && g->layout == SPX_Q_TILED;
+    bool bad = (tq && !spx_gemv_q4_fits(q->cols, q->n_outliers + k->n_outliers + v->n_outliers)) ||
+               (tg && !spx_gemv_q4_fits(g->cols, g->n_outliers + u->n_outliers));
+    for (int s = 0; s < SPX_SL_COUNT && !bad; s++) {
+        if (!spx_slots[s].mat || !W[s].rows || s == SPX_SL_Q || s == SPX_SL_K || s == SPX_SL_V ||
+            (sep && (s == SPX_SL_GATE || s == SPX_SL_UP)))
+            continue;
+        const bool x2 = s == SPX_SL_DOWN && tg; /* its input is silu(gate) * up */
+        bad = (W[s].q.layout == SPX_Q_TILED || x2) && !spx_gemv_q4_fits(W[s].q.cols, W[s].q.n_outliers);
+    }
+    if (bad)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: layer %lld: a tiled matrix has more outlier columns than the decode GEMV takes at its "
                         "width (recompress with --layout rows)",
@@ -149,7 +157,7 @@ static int64_t planned_ctx(const spx_model *m) {
 static uint64_t session_bytes(const spx_model *m, int64_t T) {
     const spx_config *c = &m->cfg;
     const spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
-    return (uint64_t)spx_kv_bytes_per_token(kv, c->n_layers, c->n_kv_heads * c->head_dim) * (uint64_t)T +
+    return (uint64_t)spx_kv_bytes_per_token(kv, c->n_attn_layers, c->n_kv_heads * c->head_dim) * (uint64_t)T +
            spx_plan_cuda_scratch_bytes(m, T);
 }
 
@@ -248,9 +256,6 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
                         m->path, (long long)c->head_dim, (long long)c->n_heads, (long long)c->n_kv_heads,
                         SPX_ATTN_MAX_HD);
     char nm[160];
-    if (!spx_arch_is_llama_blocks(c, nm, sizeof nm))
-        return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "%s: the cuda backend runs attention + SwiGLU layers only and %s; use --backend cpu", m->path, nm);
     SPX_TRY(check_mat(m, &m->embed, spx_arch_embed_name(c), e));
     SPX_TRY(check_mat(m, &m->lm_head, spx_arch_lm_head_name(c), e));
     for (int64_t l = 0; l < c->n_layers; l++) {

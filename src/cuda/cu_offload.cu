@@ -140,17 +140,27 @@ static spx_status measure_offload(spx_session *s, cu_sess *cs, int k, cudaEvent_
     SPX_TRY(time_graph(cs, cs->graph, k, t0, t1, &o->t_step_s, e));
     /* 2. the same step without the copies: every streamed layer computes
      * from the slot of its parity, which holds streamed layer 0 or 1 (same
-     * shapes; their own outlier counts) */
+     * kinds and shapes; their own outlier counts); not for layers of other
+     * kinds (a hybrid's: another layer's slots over an image would read
+     * codes as indices) */
+    const spx_config *c = &s->m->cfg;
+    o->uniform = 1;
+    for (int64_t j = 2; j < cu_pp_n_stream(s->m, cm); j++) {
+        const int64_t l = cm->n_resident + j, l0 = cm->n_resident + (j & 1);
+        if (c->mixer[l] != c->mixer[l0] || c->ffn[l] != c->ffn[l0]) o->uniform = 0;
+    }
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
     for (int64_t j = 0; j < 2 && j < cu_pp_n_stream(s->m, cm); j++)
         SPX_CUDA_TRY(e, cudaMemcpyAsync(pp_slot(cm, cs, j), cm->host + cm->img_off[cm->n_resident + j],
                                         cm->img_bytes[cm->n_resident + j], cudaMemcpyHostToDevice, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
-    cs->pp.no_copy = 1;
-    spx_status st = cu_capture_graph(s, cs, nocopy, e);
-    cs->pp.no_copy = 0;
-    SPX_TRY(st);
-    SPX_TRY(time_graph(cs, *nocopy, k, t0, t1, &o->t_compute_s, e));
+    if (o->uniform) {
+        cs->pp.no_copy = 1;
+        spx_status st = cu_capture_graph(s, cs, nocopy, e);
+        cs->pp.no_copy = 0;
+        SPX_TRY(st);
+        SPX_TRY(time_graph(cs, *nocopy, k, t0, t1, &o->t_compute_s, e));
+    }
     /* 3. the copies alone */
     int64_t ns = cu_pp_n_stream(s->m, cm);
     SPX_CUDA_TRY(e, cudaEventRecord(t0, cs->pp.cp));
@@ -164,7 +174,7 @@ static spx_status measure_offload(spx_session *s, cu_sess *cs, int k, cudaEvent_
     SPX_CUDA_TRY(e, cudaEventElapsedTime(&ms, t0, t1));
     o->t_copy_s = (double)ms / 1e3 / k;
     o->h2d_gbps = o->t_copy_s > 0 ? (double)cm->stream_bytes / o->t_copy_s / 1e9 : 0;
-    double h = o->t_copy_s > 0 ? 1.0 - (o->t_step_s - o->t_compute_s) / o->t_copy_s : 0;
+    double h = o->t_copy_s > 0 && o->uniform ? 1.0 - (o->t_step_s - o->t_compute_s) / o->t_copy_s : 0;
     o->hidden_share = h < 0 ? 0 : h > 1 ? 1 : h;
     o->n_steps = k;
     o->measured = 1;
@@ -200,5 +210,6 @@ spx_status cu_offload_stats(spx_session *s, int32_t n_steps, spx_offload_stats *
     cs->dev_known = 0; /* the device position and token moved; the cache holds the measurement's tokens */
     cs->pend = 0;
     s->pos = 0;
+    if (st == SPX_OK) st = cu_state_op(s, SPX_STATE_RESET, e); /* and the recurrent state the measurement's */
     return st;
 }

@@ -104,9 +104,22 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
     size_t B = SPX_BATCH_MAX_CUDA, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
     size_t hd = (size_t)c->head_dim, qd = (size_t)c->n_heads * hd, kvd = (size_t)c->n_kv_heads * hd;
-    size_t V = (size_t)c->vocab_size, L = (size_t)c->n_layers, T = (size_t)s->n_ctx;
+    size_t V = (size_t)c->vocab_size, L = (size_t)c->n_attn_layers, T = (size_t)s->n_ctx;
+    /* the recurrent blocks' widths: the in_proj output (short conv 3 H,
+     * Mamba-2 its rows), the out_proj input (Mamba-2 d_inner); a fused
+     * gate+up matrix writes 2 I */
+    size_t proj = 0, di = 0, I2 = c->gate_up_fused ? 2 * I : I;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        if (c->mixer[l] == SPX_MIX_CONV && 3 * H > proj) proj = 3 * H;
+        if (c->mixer[l] == SPX_MIX_MAMBA2) {
+            if ((size_t)spx_ssm_in_rows(c) > proj) proj = (size_t)spx_ssm_in_rows(c);
+            di = (size_t)spx_ssm_d_inner(c);
+        }
+    }
     size_t wide = H > qd ? H : qd;
-    if (I > wide) wide = I;
+    if (I2 > wide) wide = I2;
+    if (proj > wide) wide = proj;
+    if (di > wide) wide = di;
     /* q4: kvq4_math.h's planes, spx_kv_bytes_per_token's bytes (+ alignment) */
     size_t kv_bytes = s->kv.type == SPX_KV_Q4 ? L * spx_kvq4_layout_of((int64_t)T, (int64_t)kvd).layer_bytes
                                               : L * T * kvd * 2;
@@ -117,8 +130,14 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->q, B * qd * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->k, B * kvd * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->v, B * kvd * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->att, B * qd * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->gate, B * I * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->att, B * (qd > di ? (qd > H ? qd : H) : di) * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->gate, B * I2 * 4));
+    if (proj) SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->proj, B * proj * 4));
+    if (m->state_floats) { /* the state cache and its checkpoint (zero: position 0) */
+        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->state, (size_t)m->state_floats * 4));
+        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->state_ckpt, (size_t)m->state_floats * 4));
+        SPX_CUDA_TRY(e, cudaMemsetAsync(cs->state, 0, (size_t)m->state_floats * 4, cs->st));
+    }
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->up, B * I * 4));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, (size_t)SPX_BATCH_MAX * V * 4)); /* LM_ALL goes in chunks */
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->part, (size_t)CU_PART_TOK_SPLITS * (size_t)c->n_heads * (hd + 2) * 4));
@@ -128,7 +147,9 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     if (cm->cublas) { /* the largest layer matrix (the LM head goes in row chunks), capped */
         int64_t mx = (int64_t)(qd > kvd ? qd : kvd) * (int64_t)H;
         if ((int64_t)H * (int64_t)qd > mx) mx = (int64_t)H * (int64_t)qd;
-        if ((int64_t)I * (int64_t)H > mx) mx = (int64_t)I * (int64_t)H;
+        if ((int64_t)I2 * (int64_t)H > mx) mx = (int64_t)I2 * (int64_t)H;
+        if ((int64_t)proj * (int64_t)H > mx) mx = (int64_t)proj * (int64_t)H;
+        if ((int64_t)di * (int64_t)H > mx) mx = (int64_t)di * (int64_t)H;
         if (mx > SPX_CUDA_W16_MAX_ELEMS) mx = SPX_CUDA_W16_MAX_ELEMS;
         cs->w16_elems = (size_t)mx;
         SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->w16, cs->w16_elems * 2));
@@ -147,7 +168,9 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     for (int i = 0; i < 2; i++) SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&cs->step_ev[i], cudaEventDisableTiming));
     {
         const char *env = getenv("SPECTRA_CUDA_AHEAD");
-        cs->ahead_ok = !(env && strcmp(env, "0") == 0);
+        /* a step queued ahead and then not taken has advanced the recurrent
+         * state, which (unlike a KV row) nothing rewrites: never with one */
+        cs->ahead_ok = !(env && strcmp(env, "0") == 0) && m->state_floats == 0;
     }
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_best, 0, 8, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
@@ -165,4 +188,20 @@ spx_status cu_session_init(spx_session *s, spx_err *e) {
     if (st == SPX_OK) st = pp_session_init(s, cs, e);
     if (st != SPX_OK) cu_session_free(s);
     return st;
+}
+
+/* The state cache lives on the device: the ops run in stream order after
+ * every pass enqueued before them (no step is queued ahead for a model
+ * with recurrent layers: cs->ahead_ok). */
+spx_status cu_state_op(spx_session *s, int op, spx_err *e) {
+    cu_sess *cs = (cu_sess *)s->be_state;
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    const size_t b = (size_t)s->m->state_floats * 4;
+    if (!cs->state) return SPX_OK;
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    if (op == SPX_STATE_RESET) SPX_CUDA_TRY(e, cudaMemsetAsync(cs->state, 0, b, cs->st));
+    else if (op == SPX_STATE_CHECKPOINT)
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->state_ckpt, cs->state, b, cudaMemcpyDeviceToDevice, cs->st));
+    else SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->state, cs->state_ckpt, b, cudaMemcpyDeviceToDevice, cs->st));
+    return SPX_OK;
 }

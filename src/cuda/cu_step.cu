@@ -153,6 +153,7 @@ static const spx_backend g_cuda = {
     SPX_BATCH_MAX_CUDA,
     1,
     cu_step_sample,
+    cu_state_op,
 };
 
 extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }

@@ -235,16 +235,29 @@ void spx_session_free(spx_session *s) {
 }
 
 const char *spx_session_error(const spx_session *s) { return s->err.msg; }
+/* The state cache through the backend when it keeps it (a device), else
+ * the host copy. */
+static spx_status state_op(spx_session *s, int op) {
+    if (!s->m->state_floats) return SPX_OK;
+    if (s->m->be->state_op) return s->m->be->state_op(s, op, &s->err);
+    size_t b = (size_t)s->m->state_floats * sizeof(float);
+    if (op == SPX_STATE_RESET) memset(s->state, 0, b);
+    else if (op == SPX_STATE_CHECKPOINT) memcpy(s->state_ckpt, s->state, b);
+    else memcpy(s->state, s->state_ckpt, b);
+    return SPX_OK;
+}
+
 void spx_session_reset(spx_session *s) {
     s->pos = 0;
-    if (s->state) memset(s->state, 0, (size_t)s->m->state_floats * sizeof(float));
+    /* a device failure here shows at the next call on the session */
+    if (state_op(s, SPX_STATE_RESET) != SPX_OK) s->ckpt_pos = -1;
 }
 
 int64_t spx_session_pos(const spx_session *s) { return s->pos; }
 
 void spx_session_checkpoint(spx_session *s) {
-    if (s->state) memcpy(s->state_ckpt, s->state, (size_t)s->m->state_floats * sizeof(float));
-    s->ckpt_pos = s->pos;
+    spx_err_clear(&s->err);
+    s->ckpt_pos = state_op(s, SPX_STATE_CHECKPOINT) == SPX_OK ? s->pos : -1;
 }
 
 spx_status spx_session_truncate(spx_session *s, int64_t pos) {
@@ -254,10 +267,10 @@ spx_status spx_session_truncate(spx_session *s, int64_t pos) {
                         (long long)s->pos);
     if (pos == s->pos) return SPX_OK;
     if (pos == 0) {
-        spx_session_reset(s);
-        return SPX_OK;
+        s->pos = 0;
+        return state_op(s, SPX_STATE_RESET);
     }
-    if (s->state) {
+    if (s->m->state_floats) {
         if (s->ckpt_pos < 0)
             return spx_fail(&s->err, SPX_ERR_RANGE,
                             "truncate: the recurrent layers' state can go back only to a checkpoint or 0, and there is "
@@ -266,7 +279,7 @@ spx_status spx_session_truncate(spx_session *s, int64_t pos) {
             return spx_fail(&s->err, SPX_ERR_RANGE,
                             "truncate: the recurrent layers' state can go back only to the checkpoint (position %lld) "
                             "or 0, not to %lld", (long long)s->ckpt_pos, (long long)pos);
-        memcpy(s->state, s->state_ckpt, (size_t)s->m->state_floats * sizeof(float));
+        SPX_TRY(state_op(s, SPX_STATE_RESTORE));
     }
     s->pos = pos;
     return SPX_OK;

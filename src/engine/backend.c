@@ -10,7 +10,7 @@ static spx_status cpu_session_init(spx_session *s, spx_err *e) { return SPX_OK; 
 static void cpu_session_free(spx_session *s) {}
 
 static const spx_backend g_cpu = {
-    "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL, NULL, SPX_BATCH_MAX, 0, NULL,
+    "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL, NULL, SPX_BATCH_MAX, 0, NULL, NULL,
 };
 
 const spx_backend *spx_backend_cpu(void) { return &g_cpu; }

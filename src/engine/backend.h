@@ -32,6 +32,11 @@ typedef struct spx_offload_stats {
     double t_copy_s;     /* the step's copies alone, back to back on the copy stream */
     double h2d_gbps;     /* stream_bytes_per_token / t_copy_s / 1e9 */
     double hidden_share; /* 1 - (t_step_s - t_compute_s) / t_copy_s, clamped to [0, 1] */
+    /* t_compute_s and hidden_share were measured: the streamed layers are of
+     * two alternating kinds at most (the compute-alone pass reads each from
+     * the slot of its parity, which holds the first streamed layer of that
+     * parity); 0 for a hybrid whose streamed layers differ otherwise */
+    int32_t uniform;
 } spx_offload_stats;
 
 typedef struct spx_backend {
@@ -68,7 +73,15 @@ typedef struct spx_backend {
      * NULL: forward + spx_sample on the host. */
     spx_status (*step_sample)(struct spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
                               int ahead, int32_t *next, spx_err *e);
+    /* Optional: the recurrent state cache of a device backend (the host
+     * copy in s->state is then unused): SPX_STATE_RESET zeroes it,
+     * SPX_STATE_CHECKPOINT copies it aside, SPX_STATE_RESTORE copies the
+     * checkpoint back; ordered after every call before it. Called only
+     * for models with recurrent layers. NULL: the host's s->state. */
+    spx_status (*state_op)(struct spx_session *s, int op, spx_err *e);
 } spx_backend;
+
+enum { SPX_STATE_RESET = 0, SPX_STATE_CHECKPOINT = 1, SPX_STATE_RESTORE = 2 };
 
 const spx_backend *spx_backend_cpu(void);
 #ifdef SPX_HAVE_CUDA

@@ -436,7 +436,7 @@ spx_status spx_plan_make(const spx_hw *hw, const spx_model *m, const spx_plan_re
     if (req->gpu < 0 || (hw->n_gpus > 0 && req->gpu >= hw->n_gpus))
         return spx_fail(e, SPX_ERR_ARG, "--gpu %d: this machine has %d GPU(s)", (int)req->gpu, (int)hw->n_gpus);
     bool quant = spx_plan_model_quantized(m);
-    char why[SPX_PLAN_REASON_MAX] = "", why_arch[160] = "";
+    char why[SPX_PLAN_REASON_MAX] = "";
     bool use_gpu = false;
     if (!strcmp(b, "cpu")) {
         say(why, "cpu: requested (--backend cpu)");
@@ -460,11 +460,6 @@ spx_status spx_plan_make(const spx_hw *hw, const spx_model *m, const spx_plan_re
                             "--backend cuda: the CUDA backend runs 4-bit .trdc models and this one has dense matrices "
                             "(make one with spectra compress)");
         say(why, "cpu: the model's matrices are dense (the CUDA backend runs 4-bit .trdc models: spectra compress)");
-    } else if (!spx_arch_is_llama_blocks(c, why_arch, sizeof why_arch)) {
-        if (!is_auto)
-            return spx_fail(e, SPX_ERR_UNSUPPORTED, "--backend cuda: the CUDA backend runs attention + SwiGLU layers only; %s",
-                            why_arch);
-        say(why, "cpu: the CUDA backend runs attention + SwiGLU layers only; %s", why_arch);
     } else {
         use_gpu = true;
     }

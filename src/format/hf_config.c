@@ -233,14 +233,17 @@ static spx_status parse_dt_limit(ctx *c, spx_config *cfg) {
 
 /* The Mamba-2 shape, from each family's field names; d_inner =
  * heads * head_dim. */
-typedef struct { const char *heads, *head_dim, *state, *groups, *conv, *chunk; } ssm_keys;
+typedef struct {
+    const char *heads, *head_dim, *state, *groups, *conv, *chunk;
+    int64_t groups_default; /* the family's config class default */
+} ssm_keys;
 
 static spx_status parse_ssm(ctx *c, spx_config *cfg, const ssm_keys *k) {
     const cJSON *r = c->root;
     SPX_TRY(get_int(c, r, k->heads, true, 1, CAP_HEADS, &cfg->ssm_heads));
     SPX_TRY(get_int(c, r, k->head_dim, true, 1, CAP_DIM, &cfg->ssm_head_dim));
     SPX_TRY(get_int(c, r, k->state, true, 1, 4096, &cfg->ssm_state));
-    cfg->ssm_groups = 1;
+    cfg->ssm_groups = k->groups_default;
     SPX_TRY(get_int(c, r, k->groups, false, 1, CAP_HEADS, &cfg->ssm_groups));
     cfg->ssm_conv_kernel = 4;
     SPX_TRY(get_int(c, r, k->conv, false, 1, 64, &cfg->ssm_conv_kernel));
@@ -372,7 +375,7 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
     SPX_TRY(parse_kind_list(c, cfg, "layer_types", kinds, &found));
     if (!found) SPX_TRY(parse_kind_list(c, cfg, "layers_block_type", kinds, &found));
     if (!found) all_layers(cfg, SPX_MIX_MAMBA2, SPX_FFN_SWIGLU);
-    int64_t experts = 0;
+    int64_t experts = 8; /* GraniteMoeHybridConfig's default: a config must say 0 for the dense models */
     SPX_TRY(get_int(c, root, "num_local_experts", false, 0, 1 << 20, &experts));
     if (experts > 0)
         return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
@@ -409,7 +412,7 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
             return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'position_embedding_type' must be \"rope\" or \"nope\"", c->label);
     }
     static const ssm_keys k = {"mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv",
-                               "mamba_chunk_size"};
+                               "mamba_chunk_size", 1};
     SPX_TRY(parse_ssm(c, cfg, &k));
     int64_t expand = 2;
     SPX_TRY(get_int(c, root, "mamba_expand", false, 1, 64, &expand));
@@ -479,7 +482,7 @@ static spx_status parse_nemotron_h(ctx *c, spx_config *cfg) {
     SPX_TRY(get_bool(c, root, "mlp_bias", &cfg->mlp_bias));
     cfg->rope = false;
     static const ssm_keys k = {"mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
-                               "chunk_size"};
+                               "chunk_size", 8};
     if (any_kind(cfg, SPX_MIX_MAMBA2, -1)) {
         SPX_TRY(parse_ssm(c, cfg, &k));
         /* transformers' torch path clamps the step below at time_step_min

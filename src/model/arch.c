@@ -263,21 +263,6 @@ const char *spx_arch_feeding_norm(const spx_config *cfg, const char *tensor, cha
     return NULL;
 }
 
-int spx_arch_is_llama_blocks(const spx_config *c, char *why, size_t cap) {
-    char k[32];
-    for (int64_t l = 0; l < c->n_layers; l++)
-        if (c->mixer[l] != SPX_MIX_ATTN || c->ffn[l] != SPX_FFN_SWIGLU) {
-            snprintf(why, cap, "layer %lld is %s", (long long)l, spx_layer_kind_name(c, l, k, sizeof k));
-            return 0;
-        }
-    if (!c->rope) return snprintf(why, cap, "its attention has no RoPE"), 0;
-    if (c->gate_up_fused) return snprintf(why, cap, "its MLP has a fused gate+up matrix"), 0;
-    if (c->embed_mult != 1.0f || c->residual_mult != 1.0f || c->logits_div != 1.0f ||
-        c->attn_scale != 1.0f / sqrtf((float)c->head_dim))
-        return snprintf(why, cap, "it scales embeddings, residuals, logits or attention scores"), 0;
-    return 1;
-}
-
 void spx_arch_layers_summary(const spx_config *c, char *buf, size_t cap) {
     char kinds[8][32];
     int64_t count[8] = {0};

@@ -81,11 +81,6 @@ const char *spx_layer_kind_name(const spx_config *c, int64_t l, char *buf, size_
  * e.g. "4 layers: 2 conv+swiglu, 2 attn+swiglu; pattern C*C*". */
 void spx_arch_layers_summary(const spx_config *c, char *buf, size_t cap);
 
-/* 1 when every layer is attention (with RoPE, the default softmax scale)
- * + separate-gate SwiGLU and no multipliers: the blocks the CUDA backend
- * implements. 0 with the first difference described in why. */
-int spx_arch_is_llama_blocks(const spx_config *c, char *why, size_t cap);
-
 /* Name of the normalization whose gain feeds layer tensor `tensor` (for
  * saliency), from the slot table; NULL when none does (gamma = 1) and for
  * model-level tensors (the compressor weighs the LM head by the final norm

@@ -12,6 +12,10 @@
 
 void spx_rope_inv_freq(const spx_config *c, float *out) {
     int64_t half = c->head_dim / 2;
+    if (!c->rope) { /* attention without positions: every angle 0, the identity rotation */
+        for (int64_t i = 0; i < half; i++) out[i] = 0.0f;
+        return;
+    }
     for (int64_t i = 0; i < half; i++) {
         /* transformers: 1 / base ** (arange(0, d, 2).float() / d), float32 */
         float expo = (float)(2 * i) / (float)c->head_dim;

@@ -185,7 +185,7 @@ int cmd_bench(int argc, char **argv) {
      * ran side by side, over the shorter of the two (1: the step costs
      * max(copy, compute)) */
     double lo = off.t_copy_s < off.t_compute_s ? off.t_copy_s : off.t_compute_s;
-    double ovl = off.measured && lo > 0 ? (off.t_copy_s + off.t_compute_s - off.t_step_s) / lo : 0;
+    double ovl = off.measured && off.uniform && lo > 0 ? (off.t_copy_s + off.t_compute_s - off.t_step_s) / lo : 0;
     ovl = ovl < 0 ? 0 : ovl > 1 ? 1 : ovl;
     if (json) {
         cJSON *pj = spx_plan_json(&plan);
@@ -205,11 +205,11 @@ int cmd_bench(int argc, char **argv) {
                (unsigned long long)sbpt, (unsigned long long)off.pinned_bytes, (unsigned long long)off.slot_bytes);
         printf(", \"offload_steps\": %d", off.measured ? (int)off.n_steps : 0);
         jnum("t_step_ms", off.t_step_s * 1e3, off.measured);
-        jnum("t_compute_ms", off.t_compute_s * 1e3, off.measured);
+        jnum("t_compute_ms", off.t_compute_s * 1e3, off.measured && off.uniform);
         jnum("t_copy_ms", off.t_copy_s * 1e3, off.measured);
         jnum("h2d_gbps", off.h2d_gbps, off.measured);
-        jnum("transfer_hidden_share", off.hidden_share, off.measured);
-        jnum("overlap_of_possible", ovl, off.measured);
+        jnum("transfer_hidden_share", off.hidden_share, off.measured && off.uniform);
+        jnum("overlap_of_possible", ovl, off.measured && off.uniform);
         jnum("pcie_bound_tps", bound, bound > 0);
         jnum("tg_of_pcie_bound", bound > 0 ? tgm / bound : 0, bound > 0 && ng > 0);
         printf(", \"plan\": %s", plan_json);
