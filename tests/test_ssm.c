@@ -16,7 +16,10 @@
  * G, P and N; the avx2 token loop against the scalar one. Shapes that are
  * not multiples of 8 exercise the avx2 fallbacks and tails. The clamp of
  * the step (dt_lo, dt_hi) is checked on heads built to fall below / above
- * it, and must leave the other heads bit-identical.
+ * it, and must leave the other heads bit-identical; softplus's threshold
+ * on a head whose dt_bias is 95. The public functions must equal the
+ * best table bit for bit, and the best table follow the quantized
+ * kernels' choice (SPECTRA_KERNELS).
  *
  * Error measure for the SSD: |got - ref| / (ssd_tol(...) * mag) must be
  * <= 1, where mag is the same recurrence run in double on |x|, |B|, |C|,
@@ -58,7 +61,7 @@ static double ssd_tol(int64_t N, int64_t L, int64_t T) { return SSD_ULP * (doubl
 static float urand(uint64_t *s, float lo, float hi) { return lo + (hi - lo) * tl_rand_uniform(s); }
 
 static float *falloc(size_t n) {
-    float *p = malloc(n * sizeof(float) + 1);
+    float *p = malloc((n ? n : 1) * sizeof(float));
     if (!p) {
         fprintf(stderr, "out of memory\n");
         exit(2);
@@ -330,11 +333,13 @@ static void test_ssd(const spx_ssm_kernels *tabs[2]) {
             for (int64_t N = 16; N <= 64; N *= 4)
                 for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
                     ssd_case(tabs, 8, P, N, G, Ts[ti], chunks, 4, seed++, &st);
-    /* no fast path (P, N not multiples of 8) and the avx2 tails; 3 groups */
+    /* no fast path (P or N not a multiple of 8: chunk_out needs both,
+     * chunk_state N) and the avx2 tails (N % 16 = 8, P % 6 != 0) */
     static const int64_t odd_chunks[] = {1, 7, 32};
     ssd_case(tabs, 6, 12, 20, 3, 45, odd_chunks, 3, seed++, &st);
     ssd_case(tabs, 6, 24, 12, 3, 45, odd_chunks, 3, seed++, &st);
     ssd_case(tabs, 4, 8, 8, 1, 33, odd_chunks, 3, seed++, &st);
+    ssd_case(tabs, 4, 20, 24, 2, 45, odd_chunks, 3, seed++, &st); /* avx2 state with a P tail */
     printf("ssd: %d chunked cases; worst err / bound: scalar loop vs double %.3f, chunked vs loop scalar %.3f",
            st.cases, st.loop_vs_ref, st.chunk_vs_loop[0]);
     if (tabs[1]) printf(", avx2 %.3f, avx2 loop vs scalar loop %.3f", st.chunk_vs_loop[1], st.avx2_loop);

@@ -260,16 +260,20 @@ elif [ "$MODE" = hybrid ]; then
     : > "$OUT/hybrid.jsonl"
     for s in $HYBRID_SHAPES; do
         rm -rf $W/$s
-        PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu/hybrid_ref.py make $s $W/$s 2>&1 | grep -v Warning | tail -n 3 | tee /dev/fd/3
+        PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu/hybrid_ref.py make $s $W/$s 2>&1 | grep -v 'Warning\|falling back' | tail -n 3 | tee /dev/fd/3
+        # Spectra's float32 reference path on the bf16 folder itself: the architecture's meaning at this shape
+        timeout 300 $B/spectra logits -m $W/$s --backend cpu --threads 16 --kv f32 --ids "$(cat $W/$s/ref_ids.txt)" \
+            -o $T/$s.dense.f32 > /dev/null 2> $T/lg.err || { echo "dense logits $s failed:"; cat $T/lg.err; } | tee /dev/fd/3
         timeout 300 $B/spectra compress -m $W/$s -o $W/$s.trdc 2>&1 | tail -n 1 | tee /dev/fd/3
         timeout 120 $B/spectra logits -m $W/$s.trdc --backend cuda --ids "$(cat $W/$s/ref_ids.txt)" -o $T/$s.f32 > /dev/null 2> $T/lg.err ||
             { echo "logits $s failed:"; cat $T/lg.err; } | tee /dev/fd/3
         timeout 120 $B/spectra logits -m $W/$s.trdc --backend cpu --threads 16 --ids "$(cat $W/$s/ref_ids.txt)" -o $T/$s.cpu.f32 > /dev/null 2> $T/lg.err ||
             { echo "cpu logits $s failed:"; cat $T/lg.err; } | tee /dev/fd/3
-        { printf '{"shape": "%s", "cuda_vs_hf": ' $s; python3 bench/gpu/hybrid_ref.py compare $W/$s $T/$s.f32 | tr -d '\n'
+        { printf '{"shape": "%s", "dense_cpu_vs_hf": ' $s; python3 bench/gpu/hybrid_ref.py compare $W/$s $T/$s.dense.f32 | tr -d '\n'
+          printf ', "cuda_vs_hf": '; python3 bench/gpu/hybrid_ref.py compare $W/$s $T/$s.f32 | tr -d '\n'
           printf ', "cpu_vs_hf": '; python3 bench/gpu/hybrid_ref.py compare $W/$s $T/$s.cpu.f32 | tr -d '\n'
           printf ', "hf_speed": '; cat $W/$s/hf_speed.json; echo '}'; } >> "$OUT/hybrid.jsonl"
-        tail -n 1 "$OUT/hybrid.jsonl" >&3
+        tail -n 1 "$OUT/hybrid.jsonl" | tr -d '\000' >&3
         timeout 200 $B/spectra bench -m $W/$s.trdc --backend cuda -p 512 -n 128 -r 3 --json 2> $T/hb.err >> "$OUT/bench.jsonl" ||
             { echo "bench $s failed:"; cat $T/hb.err; } | tee /dev/fd/3
         tail -n 1 "$OUT/bench.jsonl" | cut -c 1-400 >&3

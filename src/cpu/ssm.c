@@ -4,10 +4,10 @@
  * (ssm_internal.h) and the run-time choice of the table.
  *
  * Float32 everywhere except where a comment says double. The scalar
- * kernels add in index order with one rounding per operation (no FMA: C11
- * mode compiles without contraction) and are the documented reference;
- * ssm_avx2.c fuses and blocks the same sums (tests/test_ssm.c bounds the
- * difference).
+ * kernels add in index order with one rounding per operation (the default
+ * flags target no FMA, and GCC's ISO C mode does not contract) and are the
+ * documented reference; ssm_avx2.c fuses and blocks the same sums
+ * (tests/test_ssm.c bounds the difference).
  *
  * Chunked scan, per chunk of L tokens and per group g (heads of g share
  * B_s, C_t):
@@ -25,9 +25,11 @@
  * arithmetic, as small matrix products whose operands stay in L1 / L2
  * (one head's S, the chunk's x, B, C rows and M), touching the state once
  * per chunk, so it runs near the FMA rate; per chunk and head it adds
- * O(L) exps and O(L^2) products for M. The quadratic term's share is
- * L / (4 N): chunks up to about N tokens (64 is a good default) keep it
- * small while amortising the per-chunk costs.
+ * O(L) exps and O(L^2) products for M. Its gain is thus what the state
+ * traffic costs the token loop plus at most 3 / 2 from the vector op
+ * count (3 per state value and token against 2 + L / (4 N)). The
+ * quadratic term's share is L / (4 N): chunks up to about N tokens (64 is
+ * a good default) keep it small while amortising the per-chunk costs.
  *
  * The exponentials: cum is summed in double (a float cum of a few hundred
  * would lose ~1e-5 relative in exp(cum_t - cum_s)). exp(cum_t - cum_s) is

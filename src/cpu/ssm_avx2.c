@@ -8,10 +8,12 @@
  * getter only (it returns NULL).
  *
  * Differences from the scalar reference (bounded by tests/test_ssm.c):
- * products and sums are fused (FMA); dot products over N are summed in 8
- * lanes and then reduced; the chunk kernels add in the scalar order per
- * output element (n, then s ascending) but fused. Shapes without a fast
- * path (P or N not a multiple of 8) take the scalar kernel.
+ * products and sums are fused (FMA); the dot products over N of the step
+ * and of CB are summed in 8 lanes and then reduced; chunk_out and
+ * chunk_state add in the scalar order per output element (n, then s
+ * ascending) but fused; chunk_m and the Xw products are bit-identical.
+ * chunk_out needs P and N multiples of 8 (the 8 x 8 transpose) and
+ * chunk_state N; other shapes take the scalar kernel.
  *
  * Blocking: chunk_out holds a tile of up to 6 tokens x 16 head values in
  * 12 accumulators and walks n (the carried term, against S transposed into
@@ -21,6 +23,8 @@
  * sizes are compile-time constants of always-inlined helpers so the
  * accumulators live in registers. */
 #include "cpu/ssm_internal.h"
+
+#include <stddef.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 

@@ -17,7 +17,7 @@
  *                         + D x_t[p]                       (S not changed)
  *   chunk_state: S[p, n] = decay S[p, n] + sum_s (w[s] x_s[p]) B_s[n]
  *                (the product w[s] x_s[p] rounded first, in Xw[s * P + p])
- * and chunk_cb the group's CB[t * L + s] = C_t . B_s (s <= t; 0 above),
+ * and, once per group, chunk_cb: CB[t * L + s] = C_t . B_s (s <= t; 0 above);
  * chunk_m rows of M from the factors of ssm.c's bands (E_t F_s =
  * exp(cum_t - cum_s)): M[t L + s] = ((E[t] F[s]) dt[s]) CB[t L + s]. */
 #ifndef SPX_CPU_SSM_INTERNAL_H
@@ -36,7 +36,7 @@ typedef struct spx_ssd_chunk_head {
     float *y;                /* token 0's output for this head */
     int64_t ldy;
     float *Xw;               /* [L * P] scratch of chunk_state */
-    float *St;               /* [P * N] scratch of chunk_out (avx2: S transposed) */
+    float *St;               /* [P * N] scratch of chunk_out (S transposed) */
 } spx_ssd_chunk_head;
 
 typedef struct spx_ssm_kernels {

@@ -198,7 +198,7 @@ int cmd_bench(int argc, char **argv) {
                "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %zu",
                model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
                pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
-               spx_kv_bytes_per_token(s->kv.type, m->cfg.n_layers, m->cfg.n_kv_heads * m->cfg.head_dim));
+               spx_kv_bytes_per_token(s->kv.type, m->cfg.n_attn_layers, m->cfg.n_kv_heads * m->cfg.head_dim));
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
                "\"stream_bytes_per_token\": %llu, \"pinned_bytes\": %llu, \"slot_bytes\": %llu",
                (long long)s->n_ctx, spx_residency_name(res), (long long)off.n_layers, (long long)off.n_layers_resident,
