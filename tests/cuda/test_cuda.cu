@@ -30,6 +30,8 @@
 #include "cuda/rope.cuh"
 #include "cuda/sample.cuh"
 
+#include "cuda/cutest.cuh"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,33 +73,6 @@ extern "C" {
 
 static uint64_t g_rng = 0xc0da5eedULL;
 
-#define CK(call)                                                                                            \
-    do {                                                                                                    \
-        cudaError_t err_ = (call);                                                                          \
-        if (err_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-            exit(1);                                                                                        \
-        }                                                                                                   \
-    } while (0)
-
-static std::vector<void *> g_dev;
-
-template <typename T> static T *dev_alloc(size_t n) {
-    void *p = NULL;
-    size_t bytes = n * sizeof(T) + 16; /* slack, as the backend's arena (see gemv_q4.cuh) */
-    CK(cudaMalloc(&p, bytes));
-    g_dev.push_back(p);
-    return (T *)p;
-}
-template <typename T> static T *dev_up(const T *h, size_t n) {
-    T *d = dev_alloc<T>(n);
-    if (n) CK(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-static void dev_free_all(void) {
-    for (void *p : g_dev) cudaFree(p);
-    g_dev.clear();
-}
 static void poison(void *d, size_t bytes) { CK(cudaMemset(d, 0xff, bytes)); } /* NaN floats / halves */
 static std::vector<float> down(const float *d, size_t n) {
     std::vector<float> h(n);

@@ -31,6 +31,8 @@
  * present. Tolerances are the named constants below. */
 #include "cuda/ssm.cuh"
 
+#include "cuda/cutest.cuh"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,34 +81,8 @@ static double ssd_gpu_tol(int64_t N, int64_t T) { return ULP * (double)(N + 8 * 
 static uint64_t g_rng = 0x55d5eed0ULL;
 static cudaStream_t g_st;
 
-#define CK(call)                                                                                            \
-    do {                                                                                                    \
-        cudaError_t err_ = (call);                                                                          \
-        if (err_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-            exit(1);                                                                                        \
-        }                                                                                                   \
-    } while (0)
-
-static std::vector<void *> g_dev;
-
-template <typename T> static T *dev_alloc(size_t n) {
-    void *p = NULL;
-    CK(cudaMalloc(&p, n * sizeof(T) + 16));
-    g_dev.push_back(p);
-    return (T *)p;
-}
-template <typename T> static T *dev_up(const T *h, size_t n) {
-    T *d = dev_alloc<T>(n);
-    if (n) CK(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
 static void up(float *d, const std::vector<float> &h) {
     if (!h.empty()) CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-}
-static void dev_free_all(void) {
-    for (void *p : g_dev) cudaFree(p);
-    g_dev.clear();
 }
 /* NaN floats (all bits set). g_st is a blocking stream: it is ordered
  * after these legacy-stream memsets and copies. */
