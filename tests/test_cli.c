@@ -145,6 +145,9 @@ int main(void) {
     expect(a, 0, "`spectra convert` tiles the rest");
     snprintf(a, sizeof a, "plan -m %s/rt.trdc --json", tmp);
     expect(a, 0, "\"row_major_tileable_matrices\":\t0\n");
+    expect(a, 0, "\"SPECTRA_KERNELS\":"); /* the tuning record (engine/tuning.h) */
+    snprintf(a, sizeof a, "plan -m %s/rt.trdc", tmp);
+    expect(a, 0, "\ntuning    ");
     snprintf(a, sizeof a, "head -c 20000 %s/r.trdc > %s/cut.trdc", tmp, tmp);
     CHECK(system(a) == 0, "truncate");
     snprintf(a, sizeof a, "convert %s/cut.trdc -o %s/cut2.trdc -q", tmp, tmp);
@@ -196,6 +199,9 @@ int main(void) {
         CHECK(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "tg_tps_median")), "bench JSON without tg_tps_median");
         CHECK(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "residency")), "bench JSON without residency");
         CHECK(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "plan")), "bench JSON without the plan");
+        const cJSON *tu = cJSON_GetObjectItemCaseSensitive(j, "tuning");
+        CHECK(cJSON_IsObject(tu) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(tu, "SPECTRA_KERNELS")),
+              "bench JSON without the tuning record");
         cJSON_Delete(j);
         free(out);
     }

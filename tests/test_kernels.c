@@ -26,6 +26,7 @@
 #include "core/half.h"
 #include "cpu/ops.h"
 #include "cpu/qkernels.h"
+#include "engine/tuning.h"
 #include "quant/g32.h"
 
 #include <math.h>
@@ -361,8 +362,10 @@ static void test_dispatch(void) {
     CHECK(spx_qkernels_get("scalar") == s, "get(scalar)");
     CHECK(spx_qkernels_get("no-such-kernels") == NULL, "get(unknown) is NULL");
     CHECK(spx_qkernels_get(NULL) == NULL, "get(NULL) is NULL");
-    /* SPECTRA_KERNELS is read once, at the first spx_qkernels_best() */
+    /* SPECTRA_KERNELS is read once, at the first spx_qkernels_best(), from
+     * engine/tuning.h's record: reloaded after a setenv */
     setenv("SPECTRA_KERNELS", "scalar", 1);
+    spx_tuning_reload();
     const spx_qkernels *b = spx_qkernels_best();
     CHECK(b == s, "SPECTRA_KERNELS=scalar gives %s", b ? b->name : "NULL");
     CHECK(spx_qkernels_best() == b, "best() is stable");

@@ -16,6 +16,7 @@
 #include "cpu/ops.h"
 #include "core/half.h"
 #include "core/err.h"
+#include "engine/tuning.h"
 #include "quant/g32.h"
 
 #include <pthread.h>
@@ -138,20 +139,20 @@ static const spx_qkernels *g_best;
 static pthread_once_t g_best_once = PTHREAD_ONCE_INIT;
 
 static void best_init(void) {
-    const char *env = getenv("SPECTRA_KERNELS");
-    if (env && *env) {
-        const spx_qkernels *k = spx_qkernels_get(env);
+    const spx_tuning *t = spx_tuning_get(); /* SPECTRA_KERNELS */
+    if (t->kernels != SPX_TUNE_KERNELS_AUTO) {
+        const spx_qkernels *k = spx_qkernels_get(t->kernels_text);
         if (k) {
             g_best = k;
             return;
         }
-        if (strcmp(env, "avx2") == 0)
+        if (t->kernels == SPX_TUNE_KERNELS_AVX2)
             spx_log(SPX_LOG_WARN,
                     "SPECTRA_KERNELS=avx2: this CPU (or build) lacks AVX2+FMA+F16C; using scalar");
         else
             spx_log(SPX_LOG_WARN,
                     "SPECTRA_KERNELS=%s: unknown kernel set (expected scalar or avx2); using scalar",
-                    env);
+                    t->kernels_text);
         g_best = &g_scalar;
         return;
     }

@@ -73,8 +73,9 @@ typedef struct spx_qkernels {
 /* The scalar reference table (always available). */
 const spx_qkernels *spx_qkernels_scalar(void);
 /* The best table for this CPU (cpuid at first call); environment variable
- * SPECTRA_KERNELS=scalar|avx2 overrides (falls back to scalar with a
- * warning if the CPU lacks the named features). */
+ * SPECTRA_KERNELS=scalar|avx2 (engine/tuning.h's record, as it is at the
+ * first call) overrides (falls back to scalar with a warning if the CPU
+ * lacks the named features). */
 const spx_qkernels *spx_qkernels_best(void);
 /* A named table if compiled in and supported by this CPU, else NULL. */
 const spx_qkernels *spx_qkernels_get(const char *name);

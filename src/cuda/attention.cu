@@ -1050,8 +1050,9 @@ static int g_adapt = 1, g_adapt_env = 1; /* SPECTRA_CUDA_ATTN_ADAPT, spx_attenti
 void spx_attention_force_adapt(int on) { g_adapt = on == 0 || on == 1 ? on : g_adapt_env; }
 
 cudaError_t spx_attention_setup(void) {
-    g_split_only = getenv("SPECTRA_CUDA_ATTN_SPLIT_KERNEL") != nullptr;
-    g_adapt = g_adapt_env = spx_env_flag("SPECTRA_CUDA_ATTN_ADAPT", 1);
+    const spx_tuning *t = spx_tuning_get();
+    g_split_only = t->cuda_attn_split_kernel != 0;
+    g_adapt = g_adapt_env = t->cuda_attn_adapt;
     cudaError_t err = ad_setup<1>();
     if (err == cudaSuccess) err = ad_setup<2>();
     if (err == cudaSuccess) err = ad_setup<4>();

@@ -16,6 +16,8 @@
 
 #include <mutex>
 
+#include "engine/tuning.h" /* the SPECTRA_* settings */
+
 #define SPX_CUDA_GROUP 32 /* columns per quantization group */
 
 /* A Group-32 4-bit matrix [rows, cols] in device memory, laid out exactly
@@ -119,13 +121,6 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-/* A measurement knob of the environment: 0 or 1 when `name` is exactly "0"
- * or "1", else (unset or anything else) dflt. */
-inline int spx_env_flag(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : dflt;
-}
-
 /* One shared-memory carveout (percent of the unified L1 / shared memory)
  * for every kernel launched through spx_launch. Left to the driver, each
  * kernel of the decode chain gets the split its own needs suggest, and
@@ -135,13 +130,10 @@ inline int spx_env_flag(const char *name, int dflt) {
  * (132 KB of shared memory on the H100/H200, enough for every decode
  * kernel at its occupancy) measured best: Llama-3.1-8B tg128 541.9 vs
  * 472.9 tok/s with the driver's choice (100 %: 507), same run
- * (bench/gpu/NOTES.md 33). SPECTRA_CUDA_CARVEOUT=n (0..100) sets another,
+ * (bench/gpu/NOTES.md 33). SPECTRA_CUDA_CARVEOUT=n (0..100; engine/tuning.h) sets another,
  * -1 leaves it to the driver. Set once per kernel, at its first launch. */
 inline int spx_carveout() {
-    static const int v = [] {
-        const char *e = getenv("SPECTRA_CUDA_CARVEOUT");
-        return e && *e ? atoi(e) : 50;
-    }();
+    static const int v = spx_tuning_get()->cuda_carveout; /* once per process, as before */
     return v;
 }
 inline void spx_apply_carveout(const void *fn) {

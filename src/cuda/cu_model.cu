@@ -174,12 +174,12 @@ static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob
         all += round256(cm->img_bytes[l]);
         if (round256(cm->img_bytes[l]) > slot) slot = round256(cm->img_bytes[l]);
     }
-    const char *env = getenv("SPECTRA_CUDA_RESIDENT_LAYERS");
-    if (env && *env) {
-        char *end = NULL;
-        long long k = strtoll(env, &end, 10);
-        if (*end || k < 0)
-            return spx_fail(e, SPX_ERR_ARG, "SPECTRA_CUDA_RESIDENT_LAYERS='%s': expected a layer count >= 0", env);
+    const spx_tuning *t = spx_tuning_get();
+    if (t->cuda_resident_layers != -1) {
+        const long long k = t->cuda_resident_layers;
+        if (k < 0)
+            return spx_fail(e, SPX_ERR_ARG, "SPECTRA_CUDA_RESIDENT_LAYERS='%s': expected a layer count >= 0",
+                            t->cuda_resident_layers_text);
         cm->n_resident = k < L ? (int64_t)k : L;
         return SPX_OK;
     }
@@ -246,8 +246,9 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     cm->dev = 0;
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_CUDA_TRY(e, cudaDeviceGetAttribute(&cm->n_sm, cudaDevAttrMultiProcessorCount, cm->dev));
-    cm->pdl = spx_env_flag("SPECTRA_CUDA_PDL", 1) != 0;              /* benchmarking knob: 0 turns PDL off */
-    cm->kvq4_fuse = spx_env_flag("SPECTRA_CUDA_KVQ4_FUSE", 1) != 0; /* 0 keeps rope_store for --kv q4 */
+    const spx_tuning *tune = spx_tuning_get();
+    cm->pdl = tune->cuda_pdl != 0;             /* benchmarking knob: SPECTRA_CUDA_PDL=0 turns PDL off */
+    cm->kvq4_fuse = tune->cuda_kvq4_fuse != 0; /* SPECTRA_CUDA_KVQ4_FUSE=0 keeps rope_store for --kv q4 */
 
     if (c->head_dim > SPX_ATTN_MAX_HD || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
@@ -268,7 +269,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     }
     cm->gemv_groups = gemv_groups_for(m, cm->n_sm);
     /* SPECTRA_GEMV_PAIR (measurements, tests): 0 stores silu(gate) and up apart, 1 pairs them in every model */
-    cm->gemv_pair = spx_env_flag("SPECTRA_GEMV_PAIR", cm->gemv_groups);
+    cm->gemv_pair = tune->gemv_pair >= 0 ? tune->gemv_pair : cm->gemv_groups;
     if (m->lm_head.q.layout == SPX_Q_TILED && !spx_gemv_q4_fits(m->lm_head.q.cols, m->lm_head.q.n_outliers))
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: lm_head.weight is tiled with %lld outlier columns, more than the decode GEMV takes at "

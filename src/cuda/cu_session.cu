@@ -77,7 +77,6 @@ void cu_session_free(spx_session *s) {
  * only the splits p needs (attention.cu ad_active_splits).
  * SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
 int cu_splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
-    const char *env = getenv("SPECTRA_CUDA_ATTN_SPLITS");
     int bps = spx_attention_blocks_per_split(n_tok, (int)c->n_heads, (int)c->n_kv_heads);
     int64_t S = (2 * (int64_t)cm->n_sm + bps - 1) / bps;
     int64_t tiles = (max_keys + 31) / 32;
@@ -86,7 +85,7 @@ int cu_splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t ma
         S = (max_keys + SPX_ATTN_DECODE_KEYS - 1) / SPX_ATTN_DECODE_KEYS;
         if (S > 64 / bps) S = 64 / bps;
     } else if (n_tok == 1 && S > (tiles + 15) / 16) S = (tiles + 15) / 16;
-    if (env && atoi(env) > 0) S = atoi(env);
+    if (spx_tuning_get()->cuda_attn_splits > 0) S = spx_tuning_get()->cuda_attn_splits;
     if (S * n_tok > CU_PART_TOK_SPLITS) S = CU_PART_TOK_SPLITS / n_tok;
     return S < 1 ? 1 : (int)S;
 }
@@ -167,10 +166,10 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, cudaHostGetDevicePointer((void **)&cs->ring_d, cs->ring, 0));
     for (int i = 0; i < 2; i++) SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&cs->step_ev[i], cudaEventDisableTiming));
     {
-        const char *env = getenv("SPECTRA_CUDA_AHEAD");
-        /* a step queued ahead and then not taken has advanced the recurrent
-         * state, which (unlike a KV row) nothing rewrites: never with one */
-        cs->ahead_ok = !(env && strcmp(env, "0") == 0) && m->state_floats == 0;
+        /* SPECTRA_CUDA_AHEAD=0: never. A step queued ahead and then not taken
+         * has advanced the recurrent state, which (unlike a KV row) nothing
+         * rewrites: never with one either */
+        cs->ahead_ok = spx_tuning_get()->cuda_ahead && m->state_floats == 0;
     }
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_best, 0, 8, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));

@@ -21,7 +21,7 @@ static cublas_api g_cb;
 static pthread_once_t g_cb_once = PTHREAD_ONCE_INIT;
 
 static void cublas_load(void) {
-    if (!spx_env_flag("SPECTRA_CUBLAS", 1)) return;
+    if (!spx_tuning_get()->cublas) return; /* SPECTRA_CUBLAS=0, at the first use, as before */
     void *lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!lib) lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
     if (!lib) { /* the toolkit's own folder, when not on the loader's path */
@@ -55,9 +55,7 @@ bool spx_gemm_cublas_ready(void) {
 }
 
 int spx_gemm_cublas_min_m(void) {
-    const char *v = getenv("SPECTRA_CUBLAS_MIN_M");
-    int n = v ? atoi(v) : 0;
-    return n >= 2 ? n : 64;
+    return spx_tuning_get()->cublas_min_m; /* SPECTRA_CUBLAS_MIN_M: n >= 2, else 64 */
 }
 
 /* W^ of rows [r0, r0 + n) into w16 [n, cols]: one thread per group of 32

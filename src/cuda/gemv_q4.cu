@@ -1319,22 +1319,23 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
     }
     cudaError_t terr = cudaFuncSetAttribute(gemv_q4_tiled_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TT_SMEM_MAX);
     if (terr != cudaSuccess) return terr;
-    const char *ts = getenv("SPECTRA_GEMV_TMA_STAGES");
-    if (ts && atoi(ts) >= 2 && atoi(ts) <= TT_MAX_STAGES) g_tma_stages = atoi(ts);
-    g_groups = spx_env_flag("SPECTRA_GEMV_GROUPS", g_groups);
-    const char *v = getenv("SPECTRA_GEMV_VARIANT");
-    if (v && *v >= '0' && *v < '0' + N_MMA && !v[1]) g_default = *v - '0';
+    /* engine/tuning.h's record, read at each setup; a field at its default
+     * leaves the current value (a variant forced by a test included) */
+    static_assert(SPX_TUNING_TMA_STAGES_MAX == TT_MAX_STAGES && SPX_TUNING_GEMV_VARIANTS == N_MMA &&
+                      SPX_TUNING_TILED_FORMS == N_TL && SPX_TUNING_TILED_VARIANTS == 2 + N_TL - 1 &&
+                      SPX_TUNING_GEMV_LAUNCH_KINDS == 5,
+                  "engine/tuning.h validates against these ranges");
+    const spx_tuning *t = spx_tuning_get();
+    if (t->gemv_tma_stages) g_tma_stages = t->gemv_tma_stages;
+    if (t->gemv_groups >= 0) g_groups = t->gemv_groups;
+    if (t->gemv_variant >= 0) g_default = t->gemv_variant;
 #ifdef SPX_GEMV_DIAG
-    const char *dg = getenv("SPECTRA_GEMV_DIAG");
-    g_diag = dg ? atoi(dg) : 0;
+    g_diag = t->gemv_diag;
 #endif
-    const char *fs = getenv("SPECTRA_GEMV_FORMS");
-    for (int i = 0; fs && i < 5 && fs[i]; i++) g_forms[i] = fs[i] >= '0' && fs[i] < '0' + N_TL ? fs[i] - '0' : -1;
-    g_early_store = spx_env_flag("SPECTRA_GEMV_EARLY_STORE", g_early_store);
-    const int eo = spx_env_flag("SPECTRA_GEMV_EARLY_OIDX", -1);
-    if (eo >= 0) g_early_oidx = g_early_oidx_env = eo;
-    const char *tv = getenv("SPECTRA_GEMV_TILED_VARIANT"); /* benchmarks: 0 or 1, as force_tiled_variant */
-    if (tv && *tv >= '0' && *tv < '0' + 2 + N_TL - 1 && !tv[1]) g_tl_force = g_tl_env = *tv - '0';
+    for (int i = 0; i < t->gemv_forms_n; i++) g_forms[i] = t->gemv_forms[i];
+    if (t->gemv_early_store >= 0) g_early_store = t->gemv_early_store;
+    if (t->gemv_early_oidx >= 0) g_early_oidx = g_early_oidx_env = t->gemv_early_oidx;
+    if (t->gemv_tiled_variant >= 0) g_tl_force = g_tl_env = t->gemv_tiled_variant; /* benchmarks, as force_tiled_variant */
     return cudaSuccess;
 }
 

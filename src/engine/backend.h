@@ -9,6 +9,7 @@
 #define SPX_BACKEND_H
 
 #include "core/err.h"
+#include "engine/tuning.h" /* the SPECTRA_* settings the backends read */
 #include "spectra.h"
 #include <stdint.h>
 

@@ -1889,6 +1889,7 @@ static void test_model_ahead(const char *path, int pingpong) {
 
 static void test_model_pingpong(const char *path, int64_t n_res) {
     unsetenv("SPECTRA_CUDA_RESIDENT_LAYERS");
+    spx_tuning_reload();
     spx_model *mr = NULL, *mp = NULL;
     spx_model_params pr = {0, "cuda", 0}, pq = {0, "cuda", 0};
     pq.pingpong = 1;
@@ -1991,6 +1992,7 @@ int main(int argc, char **argv) {
     CK(spx_gemv_q4_setup(SPX_GEMV_MAX_COLS));
     CK(spx_attention_setup());
     setenv("SPECTRA_KERNELS", "scalar", 1); /* the CPU side of the end-to-end checks: the scalar reference */
+    spx_tuning_reload();
     int only_e2e = argc > 1 && !strcmp(argv[1], "--e2e-only");
     if (!only_e2e) {
         test_small_ops(prop.multiProcessorCount);
@@ -2015,8 +2017,10 @@ int main(int argc, char **argv) {
          * with the two-group form, i.e. for large models only): forced at the model's open */
         printf("(gate/up paired, silu(gate) * up stored by their launch:)\n");
         setenv("SPECTRA_GEMV_PAIR", "1", 1);
+        spx_tuning_reload();
         for (int i = 1 + only_e2e; i < argc; i++) test_model(argv[i]);
         unsetenv("SPECTRA_GEMV_PAIR");
+        spx_tuning_reload();
     }
     for (int i = 1 + only_e2e; i < argc; i++) test_model_q4(argv[i]);
     for (int i = 1 + only_e2e; i < argc; i++) test_model_sample(argv[i]);

@@ -13,6 +13,7 @@
 #include "engine/backend.h"
 #include "engine/plan.h"
 #include "engine/probe.h"
+#include "engine/tuning.h"
 #include "engine/session.h"
 
 #include <cjson/cJSON.h>
@@ -119,7 +120,7 @@ int cmd_bench(int argc, char **argv) {
     spx_telemetry *tele = NULL;
     spx_tele_sample *samples = NULL;
     size_t n_samples = 0;
-    char *tele_json = NULL, *plan_json = NULL;
+    char *tele_json = NULL, *plan_json = NULL, *tune_json = NULL;
     spx_offload_stats off;
     memset(&off, 0, sizeof off);
     spx_err e;
@@ -192,6 +193,10 @@ int cmd_bench(int argc, char **argv) {
         plan_json = pj ? cJSON_PrintUnformatted(pj) : NULL;
         cJSON_Delete(pj);
         if (!plan_json) { cli_error("out of memory"); goto done; }
+        cJSON *tj = spx_tuning_json(spx_tuning_get()); /* the SPECTRA_* settings the run had */
+        tune_json = tj ? cJSON_PrintUnformatted(tj) : NULL;
+        cJSON_Delete(tj);
+        if (!tune_json) { cli_error("out of memory"); goto done; }
         printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
@@ -213,6 +218,7 @@ int cmd_bench(int argc, char **argv) {
         jnum("pcie_bound_tps", bound, bound > 0);
         jnum("tg_of_pcie_bound", bound > 0 ? tgm / bound : 0, bound > 0 && ng > 0);
         printf(", \"plan\": %s", plan_json);
+        printf(", \"tuning\": %s", tune_json);
         if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");
         printf("}\n");
     } else {
@@ -239,7 +245,7 @@ int cmd_bench(int argc, char **argv) {
     rc = 0;
 done:
     if (tele) spx_telemetry_stop(tele, &samples, &n_samples);
-    free(samples); free(tele_json); free(plan_json);
+    free(samples); free(tele_json); free(plan_json); free(tune_json);
     free(logits); free(ids); free(pp); free(tg);
     spx_session_free(s);
     spx_model_free(m);

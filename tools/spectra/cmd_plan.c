@@ -6,6 +6,7 @@
 #include "common.h"
 #include "engine/plan.h"
 #include "engine/probe.h"
+#include "engine/tuning.h"
 #include "model/model.h"
 
 #include <cjson/cJSON.h>
@@ -131,7 +132,7 @@ static void plan_usage(FILE *f) {
                "  --backend NAME      cpu, cuda or auto (default auto)\n"
                "  --gpu N             GPU index, as NVML numbers them (int >= 0; default 0)\n"
                "  --threads N         worker threads (int 1..1024; default: one per physical core)\n"
-               "  --json              print one JSON object {\"hw\", \"model\", \"plan\"}\n"
+               "  --json              print one JSON object {\"hw\", \"model\", \"plan\", \"tuning\"}\n"
                "  -h, --help          this help\n");
 }
 
@@ -192,6 +193,7 @@ int cmd_plan(int argc, char **argv) {
         }
         if (o && st == SPX_OK) cJSON_AddItemToObject(o, "plan", spx_plan_json(&p));
         else if (o) cJSON_AddStringToObject(o, "error", e.msg);
+        if (o) cJSON_AddItemToObject(o, "tuning", spx_tuning_json(spx_tuning_get())); /* the SPECTRA_* settings */
         rc = print_json(o);
     } else {
         print_hw(&hw);
@@ -217,6 +219,8 @@ int cmd_plan(int argc, char **argv) {
             printf("  memory     %.1f MiB planned of a %.1f MiB budget (KV %.1f, scratch %.1f)\n", mib(p.planned_bytes),
                    mib(p.budget), mib(p.kv_bytes), mib(p.scratch_bytes));
         }
+        char tune[1024]; /* the SPECTRA_* settings that are not at their defaults (engine/tuning.h) */
+        printf("\ntuning    %s\n", spx_tuning_summary(spx_tuning_get(), tune, sizeof tune));
     }
     if (st != SPX_OK) rc = cli_fail(&e);
     spx_model_free(m);
