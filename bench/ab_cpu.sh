@@ -41,5 +41,6 @@ for r in range(rounds):
 ma = [st.median(x[i] for x in rows["A"]) for i in (0, 1)]
 mb = [st.median(x[i] for x in rows["B"]) for i in (0, 1)]
 print(f"| median | {ma[0]:.2f} | {mb[0]:.2f} | {ma[1]:.2f} | {mb[1]:.2f} |")
-print(f"\nB / A: pp {mb[0] / ma[0]:.4f}, tg {mb[1] / ma[1]:.4f}")
+ratio = lambda b, a: f"{b / a:.4f}" if a > 0 else "-"
+print(f"\nB / A: pp {ratio(mb[0], ma[0])}, tg {ratio(mb[1], ma[1])}")
 PY
