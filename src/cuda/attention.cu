@@ -101,7 +101,7 @@ __device__ __forceinline__ void attn_merge(float *sm, const float (&m)[AT_HB], c
      * or -1 for a warp that saw no key (skipped); wl[0][hh] the sum L and
      * wl[1][hh] the maximum M. The same operations in the same order as
      * when every output computed them itself (so the same values), but 4
-     * expf per head instead of per output: 8B decode 586.9 vs 580.3 tok/s
+     * expf per head instead of per output, which measured faster
      * (bench/gpu/NOTES.md 46). */
     static_assert(AT_WARPS >= 2, "L and M go in wl's first two rows");
     if (threadIdx.x < AT_HB) {
@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) attn_split_kernel(const __grid_
          * before the wait, under the previous kernels (qkv GEMV, RoPE): the
          * key loop then waits on L2 instead of DRAM. Only a hint (a prefetch
          * changes no result); *pos was written before this forward began.
-         * 8B tg128 on the H200: 435 vs 403 tok/s; not for prompts (their
-         * blocks cover many keys: pp512 -1 %). */
+         * Faster decode on the H200; not for prompts, whose blocks cover
+         * many keys and lost a little (bench/results, 2026-11-30). */
         int64_t kb, ke;
         attn_keys(a, b.t, b.split, &kb, &ke);
         const int64_t kvd0 = (int64_t)a.nkv * a.hd;
@@ -338,8 +338,7 @@ __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
  *  - the next launch (the O GEMV) is triggered after the key loop, not at
  *    the start: its blocks then fill the free SMs and fetch their weights
  *    while this block merges and stores, not while it waits and loads q
- *    (8B tg128 581.7 vs 579.6, 1B 2,103 vs 2,045, same H200 run;
- *    bench/gpu/NOTES.md 43). */
+ *    (measured faster on both Llama shapes: bench/gpu/NOTES.md 43). */
 #define AD_WARPS 4
 static bool g_split_only = false; /* SPECTRA_CUDA_ATTN_SPLIT_KERNEL, read by spx_attention_setup */
 static_assert(AD_WARPS * 32 == SPX_ATTN_DECODE_KEYS, "keys per block pass");
@@ -376,7 +375,7 @@ __device__ __forceinline__ void ad_load_tile(__half *ks, __half *vs, const __hal
 /* RoPE's cos and sin at position p for lane l's ND elements (element i
  * pairs with i + HD/2, i.e. lane l with lane l ^ 16). Weights and a
  * position written before the forward pass: computed before the PDL wait,
- * off the chain (8B decode 482 vs 469 tok/s, same run). */
+ * off the chain (measured faster: bench/results, 2026-11-30). */
 template <int ND>
 __device__ __forceinline__ void ad_rope_cs(const float *inv_freq, int64_t p, float (&c)[ND], float (&sn)[ND]) {
     constexpr int HD = 32 * ND;

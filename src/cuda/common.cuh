@@ -128,9 +128,8 @@ template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.as
  * blocks cannot start early on an SM of another split, which undoes the
  * overlap of programmatic dependent launch at kernel boundaries. 50 %
  * (132 KB of shared memory on the H100/H200, enough for every decode
- * kernel at its occupancy) measured best: Llama-3.1-8B tg128 541.9 vs
- * 472.9 tok/s with the driver's choice (100 %: 507), same run
- * (bench/gpu/NOTES.md 33). SPECTRA_CUDA_CARVEOUT=n (0..100; engine/tuning.h) sets another,
+ * kernel at its occupancy) measured best against the driver's choice and
+ * 100 % (bench/gpu/NOTES.md 33). SPECTRA_CUDA_CARVEOUT=n (0..100; engine/tuning.h) sets another,
  * -1 leaves it to the driver. Set once per kernel, at its first launch. */
 inline int spx_carveout() {
     static const int v = spx_tuning_get()->cuda_carveout; /* once per process, as before */

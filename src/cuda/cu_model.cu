@@ -70,11 +70,10 @@ static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *n
 
 /* Whether the decode GEMVs run as blocks of two warp groups sharing one
  * input image (spx_gemv_args.groups): for all of a model's launches or for
- * none, since mixing the two forms in one step costs more than either gains
- * (H200: Llama-3.1-8B 490.1 tok/s all, 486.6 all but the LM head, 481.7
- * none; Llama-3.2-1B, whose O, down and q/k/v launches have fewer tiles than
- * two per SM, 1,798 none, 1,723 all; bench/gpu/NOTES.md 28). So: every launch
- * tiled with at least 1.9 tiles (16 rows) per SM. */
+ * none, since mixing the two forms in one step costs more than either gains;
+ * it pays only when every launch has enough tiles per SM (the 8B shape, not
+ * the 1B: bench/gpu/NOTES.md 28). So: every launch tiled with at least 1.9
+ * tiles (16 rows) per SM. */
 static int gemv_groups_for(const spx_model *m, int n_sm) {
     auto tiles = [](const spx_wmat &w) { return (w.q.rows + 15) / 16; };
     auto ok = [&](int64_t t) { return t * 10 >= (int64_t)n_sm * 19; };

@@ -64,15 +64,12 @@ void cu_session_free(spx_session *s) {
 /* Key splits of the attention (flash-decoding). A prompt: enough blocks
  * for two per SM. One token (the decode graph, sized for the session's
  * context): one split per 16 key tiles (4 per warp), at least one; on the
- * H200 fewer, longer splits beat one tile per block (8B tg128 at 641 keys:
- * 1 split 412 tok/s, 4: 400, 21: 396; at 8K keys 16 splits 398 against 33:
- * 393), the combine pass and the blocks' fixed costs being what a short
- * split pays for. The decode kernels (spx_attention_decode_fast, either
- * cache) instead take one pass of SPX_ATTN_DECODE_KEYS keys per split up
- * to 64 blocks in all, then more passes per block: its last block merges
- * the splits, and that grows with their count (8B, 8 KV heads, same H200
- * run: 640 keys 2 splits 446.6 tok/s, 3: 450.8, 5: 457.4, 8: 457.4; 8K
- * keys 8 splits 455.3, 12: 447.0, 16: 435.8, 24: 415.0). This is the
+ * H200 fewer, longer splits beat one tile per block, the combine pass and
+ * the blocks' fixed costs being what a short split pays for. The decode
+ * kernels (spx_attention_decode_fast, either cache) instead take one pass
+ * of SPX_ATTN_DECODE_KEYS keys per split up to 64 blocks in all, then more
+ * passes per block: its last block merges the splits, and that grows with
+ * their count (the sweeps: bench/results, 2026-11-30 and NOTES.md). This is the
  * launch's count for the session's context; at position p the kernels run
  * only the splits p needs (attention.cu ad_active_splits).
  * SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */

@@ -1471,13 +1471,10 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
         const int v = a.impl == 0 ? g_default : a.impl - 2;
         k.n_tiles = tl ? k.tstart[a.n_mats] : a.mode == SPX_GEMV_SWIGLU ? (a.w[0].rows + 7) / 8 : (k.total + 15) / 16;
         /* tiled: three blocks per SM with 2 items in flight where each block
-         * has very many tiles (the 128k-vocabulary LM head: 98 % of copy
-         * against 93 % alone), else two with 4 (the 8B down: 60 % against
-         * 54 %). The 8B gate/up (1792 tiles) is about even alone (84.2 vs
-         * 83.5 % with PDL) but not in the decode step: 8B tg128 471 tok/s with
-         * two blocks against 455 with three, same H200 run. */
-        /* (Three for the 8B's merged q/k/v, one wave of 384 tiles instead
-         * of two: 460.6 vs 474.6 tok/s, same run.) */
+         * has very many tiles (the 128k-vocabulary LM head), else two with 4
+         * (the 8B down); the 8B gate/up is about even alone but two won in
+         * the decode step, and so did two for the merged q/k/v
+         * (bench/gpu/NOTES.md). */
         if (tl && g_tl_force == 2 && tma_ok(k) && !k.pair) return launch_tma(k, n_sm, st, pdl);
         /* a.groups: two groups of 8 warps per block (one block and one input
          * image per SM; variant 3), for every decode launch of a model or

@@ -62,8 +62,8 @@ struct spx_gemv_args {
                                  * 2..: each tensor-core variant (benchmarks; see gemv_q4.cu) */
     int groups;                 /* tiled, impl 0: blocks of two 8-warp groups, one per SM, sharing one input
                                  * image (the backend sets it for every decode launch of a model whose
-                                 * launches all have >= 1.9 tiles per SM: Llama-3.1-8B 490 vs 482 tok/s, and
-                                 * mixed with the default form in one step it loses: bench/gpu/NOTES.md 28) */
+                                 * launches all have >= 1.9 tiles per SM; mixed with the default form in one
+                                 * step it loses: bench/gpu/NOTES.md 28) */
     int pair;                   /* tiled gate/up (2 matrices, same rows, STORE, no o[].silu): o[0].y =
                                  * silu(gate + bg) * (up + bu), the CPU's spx_cpu_silu_mul; o[1].y unused.
                                  * Runs in the two-group form (group 0 gate tiles, group 1 the same tiles
