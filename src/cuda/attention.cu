@@ -312,10 +312,10 @@ __global__ void attn_combine_kernel(const __grid_constant__ spx_attn_args a) {
 
 /* ---- decode: one token over the fp16 cache -----------------------------
  * attn_decode_kernel, for n_tok == 1 and hd = 32 * ND, ND in {1, 2, 4, 8}.
- * Here latency, not bandwidth, is the cost: 8 KV heads x a few hundred
- * keys are ~1 us of memory traffic, and the split kernel above spent
- * ~10 us per layer in each warp's chain of dependent loads over several
- * tiles, plus a combine launch. So:
+ * Here latency, not bandwidth, is the cost: a few hundred keys of a few
+ * KV heads are little memory traffic, while the split kernel above waits
+ * through each warp's chain of dependent loads over several tiles, plus a
+ * combine launch. So:
  *  - one 32-key tile per warp and pass (AD_WARPS warps: 128 keys per pass),
  *    splits sized so that one pass is the usual case (the backend's
  *    splits_for, SPX_ATTN_DECODE_KEYS), and of a launch's splits only

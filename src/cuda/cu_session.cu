@@ -104,14 +104,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     /* the recurrent blocks' widths: the in_proj output (short conv 3 H,
      * Mamba-2 its rows), the out_proj input (Mamba-2 d_inner); a fused
      * gate+up matrix writes 2 I */
-    size_t proj = 0, di = 0, I2 = c->gate_up_fused ? 2 * I : I;
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        if (c->mixer[l] == SPX_MIX_CONV && 3 * H > proj) proj = 3 * H;
-        if (c->mixer[l] == SPX_MIX_MAMBA2) {
-            if ((size_t)spx_ssm_in_rows(c) > proj) proj = (size_t)spx_ssm_in_rows(c);
-            di = (size_t)spx_ssm_d_inner(c);
-        }
-    }
+    size_t proj = (size_t)spx_arch_max_proj(c), di = (size_t)spx_arch_max_d_inner(c), I2 = c->gate_up_fused ? 2 * I : I;
     size_t wide = H > qd ? H : qd;
     if (I2 > wide) wide = I2;
     if (proj > wide) wide = proj;

@@ -164,14 +164,8 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     int fail = 0;
     /* widest recurrent projection (short conv: 3 H; Mamba-2: its in_proj) and
      * widest input of an output projection (attention q width, Mamba-2 d_inner) */
-    size_t proj = 0, att = qd;
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        if (c->mixer[l] == SPX_MIX_CONV && 3 * H > proj) proj = 3 * H;
-        if (c->mixer[l] == SPX_MIX_MAMBA2) {
-            if ((size_t)spx_ssm_in_rows(c) > proj) proj = (size_t)spx_ssm_in_rows(c);
-            if ((size_t)spx_ssm_d_inner(c) > att) att = (size_t)spx_ssm_d_inner(c);
-        }
-    }
+    size_t proj = (size_t)spx_arch_max_proj(c), di = (size_t)spx_arch_max_d_inner(c), att = qd;
+    if (di > att) att = di;
     if (H > att) att = H;
     s->ckpt_pos = -1;
     if (spx_kv_init(&s->kv, p ? p->kv : SPX_KV_DEFAULT, c->n_attn_layers, host ? n_ctx : 0, (int64_t)kvd, c->head_dim,
@@ -188,12 +182,10 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
         s->v = alloc_f(B * kvd, &fail);
         s->att = alloc_f(B * att, &fail);
         if (proj) s->proj = alloc_f(B * proj, &fail);
-        for (int64_t l = 0; l < c->n_layers; l++)
-            if (c->mixer[l] == SPX_MIX_MAMBA2) {
-                spx_ssd_args a = {c->ssm_heads, c->ssm_head_dim, c->ssm_state, c->ssm_groups, 0, 0, 0, 0, 0};
-                s->ssd_work = alloc_f((size_t)spx_ssd_chunked_work(&a, c->ssm_chunk), &fail);
-                break;
-            }
+        if (di) {
+            spx_ssd_args a = {c->ssm_heads, c->ssm_head_dim, c->ssm_state, c->ssm_groups, 0, 0, 0, 0, 0};
+            s->ssd_work = alloc_f((size_t)spx_ssd_chunked_work(&a, c->ssm_chunk), &fail);
+        }
         s->gate = alloc_f(B * I, &fail);
         s->up = alloc_f(B * I, &fail);
         /* up to 4 heads of a GQA group per attention job (what the avx2

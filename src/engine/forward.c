@@ -144,13 +144,14 @@ static spx_status blk_ffn(spx_session *s, const spx_layer *L, int kind, int64_t 
             s->gate[i] = r * r;
         }
     } else if (c->gate_up_fused) {
-        /* [n, 2I] gate-then-up rows compacted in place to silu(g) * u [n, I]:
-         * row t's writes [tI, tI + I) never reach unread input of a later row */
+        /* [n, 2I] gate-then-up rows: silu(g) * u in each row's gate half, then
+         * compacted to [n, I]; row t moves to [tI, tI + I), below every later
+         * row's start (t + 1) 2I, so nothing unread is overwritten */
         SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_GATE_UP], s->x, n, s->gate, NULL, e));
         for (int64_t t = 0; t < n; t++) {
-            const float *g = s->gate + t * 2 * I, *u = g + I;
-            float *o = s->gate + t * I;
-            for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            float *g = s->gate + t * 2 * I;
+            spx_cpu_silu_mul(g, g + I, I);
+            memmove(s->gate + t * I, g, (size_t)I * sizeof(float));
         }
     } else {
         const spx_wmat *w[2] = {&L->w[SPX_SL_GATE], &L->w[SPX_SL_UP]};

@@ -226,6 +226,21 @@ int64_t spx_slot_numel(const spx_config *c, int64_t l, spx_slot s) {
     return n;
 }
 
+int64_t spx_arch_max_proj(const spx_config *c) {
+    int64_t w = 0;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        int64_t r = c->mixer[l] == SPX_MIX_CONV ? 3 * c->hidden_size : c->mixer[l] == SPX_MIX_MAMBA2 ? spx_ssm_in_rows(c) : 0;
+        if (r > w) w = r;
+    }
+    return w;
+}
+
+int64_t spx_arch_max_d_inner(const spx_config *c) {
+    for (int64_t l = 0; l < c->n_layers; l++)
+        if (c->mixer[l] == SPX_MIX_MAMBA2) return spx_ssm_d_inner(c);
+    return 0;
+}
+
 int64_t spx_layer_state_floats(const spx_config *c, int64_t l) {
     switch (c->mixer[l]) {
     case SPX_MIX_CONV: return c->hidden_size * (c->conv_kernel - 1);

@@ -70,6 +70,12 @@ int64_t spx_ssm_d_inner(const spx_config *c);
 int64_t spx_ssm_conv_dim(const spx_config *c);
 int64_t spx_ssm_in_rows(const spx_config *c);
 
+/* Over every layer: the widest recurrent in_proj output (short conv 3 H,
+ * Mamba-2 spx_ssm_in_rows) and the Mamba-2 out_proj input (d_inner); 0
+ * when no layer has one. Scratch sizing for every backend. */
+int64_t spx_arch_max_proj(const spx_config *c);
+int64_t spx_arch_max_d_inner(const spx_config *c);
+
 /* Recurrent state floats of layer l (conv history + SSM state; 0 for
  * attention and FFN-only layers). */
 int64_t spx_layer_state_floats(const spx_config *c, int64_t l);
