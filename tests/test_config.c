@@ -430,6 +430,19 @@ static void test_hybrid_old_styles(void) {
           "LFM2 defaults: tie %d theta %g conv %lld '%s' %s", a.tie_embeddings, a.rope_theta, (long long)a.conv_kernel,
           layers_str(&a), e.msg);
 
+    /* Lfm2Config's precedence: theta over rope_theta, block_ff_dim over
+     * intermediate_size, tie_embedding over tie_word_embeddings; neither
+     * layer_types nor full_attn_idxs: every layer attends */
+    CHECK(parse("{" LFM2_SMALL ",\"full_attn_idxs\":[1],\"rope_theta\":10000,\"theta\":250000,\"block_ff_dim\":512,"
+                "\"intermediate_size\":256,\"block_auto_adjust_ff_dim\":false,\"tie_word_embeddings\":true,"
+                "\"tie_embedding\":false}", &a, &e) == SPX_OK && a.rope_theta == 250000 && a.intermediate_size == 512 &&
+              !a.tie_embeddings,
+          "LFM2 precedence: theta %g ff %lld tie %d %s", a.rope_theta, (long long)a.intermediate_size, a.tie_embeddings,
+          e.msg);
+    CHECK(parse("{" LFM2_SMALL ",\"intermediate_size\":256,\"block_auto_adjust_ff_dim\":false}", &a, &e) == SPX_OK &&
+              !strcmp(layers_str(&a), "AS AS AS AS") && a.n_attn_layers == 4,
+          "LFM2 without a layer list: '%s' %s", layers_str(&a), e.msg);
+
     /* granite-4.0-h-micro: 40 layers, "mamba"/"attention", NoPE, muP multipliers, top-level rope_theta */
     static const int g_attn[] = {9, 17, 27, 35};
     char gl[4096] = "";
@@ -598,6 +611,25 @@ static void test_hybrid_old_styles(void) {
                 "\"hybrid_override_pattern\":\"*-\"}", &a, &e) == SPX_OK && a.head_dim == 32 &&
               feq(a.attn_scale, 1 / sqrt(32.0)),
           "attention_head_dim: %lld %g %s", (long long)a.head_dim, a.attn_scale, e.msg);
+    /* NemotronHConfig: the layer list gives the count even where num_hidden_layers says otherwise */
+    CHECK(parse("{" NEMO_SMALL ",\"num_hidden_layers\":5,\"layers_block_type\":[\"mamba\",\"attention\",\"mlp\",\"mamba\"]}",
+                &a, &e) == SPX_OK && a.n_layers == 4 && !strcmp(layers_str(&a), "M. A. .R M."),
+          "list over num_hidden_layers: %lld '%s' %s", (long long)a.n_layers, layers_str(&a), e.msg);
+    CHECK(parse("{" NEMO_SMALL ",\"num_hidden_layers\":6,\"hybrid_override_pattern\":\"M-M*-\"}", &a, &e) == SPX_OK &&
+              a.n_layers == 5,
+          "pattern over num_hidden_layers: %lld %s", (long long)a.n_layers, e.msg);
+    /* layer_types, NemotronHConfig's attribute alias of layers_block_type */
+    CHECK(parse("{" NEMO_SMALL ",\"layer_types\":[\"mamba\",\"mlp\",\"full_attention\"]}", &a, &e) == SPX_OK &&
+              !strcmp(layers_str(&a), "M. .R A."),
+          "layer_types alias: '%s' %s", layers_str(&a), e.msg);
+    /* the older mamba_* names, preferred by NemotronHConfig when given */
+    CHECK(parse("{" NEMO_SMALL ",\"hybrid_override_pattern\":\"M-\",\"n_groups\":2,\"mamba_n_groups\":4,"
+                "\"conv_kernel\":4,\"mamba_d_conv\":3,\"chunk_size\":128,\"mamba_chunk_size\":32,"
+                "\"time_step_min\":0.001,\"mamba_dt_min\":0.004,\"use_conv_bias\":true,\"mamba_conv_bias\":false}",
+                &a, &e) == SPX_OK && a.ssm_groups == 4 && a.ssm_conv_kernel == 3 && a.ssm_chunk == 32 &&
+              a.ssm_dt_lo == 0.004f && !a.ssm_conv_bias && a.ssm_norm_group == 64,
+          "mamba_* aliases: groups %lld conv %lld chunk %lld dt %g bias %d %s", (long long)a.ssm_groups,
+          (long long)a.ssm_conv_kernel, (long long)a.ssm_chunk, a.ssm_dt_lo, a.ssm_conv_bias, e.msg);
     /* attention-only and MLP-only models need no Mamba fields */
     CHECK(parse("{\"architectures\":[\"NemotronHForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
                 "\"num_attention_heads\":4,\"intermediate_size\":256,\"hybrid_override_pattern\":\"*-*-\"}", &a, &e) ==
@@ -652,10 +684,6 @@ static void test_hybrid_errors(void) {
         {"{" GRANITE_SMALL ",\"layers_block_type\":[\"mamba\",\"attention\",\"mamba\",\"attention\",\"mamba\"]}",
          SPX_ERR_FORMAT, "'layers_block_type' must be a list of 4", NULL},
         {"{" GRANITE_SMALL ",\"layer_types\":\"mamba\"}", SPX_ERR_FORMAT, "'layer_types' must be a list", NULL},
-        {"{" NEMO_SMALL ",\"num_hidden_layers\":5,\"layers_block_type\":[\"mamba\",\"attention\",\"mlp\",\"mamba\"]}",
-         SPX_ERR_FORMAT, "'layers_block_type' must be a list of 5", NULL},
-        {"{" NEMO_SMALL ",\"num_hidden_layers\":6,\"hybrid_override_pattern\":\"M-M*-\"}", SPX_ERR_FORMAT,
-         "6-character 'hybrid_override_pattern'", NULL},
         {"{" NEMO_SMALL ",\"num_hidden_layers\":4}", SPX_ERR_FORMAT, "layers_block_type", "hybrid_override_pattern"},
         {"{" NEMO_SMALL "}", SPX_ERR_FORMAT, "num_hidden_layers", NULL},
         /* Mamba-2 shapes */
@@ -689,9 +717,8 @@ static void test_hybrid_errors(void) {
         {"{" GRANITE_SMALL GRANITE_KINDS ",\"position_embedding_type\":\"alibi\"}", SPX_ERR_UNSUPPORTED,
          "position_embedding_type", NULL},
         /* LFM2's attention layers */
-        {"{" LFM2_SMALL ",\"intermediate_size\":256}", SPX_ERR_FORMAT, "'layer_types'", "'full_attn_idxs'"},
-        {"{" LFM2_SMALL ",\"intermediate_size\":256,\"layer_types\":null,\"full_attn_idxs\":null}", SPX_ERR_FORMAT,
-         "'layer_types'", "'full_attn_idxs'"},
+        {"{" LFM2_SMALL ",\"intermediate_size\":256,\"layer_types\":null,\"full_attn_idxs\":\"all\"}", SPX_ERR_FORMAT,
+         "'full_attn_idxs' must be a list", NULL},
         {"{" LFM2_SMALL ",\"intermediate_size\":256,\"full_attn_idxs\":[1,4]}", SPX_ERR_FORMAT, "full_attn_idxs", "below 4"},
         {"{" LFM2_SMALL ",\"intermediate_size\":256,\"full_attn_idxs\":[-1]}", SPX_ERR_FORMAT, "full_attn_idxs", NULL},
         {"{" LFM2_SMALL ",\"intermediate_size\":256,\"full_attn_idxs\":[1.5]}", SPX_ERR_FORMAT, "full_attn_idxs", NULL},
@@ -744,7 +771,12 @@ static void test_hybrid_errors(void) {
     t = fixture("tiny-lfm2");
     if (t) {
         char *v = subst(t, "\"layer_types\"", "\"layer_kinds\"");
-        if (v) expect_err("lfm2 without layer_types", v, SPX_ERR_FORMAT, "'layer_types'", "'full_attn_idxs'");
+        if (v) { /* Lfm2Config: no layer list, no full_attn_idxs: every layer attends */
+            spx_config c;
+            spx_err e;
+            CHECK(parse(v, &c, &e) == SPX_OK && c.n_attn_layers == c.n_layers, "lfm2 without layer_types: %lld of %lld attend %s",
+                  (long long)c.n_attn_layers, (long long)c.n_layers, e.msg);
+        }
         free(v);
         free(t);
     }

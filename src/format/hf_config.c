@@ -82,6 +82,8 @@ static spx_status parse_rope(ctx *c, spx_config *cfg) {
     const char *where = "rope_parameters";
     cfg->rope_theta = cfg->arch == SPX_ARCH_LFM2 ? 1e6 : 10000.0; /* Lfm2Config's default is 1e6 */
     SPX_TRY(get_num(c, root, "rope_theta", false, 1e-3, 1e12, &cfg->rope_theta));
+    if (cfg->arch == SPX_ARCH_LFM2) /* the original LFM2 configs' name; Lfm2Config prefers it to rope_theta */
+        SPX_TRY(get_num(c, root, "theta", false, 1e-3, 1e12, &cfg->rope_theta));
     const cJSON *params = NULL;
     if (rp && !cJSON_IsNull(rp)) {
         if (!cJSON_IsObject(rp)) return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'rope_parameters' must be an object", c->label);
@@ -154,8 +156,16 @@ static spx_status parse_ids(ctx *c, spx_config *cfg) {
 /* ---- per-layer structure ------------------------------------------------ */
 
 /* Reads a list of per-layer kind names (layer_types / layers_block_type)
- * into mixer/ffn kinds through `map`; NULL list: *found = 0. */
-typedef struct { const char *name; uint8_t mixer, ffn; } kind_name;
+ * into mixer/ffn kinds through `map`; NULL list: *found = 0. A kind the
+ * family has but Spectra does not run yet (mixture-of-experts) is an entry
+ * with `unsupported` set: refused with that reason, not as unknown. `code`
+ * is the kind's letter in an older pattern string (0: none). */
+typedef struct { const char *name; uint8_t mixer, ffn; char code; const char *unsupported; } kind_name;
+
+static spx_status kind_refused(ctx *c, const char *key, int64_t l, const kind_name *k) {
+    return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: '%s[%lld]' is '%s': %s", c->label, key, (long long)l, k->name,
+                    k->unsupported);
+}
 
 static spx_status parse_kind_list(ctx *c, spx_config *cfg, const char *key, const kind_name *map, int *found) {
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c->root, key);
@@ -173,10 +183,12 @@ static spx_status parse_kind_list(ctx *c, spx_config *cfg, const char *key, cons
         if (!cJSON_IsString(it) || !k->name) {
             char known[256] = "";
             for (const kind_name *q = map; q->name; q++)
-                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", q == map ? "" : ", ", q->name);
+                if (!q->unsupported)
+                    snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", known[0] ? ", " : "", q->name);
             return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: '%s[%lld]' is '%s'; supported: %s", c->label, key,
                             (long long)l, cJSON_IsString(it) ? it->valuestring : "(not a string)", known);
         }
+        if (k->unsupported) return kind_refused(c, key, l, k);
         cfg->mixer[l] = k->mixer;
         cfg->ffn[l] = k->ffn;
         l++;
@@ -232,10 +244,12 @@ static spx_status parse_dt_limit(ctx *c, spx_config *cfg) {
 }
 
 /* The Mamba-2 shape, from each family's field names; d_inner =
- * heads * head_dim. */
+ * heads * head_dim. The *_alias names (NULL: none) are older spellings
+ * the config class still accepts and prefers when given. */
 typedef struct {
     const char *heads, *head_dim, *state, *groups, *conv, *chunk;
     int64_t groups_default; /* the family's config class default */
+    const char *groups_alias, *conv_alias, *chunk_alias;
 } ssm_keys;
 
 static spx_status parse_ssm(ctx *c, spx_config *cfg, const ssm_keys *k) {
@@ -245,10 +259,13 @@ static spx_status parse_ssm(ctx *c, spx_config *cfg, const ssm_keys *k) {
     SPX_TRY(get_int(c, r, k->state, true, 1, 4096, &cfg->ssm_state));
     cfg->ssm_groups = k->groups_default;
     SPX_TRY(get_int(c, r, k->groups, false, 1, CAP_HEADS, &cfg->ssm_groups));
+    if (k->groups_alias) SPX_TRY(get_int(c, r, k->groups_alias, false, 1, CAP_HEADS, &cfg->ssm_groups));
     cfg->ssm_conv_kernel = 4;
     SPX_TRY(get_int(c, r, k->conv, false, 1, 64, &cfg->ssm_conv_kernel));
+    if (k->conv_alias) SPX_TRY(get_int(c, r, k->conv_alias, false, 1, 64, &cfg->ssm_conv_kernel));
     cfg->ssm_chunk = 256;
     SPX_TRY(get_int(c, r, k->chunk, false, 1, 4096, &cfg->ssm_chunk));
+    if (k->chunk_alias) SPX_TRY(get_int(c, r, k->chunk_alias, false, 1, 4096, &cfg->ssm_chunk));
     if (cfg->ssm_heads % cfg->ssm_groups)
         return spx_fail(c->e, SPX_ERR_FORMAT, "%s: '%s' %lld is not a multiple of '%s' %lld", c->label, k->heads,
                         (long long)cfg->ssm_heads, k->groups, (long long)cfg->ssm_groups);
@@ -311,17 +328,17 @@ static spx_status parse_llama_family(ctx *c, spx_config *cfg) {
  * block_multiple_of). */
 static spx_status parse_lfm2(ctx *c, spx_config *cfg) {
     const cJSON *root = c->root;
-    static const kind_name kinds[] = {{"conv", SPX_MIX_CONV, SPX_FFN_SWIGLU},
-                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU},
-                                      {NULL, 0, 0}};
+    static const kind_name kinds[] = {{"conv", SPX_MIX_CONV, SPX_FFN_SWIGLU, 0, NULL},
+                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU, 0, NULL},
+                                      {NULL, 0, 0, 0, NULL}};
     int found = 0;
     SPX_TRY(parse_kind_list(c, cfg, "layer_types", kinds, &found));
-    if (!found) {
+    if (!found) { /* Lfm2Config: full_attn_idxs, absent = every layer attends */
         const cJSON *fa = cJSON_GetObjectItemCaseSensitive(root, "full_attn_idxs");
-        if (!cJSON_IsArray(fa))
-            return spx_fail(c->e, SPX_ERR_FORMAT, "%s: neither 'layer_types' nor 'full_attn_idxs' says which layers attend",
-                            c->label);
-        all_layers(cfg, SPX_MIX_CONV, SPX_FFN_SWIGLU);
+        if (!fa || cJSON_IsNull(fa)) all_layers(cfg, SPX_MIX_ATTN, SPX_FFN_SWIGLU);
+        else if (!cJSON_IsArray(fa))
+            return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'full_attn_idxs' must be a list of layer indices", c->label);
+        else all_layers(cfg, SPX_MIX_CONV, SPX_FFN_SWIGLU);
         const cJSON *it;
         cJSON_ArrayForEach(it, fa) {
             if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (double)cfg->n_layers ||
@@ -334,9 +351,9 @@ static spx_status parse_lfm2(ctx *c, spx_config *cfg) {
     double eps = 1e-5;
     SPX_TRY(get_num(c, root, "norm_eps", false, 0, 1, &eps));
     cfg->rms_eps = (float)eps;
-    int64_t ff = 0;
+    int64_t ff = 0; /* Lfm2Config: the original configs' block_ff_dim wins over intermediate_size */
     SPX_TRY(get_int(c, root, "block_ff_dim", false, 1, CAP_DIM, &ff));
-    SPX_TRY(get_int(c, root, "intermediate_size", ff == 0, 1, CAP_DIM, &ff));
+    if (ff == 0) SPX_TRY(get_int(c, root, "intermediate_size", true, 1, CAP_DIM, &ff));
     bool adjust = true; /* Lfm2Config's default */
     SPX_TRY(get_bool(c, root, "block_auto_adjust_ff_dim", &adjust));
     if (adjust) {
@@ -354,10 +371,11 @@ static spx_status parse_lfm2(ctx *c, spx_config *cfg) {
     cfg->conv_kernel = 3;
     SPX_TRY(get_int(c, root, "conv_L_cache", false, 1, 64, &cfg->conv_kernel));
     SPX_TRY(get_bool(c, root, "conv_bias", &cfg->conv_bias));
-    /* older configs spell the tie "tie_embedding"; transformers ties by default */
+    /* older configs spell the tie "tie_embedding", which Lfm2Config prefers;
+     * transformers ties by default */
     cfg->tie_embeddings = true;
-    SPX_TRY(get_bool(c, root, "tie_embedding", &cfg->tie_embeddings));
     SPX_TRY(get_bool(c, root, "tie_word_embeddings", &cfg->tie_embeddings));
+    SPX_TRY(get_bool(c, root, "tie_embedding", &cfg->tie_embeddings));
     return SPX_OK;
 }
 
@@ -366,11 +384,11 @@ static spx_status parse_lfm2(ctx *c, spx_config *cfg) {
  * "full_attention"; every layer then has the shared SwiGLU MLP. */
 static spx_status parse_granite4(ctx *c, spx_config *cfg) {
     const cJSON *root = c->root;
-    static const kind_name kinds[] = {{"mamba", SPX_MIX_MAMBA2, SPX_FFN_SWIGLU},
-                                      {"linear_attention", SPX_MIX_MAMBA2, SPX_FFN_SWIGLU},
-                                      {"attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU},
-                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU},
-                                      {NULL, 0, 0}};
+    static const kind_name kinds[] = {{"mamba", SPX_MIX_MAMBA2, SPX_FFN_SWIGLU, 0, NULL},
+                                      {"linear_attention", SPX_MIX_MAMBA2, SPX_FFN_SWIGLU, 0, NULL},
+                                      {"attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU, 0, NULL},
+                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_SWIGLU, 0, NULL},
+                                      {NULL, 0, 0, 0, NULL}};
     int found = 0;
     SPX_TRY(parse_kind_list(c, cfg, "layer_types", kinds, &found));
     if (!found) SPX_TRY(parse_kind_list(c, cfg, "layers_block_type", kinds, &found));
@@ -412,7 +430,7 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
             return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'position_embedding_type' must be \"rope\" or \"nope\"", c->label);
     }
     static const ssm_keys k = {"mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv",
-                               "mamba_chunk_size", 1};
+                               "mamba_chunk_size", 1, NULL, NULL, NULL};
     SPX_TRY(parse_ssm(c, cfg, &k));
     int64_t expand = 2;
     SPX_TRY(get_int(c, root, "mamba_expand", false, 1, 64, &expand));
@@ -431,26 +449,17 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
  * Attention has no positions. */
 static spx_status parse_nemotron_h(ctx *c, spx_config *cfg) {
     const cJSON *root = c->root;
-    static const kind_name kinds[] = {{"mamba", SPX_MIX_MAMBA2, SPX_FFN_NONE},
-                                      {"linear_attention", SPX_MIX_MAMBA2, SPX_FFN_NONE},
-                                      {"attention", SPX_MIX_ATTN, SPX_FFN_NONE},
-                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_NONE},
-                                      {"mlp", SPX_MIX_NONE, SPX_FFN_RELU2},
-                                      {NULL, 0, 0}};
+    static const char moe[] = "mixture-of-experts blocks are not supported yet";
+    static const kind_name kinds[] = {{"mamba", SPX_MIX_MAMBA2, SPX_FFN_NONE, 'M', NULL},
+                                      {"linear_attention", SPX_MIX_MAMBA2, SPX_FFN_NONE, 0, NULL},
+                                      {"attention", SPX_MIX_ATTN, SPX_FFN_NONE, '*', NULL},
+                                      {"full_attention", SPX_MIX_ATTN, SPX_FFN_NONE, 0, NULL},
+                                      {"mlp", SPX_MIX_NONE, SPX_FFN_RELU2, '-', NULL},
+                                      {"moe", SPX_MIX_NONE, SPX_FFN_NONE, 'E', moe},
+                                      {NULL, 0, 0, 0, NULL}};
     int found = 0;
-    const cJSON *lbt = cJSON_GetObjectItemCaseSensitive(root, "layers_block_type");
-    if (cJSON_IsArray(lbt)) {
-        const cJSON *it;
-        int64_t l = 0;
-        cJSON_ArrayForEach(it, lbt) {
-            if (cJSON_IsString(it) && !strcmp(it->valuestring, "moe"))
-                return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
-                                "%s: 'layers_block_type[%lld]' is 'moe': mixture-of-experts blocks are not supported yet",
-                                c->label, (long long)l);
-            l++;
-        }
-    }
     SPX_TRY(parse_kind_list(c, cfg, "layers_block_type", kinds, &found));
+    if (!found) SPX_TRY(parse_kind_list(c, cfg, "layer_types", kinds, &found)); /* NemotronHConfig's attribute alias */
     if (!found) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(root, "hybrid_override_pattern");
         if (!cJSON_IsString(pat) || (int64_t)strlen(pat->valuestring) != cfg->n_layers)
@@ -458,17 +467,17 @@ static spx_status parse_nemotron_h(ctx *c, spx_config *cfg) {
                             "%s: neither 'layers_block_type' nor a %lld-character 'hybrid_override_pattern' gives the layers",
                             c->label, (long long)cfg->n_layers);
         for (int64_t l = 0; l < cfg->n_layers; l++) {
-            char ch = pat->valuestring[l];
-            if (ch == 'M') cfg->mixer[l] = SPX_MIX_MAMBA2, cfg->ffn[l] = SPX_FFN_NONE;
-            else if (ch == '*') cfg->mixer[l] = SPX_MIX_ATTN, cfg->ffn[l] = SPX_FFN_NONE;
-            else if (ch == '-') cfg->mixer[l] = SPX_MIX_NONE, cfg->ffn[l] = SPX_FFN_RELU2;
-            else if (ch == 'E')
-                return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
-                                "%s: 'hybrid_override_pattern'[%lld] is 'E': mixture-of-experts blocks are not supported yet",
-                                c->label, (long long)l);
-            else
+            const char ch = pat->valuestring[l];
+            const kind_name *k = kinds;
+            while (k->name && (!k->code || k->code != ch)) k++;
+            if (!k->name)
                 return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'hybrid_override_pattern'[%lld] is '%c'; expected M, *, - or E",
                                 c->label, (long long)l, ch);
+            if (k->unsupported)
+                return spx_fail(c->e, SPX_ERR_UNSUPPORTED, "%s: 'hybrid_override_pattern'[%lld] is '%c' (%s): %s",
+                                c->label, (long long)l, ch, k->name, k->unsupported);
+            cfg->mixer[l] = k->mixer;
+            cfg->ffn[l] = k->ffn;
         }
     }
     if (any_kind(cfg, -1, SPX_FFN_RELU2)) {
@@ -481,19 +490,23 @@ static spx_status parse_nemotron_h(ctx *c, spx_config *cfg) {
     cfg->rms_eps = (float)eps;
     SPX_TRY(get_bool(c, root, "mlp_bias", &cfg->mlp_bias));
     cfg->rope = false;
+    /* NemotronHConfig's older names: mamba_n_groups, mamba_d_conv,
+     * mamba_chunk_size, mamba_dt_min, mamba_conv_bias (preferred when given) */
     static const ssm_keys k = {"mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
-                               "chunk_size", 8};
+                               "chunk_size", 8, "mamba_n_groups", "mamba_d_conv", "mamba_chunk_size"};
     if (any_kind(cfg, SPX_MIX_MAMBA2, -1)) {
         SPX_TRY(parse_ssm(c, cfg, &k));
         /* transformers' torch path clamps the step below at time_step_min
          * and ignores time_step_limit (docs/numerics.md) */
         double tmin = 0.001; /* NemotronHConfig's default */
         SPX_TRY(get_num(c, root, "time_step_min", false, 0, 1, &tmin));
+        SPX_TRY(get_num(c, root, "mamba_dt_min", false, 0, 1, &tmin));
         cfg->ssm_dt_lo = (float)tmin;
         cfg->ssm_dt_hi = INFINITY;
         cfg->ssm_norm_group = cfg->ssm_heads * cfg->ssm_head_dim / cfg->ssm_groups;
         cfg->ssm_conv_bias = true;
         SPX_TRY(get_bool(c, root, "use_conv_bias", &cfg->ssm_conv_bias));
+        SPX_TRY(get_bool(c, root, "mamba_conv_bias", &cfg->ssm_conv_bias));
         SPX_TRY(get_bool(c, root, "use_bias", &cfg->ssm_proj_bias));
     }
     return SPX_OK;
@@ -533,16 +546,19 @@ static spx_status parse_root(ctx *c, spx_config *cfg) {
 
     SPX_TRY(get_int(c, root, "vocab_size", true, 1, CAP_VOCAB, &cfg->vocab_size));
     SPX_TRY(get_int(c, root, "hidden_size", true, 1, CAP_DIM, &cfg->hidden_size));
-    /* transformers 5's Nemotron-H config has no num_hidden_layers: its
-     * layers_block_type (or older hybrid_override_pattern) gives the count */
+    /* Nemotron-H: the layer list (layers_block_type, its alias layer_types,
+     * or the older hybrid_override_pattern) gives the count, as in
+     * NemotronHConfig, which only warns when num_hidden_layers differs
+     * (transformers 5 writes none) */
     int layers_implied = 0;
     if (cfg->arch == SPX_ARCH_NEMOTRON_H) {
         const cJSON *lbt = cJSON_GetObjectItemCaseSensitive(root, "layers_block_type");
+        if (!cJSON_IsArray(lbt)) lbt = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(root, "hybrid_override_pattern");
         int64_t n = cJSON_IsArray(lbt) ? cJSON_GetArraySize(lbt) : cJSON_IsString(pat) ? (int64_t)strlen(pat->valuestring) : 0;
         if (n > 0 && n <= SPX_MAX_LAYERS) cfg->n_layers = n, layers_implied = 1;
     }
-    SPX_TRY(get_int(c, root, "num_hidden_layers", !layers_implied, 1, SPX_MAX_LAYERS, &cfg->n_layers));
+    if (!layers_implied) SPX_TRY(get_int(c, root, "num_hidden_layers", true, 1, SPX_MAX_LAYERS, &cfg->n_layers));
     SPX_TRY(get_int(c, root, "num_attention_heads", true, 1, CAP_HEADS, &cfg->n_heads));
     cfg->n_kv_heads = cfg->n_heads;
     SPX_TRY(get_int(c, root, "num_key_value_heads", false, 1, CAP_HEADS, &cfg->n_kv_heads));
