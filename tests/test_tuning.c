@@ -15,8 +15,7 @@ static const char *const g_names[] = {
     "SPECTRA_KERNELS",          "SPECTRA_CUDA_CARVEOUT",       "SPECTRA_CUDA_RESIDENT_LAYERS",
     "SPECTRA_CUDA_PDL",         "SPECTRA_CUDA_KVQ4_FUSE",      "SPECTRA_CUDA_ATTN_SPLITS",
     "SPECTRA_CUDA_AHEAD",       "SPECTRA_CUDA_ATTN_SPLIT_KERNEL", "SPECTRA_CUDA_ATTN_ADAPT",
-    "SPECTRA_CUBLAS",           "SPECTRA_CUBLAS_MIN_M",        "SPECTRA_GEMV_TMA_STAGES",
-    "SPECTRA_GEMV_GROUPS",      "SPECTRA_GEMV_VARIANT",        "SPECTRA_GEMV_DIAG",
+    "SPECTRA_CUBLAS",           "SPECTRA_CUBLAS_MIN_M",        "SPECTRA_GEMV_GROUPS",
     "SPECTRA_GEMV_FORMS",       "SPECTRA_GEMV_EARLY_STORE",    "SPECTRA_GEMV_EARLY_OIDX",
     "SPECTRA_GEMV_TILED_VARIANT", "SPECTRA_GEMV_PAIR",
 };
@@ -53,7 +52,7 @@ static void test_defaults(void) {
     CHECK(t.kernels == SPX_TUNE_KERNELS_AUTO && t.cuda_carveout == 50 && t.cuda_resident_layers == -1 &&
               t.cuda_pdl == 1 && t.cuda_kvq4_fuse == 1 && t.cuda_attn_splits == 0 && t.cuda_ahead == 1 &&
               t.cuda_attn_split_kernel == 0 && t.cuda_attn_adapt == 1 && t.cublas == 1 && t.cublas_min_m == 64 &&
-              t.gemv_tma_stages == 0 && t.gemv_groups == -1 && t.gemv_variant == -1 && t.gemv_diag == 0 &&
+              t.gemv_groups == -1 &&
               t.gemv_forms_n == 0 && t.gemv_early_store == -1 && t.gemv_early_oidx == -1 &&
               t.gemv_tiled_variant == -1 && t.gemv_pair == -1,
           "documented defaults");
@@ -74,11 +73,10 @@ static void test_valid(void) {
                                      "SPECTRA_CUDA_KVQ4_FUSE", "0", "SPECTRA_CUDA_ATTN_SPLITS", "12",
                                      "SPECTRA_CUDA_AHEAD", "0", "SPECTRA_CUDA_ATTN_SPLIT_KERNEL", "",
                                      "SPECTRA_CUDA_ATTN_ADAPT", "0", "SPECTRA_CUBLAS", "0",
-                                     "SPECTRA_CUBLAS_MIN_M", "128", "SPECTRA_GEMV_TMA_STAGES", "4",
-                                     "SPECTRA_GEMV_GROUPS", "0", "SPECTRA_GEMV_VARIANT", "1",
-                                     "SPECTRA_GEMV_DIAG", "2", "SPECTRA_GEMV_FORMS", "01-2",
+                                     "SPECTRA_CUBLAS_MIN_M", "128",
+                                     "SPECTRA_GEMV_GROUPS", "0", "SPECTRA_GEMV_FORMS", "01-2",
                                      "SPECTRA_GEMV_EARLY_STORE", "0", "SPECTRA_GEMV_EARLY_OIDX", "1",
-                                     "SPECTRA_GEMV_TILED_VARIANT", "3", "SPECTRA_GEMV_PAIR", "1", NULL};
+                                     "SPECTRA_GEMV_TILED_VARIANT", "2", "SPECTRA_GEMV_PAIR", "1", NULL};
     spx_tuning t;
     parse(&t, kv);
     CHECK(t.kernels == SPX_TUNE_KERNELS_SCALAR && !strcmp(t.kernels_text, "scalar"), "kernels");
@@ -88,13 +86,11 @@ static void test_valid(void) {
           "flags off");
     CHECK(t.cuda_attn_splits == 12, "splits %d", t.cuda_attn_splits);
     CHECK(t.cuda_attn_split_kernel == 1, "split kernel: set, even empty");
-    CHECK(t.cublas_min_m == 128 && t.gemv_tma_stages == 4 && t.gemv_groups == 0 && t.gemv_variant == 1 &&
-              t.gemv_diag == 2,
-          "gemv numbers");
+    CHECK(t.cublas_min_m == 128 && t.gemv_groups == 0, "gemv numbers");
     CHECK(t.gemv_forms_n == 4 && t.gemv_forms[0] == 0 && t.gemv_forms[1] == 1 && t.gemv_forms[2] == -1 &&
               t.gemv_forms[3] == 2 && t.gemv_forms[4] == -1,
           "forms n %d", t.gemv_forms_n);
-    CHECK(t.gemv_early_store == 0 && t.gemv_early_oidx == 1 && t.gemv_tiled_variant == 3 && t.gemv_pair == 1,
+    CHECK(t.gemv_early_store == 0 && t.gemv_early_oidx == 1 && t.gemv_tiled_variant == 2 && t.gemv_pair == 1,
           "gemv flags");
     CHECK(!spx_tuning_is_default(&t), "not default");
     cJSON *j = spx_tuning_json(&t);
@@ -102,7 +98,7 @@ static void test_valid(void) {
     CHECK(!strcmp(jstr(j, "SPECTRA_KERNELS"), "scalar"), "JSON kernels");
     CHECK(jnum(j, "SPECTRA_CUDA_RESIDENT_LAYERS") == 3, "JSON resident");
     CHECK(jnum(j, "SPECTRA_CUDA_ATTN_SPLITS") == 12, "JSON splits");
-    CHECK(jnum(j, "SPECTRA_GEMV_TILED_VARIANT") == 3, "JSON tiled variant");
+    CHECK(jnum(j, "SPECTRA_GEMV_TILED_VARIANT") == 2, "JSON tiled variant");
     CHECK(jnum(j, "SPECTRA_GEMV_PAIR") == 1, "JSON pair");
     CHECK(!strcmp(jstr(j, "SPECTRA_GEMV_FORMS"), "01-2"), "JSON forms '%s'", jstr(j, "SPECTRA_GEMV_FORMS"));
     cJSON_Delete(j);
@@ -125,9 +121,8 @@ static void test_invalid(void) {
                                      "SPECTRA_CUDA_KVQ4_FUSE", "yes", "SPECTRA_CUDA_ATTN_SPLITS", "-4",
                                      "SPECTRA_CUDA_AHEAD", "00", "SPECTRA_CUDA_ATTN_ADAPT", "",
                                      "SPECTRA_CUBLAS", "off", "SPECTRA_CUBLAS_MIN_M", "1",
-                                     "SPECTRA_GEMV_TMA_STAGES", "9", "SPECTRA_GEMV_GROUPS", "01",
-                                     "SPECTRA_GEMV_VARIANT", "2", "SPECTRA_GEMV_FORMS", "9x012345",
-                                     "SPECTRA_GEMV_EARLY_OIDX", " 1", "SPECTRA_GEMV_TILED_VARIANT", "4",
+                                     "SPECTRA_GEMV_GROUPS", "01", "SPECTRA_GEMV_FORMS", "9x012345",
+                                     "SPECTRA_GEMV_EARLY_OIDX", " 1", "SPECTRA_GEMV_TILED_VARIANT", "3",
                                      "SPECTRA_GEMV_PAIR", "true", NULL};
     spx_tuning t;
     parse(&t, kv);
@@ -135,8 +130,8 @@ static void test_invalid(void) {
     CHECK(t.cuda_carveout == 0, "carveout atoi('lots') = %d", t.cuda_carveout);
     CHECK(t.cuda_resident_layers == -2 && !strcmp(t.cuda_resident_layers_text, "-1"), "resident -1 is invalid");
     CHECK(t.cuda_pdl == 1 && t.cuda_kvq4_fuse == 1 && t.cuda_attn_adapt == 1 && t.cublas == 1, "flags as unset");
-    CHECK(t.cuda_attn_splits == 0 && t.cuda_ahead == 1 && t.cublas_min_m == 64 && t.gemv_tma_stages == 0 &&
-              t.gemv_groups == -1 && t.gemv_variant == -1 && t.gemv_early_oidx == -1 && t.gemv_tiled_variant == -1 &&
+    CHECK(t.cuda_attn_splits == 0 && t.cuda_ahead == 1 && t.cublas_min_m == 64 &&
+              t.gemv_groups == -1 && t.gemv_early_oidx == -1 && t.gemv_tiled_variant == -1 &&
               t.gemv_pair == -1,
           "out of range: as unset");
     CHECK(t.gemv_forms_n == 5 && t.gemv_forms[0] == -1 && t.gemv_forms[1] == -1 && t.gemv_forms[2] == 0 &&

@@ -8,13 +8,11 @@
  * nibbles and 1% fp16 outlier columns, as many copies of each matrix as
  * make > 400 MB (so L2 holds none of them between launches), launched
  * back to back inside a CUDA graph and timed with events (median of 7
- * replays), for each kernel variant (impl 0: the default, int8 tensor
- * cores; impl 1: the previous float32 kernel). Weight bytes per launch
- * (codes + scales + zeros + outliers) over the time give GB/s. Also an
- * FFMA throughput probe with denormal vs normal operands (impl 1's nibble
- * unpack relies on full-rate denormals). Then, for the one-matrix and
- * SwiGLU cases, the default kernel on the tiled layout the backend makes at
- * load (impl 100 + v: tiled variant v, checked against the rows).
+ * replays): first the row-major kernel (impl 0; the backend runs it only
+ * for widths the tiled layout cannot hold), then, for the one-matrix and
+ * SwiGLU cases, the tiled layout the backend runs (impl 100 + v: tiled
+ * form v, checked against the rows). Weight bytes per launch (codes +
+ * scales + zeros + outliers) over the time give GB/s.
  * Prints a table (or one JSON line per row); --ncu: one plain launch per
  * case, for ncu. */
 #include "cuda/gemv_q4.cuh"
@@ -149,26 +147,6 @@ static void free_mat(spx_dqmat &d) {
     cudaFree((void *)d.oidx);
 }
 
-/* FFMA throughput with a denormal (masked nibble) or a normal operand. */
-template <bool DEN> __global__ void fma_probe(float *out, uint32_t seed, int iters) {
-    float a[8];
-    uint32_t w = seed + threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < 8; i++) a[i] = 0.0f;
-    for (int it = 0; it < iters; it++) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint32_t m = (w >> i) & 0xf0u;
-            a[i] = fmaf(__uint_as_float(DEN ? m : (m | 0x3f800000u)), 1.0001f, a[i]);
-        }
-        w = w * 1664525u + 1013904223u;
-    }
-    float t = 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) t += a[i];
-    out[blockIdx.x * blockDim.x + threadIdx.x] = t;
-}
-
 static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -234,29 +212,7 @@ int main(int argc, char **argv) {
     if (json) printf("{\"what\": \"copy\", \"bytes\": %zu, \"gbps\": %.1f}\n", cbytes, copy_gbs);
     else printf("device %s (%d SMs): device-to-device copy %.1f GB/s (read + write)\n\n", prop.name, n_sm, copy_gbs);
 
-    {
-        float *o;
-        CK(cudaMalloc(&o, (size_t)n_sm * 8 * 256 * 4));
-        double tt[2];
-        for (int den = 0; den < 2; den++) {
-            for (int r = 0; r < 2; r++) {
-                CK(cudaEventRecord(e0, st));
-                if (den) fma_probe<true><<<n_sm * 8, 256, 0, st>>>(o, 1, 4096);
-                else fma_probe<false><<<n_sm * 8, 256, 0, st>>>(o, 1, 4096);
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                tt[den] = ms * 1e-3;
-            }
-        }
-        double n = (double)n_sm * 8 * 256 * 4096 * 8;
-        if (json) printf("{\"what\": \"ffma_probe\", \"normal_gflops\": %.1f, \"denormal_gflops\": %.1f}\n", n / tt[0] / 1e9, n / tt[1] / 1e9);
-        else printf("FFMA probe: normal operand %.1f G/s, denormal operand %.1f G/s\n", n / tt[0] / 1e9, n / tt[1] / 1e9);
-        CK(cudaFree(o));
-    }
     CK(spx_gemv_q4_setup(SPX_GEMV_MAX_COLS));
-    const int n_impls = spx_gemv_q4_impls();
     const int ncu = argc > 1 && !strcmp(argv[argc - 1], "--ncu");
     struct { const char *name; int64_t rows, cols; int mode; } cases[] = {
         {"down 4096x14336", 4096, 14336, SPX_GEMV_STORE},
@@ -307,7 +263,6 @@ int main(int argc, char **argv) {
             return ga;
         };
         const int mode = c.mode == -1 ? SPX_GEMV_STORE : c.mode;
-        for (int impl = 0; impl < (ncu ? 1 : n_impls); impl++) {
         if (ncu) { /* one plain launch per case for the profiler, and one of the tiled layout (the default kernel) */
             CK(spx_gemv_q4(args(sets[0], y, mode, false), n_sm, st));
             if (c.cols % 128 == 0) {
@@ -318,10 +273,9 @@ int main(int argc, char **argv) {
             CK(cudaStreamSynchronize(st));
             continue;
         }
+        const int impl = 0;
         const double tm = time_launches(st, e0, e1, [&](int i) {
-            spx_gemv_args ga = args(sets[i % sets.size()], y, mode, false);
-            ga.impl = impl;
-            CK(spx_gemv_q4(ga, n_sm, st));
+            CK(spx_gemv_q4(args(sets[i % sets.size()], y, mode, false), n_sm, st));
         });
         const double gbs = (double)per / tm / 1e9;
         if (json)
@@ -330,12 +284,11 @@ int main(int argc, char **argv) {
                    c.name, impl, per, tm * 1e6, gbs, gbs / copy_gbs);
         else
             printf("%-30s %4d %9.1f %9.2f %9.1f %7.1f%%\n", c.name, impl, (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs);
-        }
         /* the tiled layout (the .trdc's, qtensor.h) of the same matrices: each
          * tiled variant, plain launches and with programmatic dependent launch
          * (as the decode graph runs them); gate+up as the backend runs it on
          * tiled matrices (two-matrix STORE), and the down projection with the
-         * silu(gate) * up input. Checked against the row-major impl 0 on set 0
+         * silu(gate) * up input. Checked against the row-major kernel on set 0
          * where the modes agree. */
         if (!ncu && c.cols % 128 == 0) {
             std::vector<std::vector<spx_dqmat>> tsets;
@@ -360,11 +313,11 @@ int main(int argc, char **argv) {
                            (double)per / 1e6, tm * 1e6, gbs, 100 * gbs / copy_gbs, md, mx);
             };
             const bool x2 = c.cols == 14336; /* the down projection: also with x2 */
-            /* (variant, PDL, x2 input): 0 and 1 register-fed, 2 the bulk-copy kernel,
-             * 3 two groups of 8 warps per block sharing one image */
-            static const int runs[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 0, 0}, {0, 1, 0}, {1, 1, 0},
-                                          {2, 1, 0}, {3, 1, 0}, {0, 1, 1}, {2, 1, 1}, {3, 1, 1}};
-            for (int run = 0; run < (x2 ? 11 : 8); run++) {
+            /* (form, PDL, x2 input): 0 and 1 two or three blocks per SM, 2 two
+             * groups of 8 warps per block sharing one image */
+            static const int runs[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {0, 1, 0}, {1, 1, 0},
+                                          {2, 1, 0}, {0, 1, 1}, {2, 1, 1}};
+            for (int run = 0; run < (x2 ? 8 : 6); run++) {
                 const int v = runs[run][0];
                 const bool pdl = runs[run][1], wx2 = runs[run][2];
                 spx_gemv_q4_force_tiled_variant(v);
@@ -389,9 +342,8 @@ int main(int argc, char **argv) {
                 char nm[160];
                 if (v < 2) snprintf(nm, sizeof nm, "%s, tiled %d blocks/SM%s%s", c.name, 2 + v, pdl ? ", PDL" : "",
                                     wx2 ? ", x2 input" : "");
-                else if (v == 3) snprintf(nm, sizeof nm, "%s, tiled 2 groups/block%s%s", c.name, pdl ? ", PDL" : "",
-                                          wx2 ? ", x2 input" : "");
-                else snprintf(nm, sizeof nm, "%s, tiled bulk-copy%s%s", c.name, pdl ? ", PDL" : "", wx2 ? ", x2 input" : "");
+                else snprintf(nm, sizeof nm, "%s, tiled 2 groups/block%s%s", c.name, pdl ? ", PDL" : "",
+                              wx2 ? ", x2 input" : "");
                 tiled_row(nm, 100 + v, tm, pdl, md, mx);
             }
             spx_gemv_q4_force_tiled_variant(-1);
@@ -403,7 +355,7 @@ int main(int argc, char **argv) {
                 });
                 char nm[160];
                 snprintf(nm, sizeof nm, "%s, tiled paired (2 groups/block), PDL", c.name);
-                tiled_row(nm, 104, tm, true, NAN, NAN); /* no row-major twin to compare with */
+                tiled_row(nm, 103, tm, true, NAN, NAN); /* no row-major twin to compare with */
             }
             for (auto &t : tsets)
                 for (auto &m : t) {

@@ -17,16 +17,16 @@
  *           the launch)
  *   ARGMAX  STORE, and the packed (value, index) maximum of y is
  *           max-reduced into *best (the caller zeroes it first)
- * Arithmetic (impl 0, the default): the input is written per group of 32
+ * Arithmetic: the input is written per group of 32
  * columns as integers X (x ~= 2^(E-14) X, 2^E > the group's max |x|: steps
  * of 2^-15 of the group's largest |x|, finer than fp16 activations for the
  * group's sum), split into two signed 8-bit digits; int8 tensor cores
  * form the exact integer sums of codes x digits per (row, group), and the
  * zero point, group scale and everything after it are float32 (the sum
- * over groups is accumulated in float32). impl 1 (the previous kernel)
- * keeps float32 activations throughout. Layouts: a launch's matrices
- * are all row-major (every impl) or all tiled (SPX_Q_TILED, qtensor.h:
- * impl 0 only, its own kernel, the fast one). Limits: all matrices of a launch
+ * over groups is accumulated in float32). Layouts: a launch's matrices
+ * are all row-major or all tiled (SPX_Q_TILED, qtensor.h: its own kernel,
+ * the fast one; the backend tiles every matrix the layout holds and keeps
+ * row-major only those whose cols are not a multiple of 128). Limits: all matrices of a launch
  * have the same cols, cols <= SPX_GEMV_MAX_COLS; rows < 2^31; x and gain
  * 16-byte aligned. Reads up to 3 bytes past the end of the scale and zero
  * arrays (whole aligned words): allocate them with a little slack. */
@@ -36,7 +36,7 @@
 #include "cuda/common.cuh"
 
 #define SPX_GEMV_MAX_MATS 3
-#define SPX_GEMV_MAX_COLS 32768 /* shared memory: 4.125 bytes per column + pipeline stages */
+#define SPX_GEMV_MAX_COLS 32768 /* shared memory: the input image, 2.25 bytes per column, and outlier inputs */
 
 enum { SPX_GEMV_STORE = 0, SPX_GEMV_ADD = 1, SPX_GEMV_SWIGLU = 2, SPX_GEMV_ARGMAX = 3 };
 
@@ -55,12 +55,10 @@ struct spx_gemv_args {
     const float *gain;          /* [cols]: fuse rmsnorm(x) * gain; NULL: x as is */
     const float *x2;            /* [cols] or NULL: the input is x * x2 (x = silu(gate) stored by a tiled
                                  * gate/up launch, x2 = up: the CPU's silu_mul; not with gain;
-                                 * 16-byte aligned; impl != 1) */
+                                 * 16-byte aligned) */
     float eps;                  /* rmsnorm epsilon */
     unsigned long long *best;   /* ARGMAX only */
-    int impl;                   /* 0: the int8 tensor-core kernel (default); 1: the previous float32 one;
-                                 * 2..: each tensor-core variant (benchmarks; see gemv_q4.cu) */
-    int groups;                 /* tiled, impl 0: blocks of two 8-warp groups, one per SM, sharing one input
+    int groups;                 /* tiled: blocks of two 8-warp groups, one per SM, sharing one input
                                  * image (the backend sets it for every decode launch of a model whose
                                  * launches all have >= 1.9 tiles per SM; mixed with the default form in one
                                  * step it loses: bench/gpu/NOTES.md 28) */
@@ -70,10 +68,9 @@ struct spx_gemv_args {
                                  * of up), whatever groups says; the next GEMV's input is then one vector */
 };
 
-/* Benchmarks: run tiled launches with variant v (0: 2 blocks/SM, 1: 3,
- * 2: the bulk-copy kernel where it takes the launch, see
- * spx_gemv_q4_tma_takes), -1: the default choice (SPECTRA_GEMV_TILED_VARIANT=v
- * at setup does the same; SPECTRA_GEMV_TMA_STAGES=n its ring, 2..8). */
+/* Benchmarks and tests: run tiled launches in form v (0: 2 blocks/SM,
+ * 1: 3, 2: one block of two warp groups sharing the input image), -1: the
+ * default choice (SPECTRA_GEMV_TILED_VARIANT=v at setup does the same). */
 void spx_gemv_q4_force_tiled_variant(int v);
 /* Tests: on = 0 has the register-fed tiled kernels (2 blocks or 1 of two
  * groups per SM) load their outlier indices after the PDL wait, 1 before
@@ -83,22 +80,14 @@ void spx_gemv_q4_force_early_oidx(int on);
 /* Tests: the register-fed tiled kernel's preferred shared-memory carveout
  * (percent; set at its first launch, common.cuh spx_apply_carveout). */
 int spx_gemv_q4_carveout(void);
-/* Whether the bulk-copy kernel (gemv_q4_tiled_tma) can run this tiled
- * launch: rows multiples of 16, 16-byte aligned arrays, at most 512
- * outliers per matrix, its shared memory. */
-bool spx_gemv_q4_tma_takes(const spx_gemv_args &a);
-/* Whether the tensor-core kernels (the only ones for tiled matrices or
- * x2) take a launch of this width with n_out_total outlier columns over
- * all its matrices (shared memory; the backend checks at load). */
+/* Whether the kernels take a launch of this width with n_out_total outlier
+ * columns over all its matrices (shared memory; the backend checks every
+ * launch at load). */
 bool spx_gemv_q4_fits(int64_t cols, int64_t n_out_total);
 
-/* Number of kernel variants (benchmarks compare them; 0 is the default). */
-int spx_gemv_q4_impls(void);
-
 /* Once per process and device, before the first launch (raises the
- * kernel's shared-memory limit for cols up to max_cols). Benchmarks:
- * SPECTRA_GEMV_VARIANT=i in the environment makes impl 0 run tensor-core
- * variant i (impl 2 + i). */
+ * kernels' shared-memory limit for cols up to max_cols; reads the GEMV
+ * fields of engine/tuning.h's record). */
 cudaError_t spx_gemv_q4_setup(int64_t max_cols);
 /* Enqueues the GEMV on st. n_sm: multiprocessors of the device; pdl: see
  * spx_launch (the first weight chunks are fetched before the wait). */

@@ -2,7 +2,7 @@
  * Numbers and layout: kvq4_math.h (the CPU's kvcache.c q4 format, rows
  * split into code / scale / zero planes). This header has the device view
  * of one layer's cache and the block- and warp-level pieces that rope.cu
- * (the store) and attention.cu (the reads) share. */
+ * (the store) and attention_q4.cu (the reads) share. */
 #ifndef SPX_CUDA_KVQ4_CUH
 #define SPX_CUDA_KVQ4_CUH
 

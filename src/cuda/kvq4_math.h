@@ -2,7 +2,7 @@
  * MINMAX rule of quant/g32.h with 4 bits, groups of 32, and a Walsh-Hadamard
  * rotation) written once for the C compiler and for nvcc (host + device),
  * so the CUDA store and attention (src/cuda/kvq4.cuh, rope.cu,
- * attention.cu) compute exactly what the CPU computes, and
+ * attention_q4.cu) compute exactly what the CPU computes, and
  * tests/test_kvcache.c checks this very code against kvcache.c on the CPU.
  *
  * Per group of 32 values w (after the rotation):

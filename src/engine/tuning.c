@@ -22,10 +22,7 @@ void spx_tuning_defaults(spx_tuning *t) {
     t->cuda_attn_adapt = 1;
     t->cublas = 1;
     t->cublas_min_m = 64;
-    t->gemv_tma_stages = 0;
     t->gemv_groups = -1;
-    t->gemv_variant = -1;
-    t->gemv_diag = 0;
     for (int i = 0; i < SPX_TUNING_GEMV_LAUNCH_KINDS; i++) t->gemv_forms[i] = -1;
     t->gemv_forms_n = 0;
     t->gemv_early_store = -1;
@@ -92,14 +89,7 @@ void spx_tuning_parse(spx_tuning *t, const char *(*lookup)(const char *name, voi
         t->cublas_min_m = n >= 2 ? n : 64;
     }
 
-    v = lookup("SPECTRA_GEMV_TMA_STAGES", ctx);
-    if (v && atoi(v) >= SPX_TUNING_TMA_STAGES_MIN && atoi(v) <= SPX_TUNING_TMA_STAGES_MAX) t->gemv_tma_stages = atoi(v);
-
     t->gemv_groups = flag(lookup("SPECTRA_GEMV_GROUPS", ctx), -1);
-    t->gemv_variant = digit(lookup("SPECTRA_GEMV_VARIANT", ctx), SPX_TUNING_GEMV_VARIANTS);
-
-    v = lookup("SPECTRA_GEMV_DIAG", ctx);
-    t->gemv_diag = v ? atoi(v) : 0;
 
     v = lookup("SPECTRA_GEMV_FORMS", ctx);
     for (int i = 0; v && i < SPX_TUNING_GEMV_LAUNCH_KINDS && v[i]; i++) {
@@ -109,7 +99,7 @@ void spx_tuning_parse(spx_tuning *t, const char *(*lookup)(const char *name, voi
 
     t->gemv_early_store = flag(lookup("SPECTRA_GEMV_EARLY_STORE", ctx), -1);
     t->gemv_early_oidx = flag(lookup("SPECTRA_GEMV_EARLY_OIDX", ctx), -1);
-    t->gemv_tiled_variant = digit(lookup("SPECTRA_GEMV_TILED_VARIANT", ctx), SPX_TUNING_TILED_VARIANTS);
+    t->gemv_tiled_variant = digit(lookup("SPECTRA_GEMV_TILED_VARIANT", ctx), SPX_TUNING_TILED_FORMS);
     t->gemv_pair = flag(lookup("SPECTRA_GEMV_PAIR", ctx), -1);
 }
 
@@ -181,10 +171,7 @@ static const struct {
     INT_FIELD("SPECTRA_CUDA_ATTN_ADAPT", cuda_attn_adapt),
     INT_FIELD("SPECTRA_CUBLAS", cublas),
     INT_FIELD("SPECTRA_CUBLAS_MIN_M", cublas_min_m),
-    INT_FIELD("SPECTRA_GEMV_TMA_STAGES", gemv_tma_stages),
     INT_FIELD("SPECTRA_GEMV_GROUPS", gemv_groups),
-    INT_FIELD("SPECTRA_GEMV_VARIANT", gemv_variant),
-    INT_FIELD("SPECTRA_GEMV_DIAG", gemv_diag),
     INT_FIELD("SPECTRA_GEMV_EARLY_STORE", gemv_early_store),
     INT_FIELD("SPECTRA_GEMV_EARLY_OIDX", gemv_early_oidx),
     INT_FIELD("SPECTRA_GEMV_TILED_VARIANT", gemv_tiled_variant),

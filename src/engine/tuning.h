@@ -37,14 +37,7 @@
  *                                     stay gemm_q4.cu's); 1.
  *   SPECTRA_CUBLAS_MIN_M=n            prompt rows from which cuBLAS runs,
  *                                     n >= 2 (atoi); else 64.
- *   SPECTRA_GEMV_TMA_STAGES=n         the bulk-copy GEMV's ring, 2..8
- *                                     (atoi); else 3.
  *   SPECTRA_GEMV_GROUPS=0|1           0: spx_gemv_args.groups ignored; 1.
- *   SPECTRA_GEMV_VARIANT=i            tensor-core GEMV of impl 0, one digit
- *                                     0..1; else the default (0).
- *   SPECTRA_GEMV_DIAG=n               diagnostic builds (SPX_GEMV_DIAG) only:
- *                                     1 no image, 2 no arithmetic, 4 no weight
- *                                     loads (atoi; default 0).
  *   SPECTRA_GEMV_FORMS=abcde          tiled form (0..2, anything else: the
  *                                     default choice) of the q/k/v, O,
  *                                     gate/up, down and LM-head launches, one
@@ -53,7 +46,7 @@
  *   SPECTRA_GEMV_EARLY_OIDX=0|1       the tiled GEMV's early outlier indices;
  *                                     1 (spx_gemv_q4_force_early_oidx(-1)
  *                                     returns to the value given here).
- *   SPECTRA_GEMV_TILED_VARIANT=v      tiled GEMV variant, one digit 0..3, as
+ *   SPECTRA_GEMV_TILED_VARIANT=v      tiled GEMV form, one digit 0..2, as
  *                                     spx_gemv_q4_force_tiled_variant(v);
  *                                     else the default choice.
  *   SPECTRA_GEMV_PAIR=0|1             gate/up: stored apart (0) or as one
@@ -89,10 +82,6 @@ extern "C" {
 
 /* the CUDA kernels' ranges the parser validates against (gemv_q4.cu checks
  * them with static_assert) */
-#define SPX_TUNING_TMA_STAGES_MIN 2
-#define SPX_TUNING_TMA_STAGES_MAX 8 /* gemv_q4.cu TT_MAX_STAGES */
-#define SPX_TUNING_GEMV_VARIANTS 2  /* gemv_q4.cu N_MMA */
-#define SPX_TUNING_TILED_VARIANTS 4 /* gemv_q4.cu 2 + N_TL - 1 */
 #define SPX_TUNING_TILED_FORMS 3    /* gemv_q4.cu N_TL */
 #define SPX_TUNING_GEMV_LAUNCH_KINDS 5
 
@@ -124,10 +113,7 @@ typedef struct spx_tuning {
     int cuda_attn_adapt;      /* SPECTRA_CUDA_ATTN_ADAPT: 1 (default) adaptive split count, 0 all splits */
     int cublas;               /* SPECTRA_CUBLAS: 1 (default) load cuBLAS, 0 never */
     int cublas_min_m;         /* SPECTRA_CUBLAS_MIN_M: rows from which cuBLAS runs; 64 (default), >= 2 */
-    int gemv_tma_stages;      /* SPECTRA_GEMV_TMA_STAGES: 0 (default: keep the kernel's 3) or 2..8 */
     int gemv_groups;          /* SPECTRA_GEMV_GROUPS: -1 (default: keep, i.e. on), 0 off, 1 on */
-    int gemv_variant;         /* SPECTRA_GEMV_VARIANT: -1 (default choice) or 0..1 */
-    int gemv_diag;            /* SPECTRA_GEMV_DIAG: 0 (default); diagnostic builds only */
     /* SPECTRA_GEMV_FORMS: the tiled form per launch kind (q/k/v, O, gate/up,
      * down, LM head), -1 the default choice, 0..2 a form; only the first
      * gemv_forms_n kinds are set (0, the default: none) */
@@ -135,7 +121,7 @@ typedef struct spx_tuning {
     int gemv_forms_n;
     int gemv_early_store;     /* SPECTRA_GEMV_EARLY_STORE: -1 (default: keep, i.e. on), 0 off, 1 on */
     int gemv_early_oidx;      /* SPECTRA_GEMV_EARLY_OIDX: -1 (default: keep, i.e. on), 0 off, 1 on */
-    int gemv_tiled_variant;   /* SPECTRA_GEMV_TILED_VARIANT: -1 (default choice) or 0..3 */
+    int gemv_tiled_variant;   /* SPECTRA_GEMV_TILED_VARIANT: -1 (default choice) or a form 0..2 */
     int gemv_pair;            /* SPECTRA_GEMV_PAIR: -1 (default: the model's choice), 0 apart, 1 paired */
 } spx_tuning;
 
