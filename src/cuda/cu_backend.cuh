@@ -64,6 +64,8 @@ extern "C" {
 #include "engine/backend.h"
 #include "engine/plan.h"
 #include "engine/session.h"
+#include "engine/memory.h"
+#include "quant/g32.h"
 }
 
 /* ---- per-model device state ------------------------------------------- */
@@ -103,7 +105,6 @@ struct cu_model {
 
 enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3, LM_SAMPLE = 4 };
 
-#define CU_PART_TOK_SPLITS 128 /* n_tok * n_splits bound when splitting */
 
 /* Ping-pong offload state of a session (when its model streams layers):
  * the slots, the copy stream and the events ordering it against the

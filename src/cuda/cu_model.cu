@@ -1,7 +1,11 @@
 /* cu_model.cu: model_init / model_free of the CUDA backend: every matrix
- * uploaded component by component exactly as laid out in the .trdc map,
- * slot by slot (model/arch.h), into one device allocation; the residency
- * decision (resident or ping-pong) from the device budget. */
+ * uploaded component by component as laid out in the .trdc map, slot by
+ * slot (model/arch.h), into one device allocation; a row-major matrix the
+ * tiled layout can hold (a version-1 file, or one written with --layout
+ * rows) is tiled on the host on the way (dev_tiled), so the decode GEMV has
+ * one fast kernel and the row-major one serves only widths that are not a
+ * multiple of 128; the residency decision (resident or ping-pong) from the
+ * device budget. */
 #include "cuda/cu_backend.cuh"
 
 struct uploader {
@@ -12,13 +16,14 @@ struct uploader {
     cudaError_t err;
 };
 
+/* One component at the next aligned offset (engine/memory.h's layout, which
+ * the planner sizes with). */
 static void *up_take(uploader *u, const void *src, size_t n) {
-    size_t o = (u->off + 255) & ~(size_t)255;
-    u->off = o + n + 16; /* slack: the GEMV reads scale/zero words aligned down */
+    const size_t o = spx_mem_take(&u->off, n);
     if (u->dry) return NULL;
     if (u->host) {
         if (n) memcpy(u->base + o, src, n);
-        memset(u->base + o + n, 0, 16);
+        memset(u->base + o + n, 0, SPX_MEM_SLACK);
     } else if (n && u->err == cudaSuccess) {
         u->err = cudaMemcpy(u->base + o, src, n, cudaMemcpyHostToDevice);
     }
@@ -29,8 +34,21 @@ static float *up_vec(uploader *u, const float *v, int64_t n) {
     return v ? (float *)up_take(u, v, (size_t)n * sizeof(float)) : NULL;
 }
 
+static bool dev_tiled(const spx_qtensor *q) { return spx_mem_dev_tiled(q) != 0; }
+
 static spx_dqmat up_mat(uploader *u, const spx_wmat *w) {
     const spx_qtensor *q = &w->q;
+    spx_qtensor tq;
+    void *mem = NULL;
+    if (q->layout != SPX_Q_TILED && dev_tiled(q)) { /* sizes from the tiled layout; a dry run tiles nothing */
+        tq = *q;
+        tq.layout = SPX_Q_TILED;
+        if (!u->dry) {
+            spx_err te;
+            if (spx_q_tile_alloc(q, &tq, &mem, &te) != SPX_OK && u->err == cudaSuccess) u->err = cudaErrorMemoryAllocation;
+        }
+        q = &tq;
+    }
     spx_dqmat d;
     memset(&d, 0, sizeof d);
     d.rows = q->rows;
@@ -39,14 +57,16 @@ static spx_dqmat up_mat(uploader *u, const spx_wmat *w) {
     d.zrow = (d.n_groups + 1) / 2;
     d.n_out = (int)q->n_outliers;
     d.tiled = q->layout == SPX_Q_TILED;
-    size_t r = (size_t)q->rows;
-    d.codes = (const uint8_t *)up_take(u, q->codes, (size_t)spx_q_codes_bytes(q->rows, q->cols, 4, q->layout));
-    d.scales = (const __half *)up_take(u, q->scales, (size_t)spx_q_scales_bytes(q->rows, q->cols, 32, q->layout));
-    d.zeros = (const uint8_t *)up_take(u, q->zeros, (size_t)spx_q_zeros_bytes(q->rows, q->cols, 32, q->layout));
+    size_t parts[5];
+    spx_mem_mat_parts(q, parts);
+    d.codes = (const uint8_t *)up_take(u, q->codes, parts[0]);
+    d.scales = (const __half *)up_take(u, q->scales, parts[1]);
+    d.zeros = (const uint8_t *)up_take(u, q->zeros, parts[2]);
     if (d.n_out > 0) {
-        d.oidx = (const int32_t *)up_take(u, q->outlier_idx, (size_t)d.n_out * 4);
-        d.oval = (const __half *)up_take(u, q->outlier_val, r * (size_t)d.n_out * 2);
+        d.oidx = (const int32_t *)up_take(u, q->outlier_idx, parts[3]);
+        d.oval = (const __half *)up_take(u, q->outlier_val, parts[4]);
     }
+    free(mem);
     return d;
 }
 
@@ -77,11 +97,11 @@ static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *n
 static int gemv_groups_for(const spx_model *m, int n_sm) {
     auto tiles = [](const spx_wmat &w) { return (w.q.rows + 15) / 16; };
     auto ok = [&](int64_t t) { return t * 10 >= (int64_t)n_sm * 19; };
-    if (m->lm_head.q.layout != SPX_Q_TILED || !ok(tiles(m->lm_head))) return 0;
+    if (!dev_tiled(&m->lm_head.q) || !ok(tiles(m->lm_head))) return 0;
     for (int64_t l = 0; l < m->cfg.n_layers; l++) {
         const spx_wmat *W = m->layers[l].w;
         for (int s = 0; s < SPX_SL_COUNT; s++)
-            if (W[s].rows && W[s].q.layout != SPX_Q_TILED) return 0;
+            if (spx_slots[s].mat && W[s].rows && !dev_tiled(&W[s].q)) return 0;
         if (!ok(tiles(W[SPX_SL_Q]) + tiles(W[SPX_SL_K]) + tiles(W[SPX_SL_V])) || !ok(tiles(W[SPX_SL_O])) ||
             !ok(tiles(W[SPX_SL_GATE]) + tiles(W[SPX_SL_UP])) || !ok(tiles(W[SPX_SL_DOWN])))
             return 0;
@@ -90,34 +110,26 @@ static int gemv_groups_for(const spx_model *m, int n_sm) {
 }
 
 /* The decode GEMV launches of layer l: q/k/v one launch and separate
- * gate/up one, so each set shares a layout; every other matrix is a launch
- * of its own. Tiled launches (and the down projection's silu(gate) * up
- * input after tiled gate/up) run only on the tensor-core kernels, whose
- * shared memory bounds the outlier count. */
+ * gate/up one (each set has one width, so one device layout); every other
+ * matrix is a launch of its own. Shared memory bounds a launch's outlier
+ * count (spx_gemv_q4_fits), so each launch is checked here, at load. */
 static spx_status check_launches(const spx_model *m, int64_t l, spx_err *e) {
     const spx_wmat *W = m->layers[l].w;
     const spx_qtensor *q = &W[SPX_SL_Q].q, *k = &W[SPX_SL_K].q, *v = &W[SPX_SL_V].q, *g = &W[SPX_SL_GATE].q,
                       *u = &W[SPX_SL_UP].q;
     const bool attn = W[SPX_SL_Q].rows > 0, sep = W[SPX_SL_GATE].rows > 0; /* separate gate and up */
-    if ((attn && (q->layout != k->layout || q->layout != v->layout)) || (sep && g->layout != u->layout))
-        return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "%s: layer %lld mixes tiled and row-major matrices in q/k/v or gate/up; the cuda backend "
-                        "needs one layout per set (recompress with spectra compress)",
-                        m->path, (long long)l);
-    const bool tq = attn && q->layout == SPX_Q_TILED, tg = sep && g->layout == SPX_Q_TILED;
-    bool bad = (tq && !spx_gemv_q4_fits(q->cols, q->n_outliers + k->n_outliers + v->n_outliers)) ||
-               (tg && !spx_gemv_q4_fits(g->cols, g->n_outliers + u->n_outliers));
+    bool bad = (attn && !spx_gemv_q4_fits(q->cols, q->n_outliers + k->n_outliers + v->n_outliers)) ||
+               (sep && !spx_gemv_q4_fits(g->cols, g->n_outliers + u->n_outliers));
     for (int s = 0; s < SPX_SL_COUNT && !bad; s++) {
         if (!spx_slots[s].mat || !W[s].rows || s == SPX_SL_Q || s == SPX_SL_K || s == SPX_SL_V ||
             (sep && (s == SPX_SL_GATE || s == SPX_SL_UP)))
             continue;
-        const bool x2 = s == SPX_SL_DOWN && tg; /* its input is silu(gate) * up */
-        bad = (W[s].q.layout == SPX_Q_TILED || x2) && !spx_gemv_q4_fits(W[s].q.cols, W[s].q.n_outliers);
+        bad = !spx_gemv_q4_fits(W[s].q.cols, W[s].q.n_outliers);
     }
     if (bad)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "%s: layer %lld: a tiled matrix has more outlier columns than the decode GEMV takes at its "
-                        "width (recompress with --layout rows)",
+                        "%s: layer %lld: a matrix has more outlier columns than the cuda decode GEMV takes at its "
+                        "width (its shared memory); recompress with fewer outliers (spectra compress --outliers)",
                         m->path, (long long)l);
     return SPX_OK;
 }
@@ -135,44 +147,22 @@ static void upload_layer(uploader *u, const spx_model *m, int64_t l, cu_layer *D
 static void upload_all(uploader *u, const spx_model *m, cu_model *cm, int64_t n_layers) {
     const spx_config *c = &m->cfg;
     cm->embed = up_mat(u, &m->embed);
-    if (m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes) cm->lm_head = cm->embed;
+    if (spx_mem_head_shared(m)) cm->lm_head = cm->embed;
     else cm->lm_head = up_mat(u, &m->lm_head);
     cm->final_norm = up_vec(u, m->final_norm, c->hidden_size);
     cm->inv_freq = up_vec(u, m->rope_inv_freq, c->head_dim / 2);
     for (int64_t l = 0; l < n_layers; l++) upload_layer(u, m, l, &cm->layers[l]);
 }
 
-static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
-
-/* The context the sessions are planned for (the plan's, else min(model
- * maximum, SPX_PLAN_DEFAULT_CTX)), and what a session of T tokens takes
- * on the device beside the weights (KV cache of the planned type, scratch). */
-static int64_t planned_ctx(const spx_model *m) {
-    const spx_config *c = &m->cfg;
-    if (m->plan_n_ctx > 0) return m->plan_n_ctx;
-    return c->max_pos > 0 && c->max_pos < SPX_PLAN_DEFAULT_CTX ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
-}
-
-static uint64_t session_bytes(const spx_model *m, int64_t T) {
-    const spx_config *c = &m->cfg;
-    const spx_kv_type kv = m->plan_kv == SPX_KV_DEFAULT ? SPX_KV_F16 : m->plan_kv;
-    return (uint64_t)spx_kv_bytes_per_token(kv, c->n_attn_layers, c->n_kv_heads * c->head_dim) * (uint64_t)T +
-           spx_plan_cuda_scratch_bytes(m, T);
-}
+static size_t round256(size_t n) { return (n + SPX_MEM_ALIGN - 1) & ~(size_t)(SPX_MEM_ALIGN - 1); }
 
 /* Sets cm->n_resident from SPECTRA_CUDA_RESIDENT_LAYERS, the model params,
- * or engine/plan.h's memory model with the real image sizes: every layer if
- * weights + KV(T) + scratch(T) fit the budget, else the first layers that
- * fit beside the globals, two slots of the largest image, KV and scratch.
- * glob: bytes of the global tensors; cm->img_bytes filled. */
-static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob, size_t free_b, spx_err *e) {
-    const spx_config *c = &m->cfg;
-    const int64_t L = c->n_layers;
-    uint64_t all = glob, slot = 0;
-    for (int64_t l = 0; l < L; l++) {
-        all += round256(cm->img_bytes[l]);
-        if (round256(cm->img_bytes[l]) > slot) slot = round256(cm->img_bytes[l]);
-    }
+ * or else the planner's decision (engine/plan.h) for this device's free
+ * memory, the requested budget, context and KV type: the planner is the
+ * only residency policy and sizes with engine/memory.h, as this file
+ * uploads. */
+static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t free_b, size_t total_b, spx_err *e) {
+    const int64_t L = m->cfg.n_layers;
     const spx_tuning *t = spx_tuning_get();
     if (t->cuda_resident_layers != -1) {
         const long long k = t->cuda_resident_layers;
@@ -187,35 +177,25 @@ static spx_status choose_residency(const spx_model *m, cu_model *cm, size_t glob
         cm->n_resident = k < 0 ? 0 : k < L ? k : L;
         return SPX_OK;
     }
-    uint64_t budget;
-    char src[96];
-    if (m->vram_budget_mb > 0) {
-        budget = (uint64_t)m->vram_budget_mb << 20;
-        snprintf(src, sizeof src, "the budget");
-        if (budget > free_b) {
-            budget = free_b;
-            snprintf(src, sizeof src, "the budget, capped at the free memory");
-        }
-    } else {
-        budget = free_b > SPX_PLAN_VRAM_MARGIN ? free_b - SPX_PLAN_VRAM_MARGIN : 0;
-        snprintf(src, sizeof src, "%.0f MiB free - %.0f MiB margin", mib(free_b), mib(SPX_PLAN_VRAM_MARGIN));
-    }
-    const int64_t T = planned_ctx(m);
-    uint64_t ctx = session_bytes(m, T);
-    if (all + ctx <= budget) {
-        cm->n_resident = L;
-        return SPX_OK;
-    }
-    uint64_t used = glob + 2 * slot + ctx;
-    if (used > budget)
-        return spx_fail(e, SPX_ERR_NOMEM,
-                        "%s: %.1f MiB of device memory (%s) cannot hold the weights (%.1f MiB) nor ping-pong "
-                        "offload: embedding + LM head %.1f MiB, two layer slots 2 x %.1f MiB, KV cache and scratch "
-                        "for %lld tokens %.1f MiB need %.1f MiB",
-                        m->path, mib(budget), src, mib(all), mib(glob), mib(slot), (long long)T, mib(ctx), mib(used));
-    int64_t k = 0;
-    while (k < L && used + round256(cm->img_bytes[k]) <= budget) used += round256(cm->img_bytes[k++]);
-    cm->n_resident = k;
+    spx_hw hw;
+    memset(&hw, 0, sizeof hw);
+    hw.cuda_built = true;
+    hw.n_gpus = 1;
+    hw.gpus[0].index = cm->dev;
+    snprintf(hw.gpus[0].name, sizeof hw.gpus[0].name, "cuda device %d", cm->dev);
+    hw.gpus[0].mem_free = free_b;
+    hw.gpus[0].mem_total = total_b;
+    spx_plan_request r;
+    memset(&r, 0, sizeof r);
+    r.backend = "cuda";
+    r.n_ctx = m->plan_n_ctx;
+    r.vram_budget_mb = m->vram_budget_mb;
+    r.kv = m->plan_kv;
+    spx_plan p;
+    spx_err pe;
+    if (spx_plan_make(&hw, m, &r, &p, &pe) != SPX_OK)
+        return spx_fail(e, pe.code == SPX_ERR_RANGE ? SPX_ERR_NOMEM : pe.code, "%s: %s", m->path, pe.msg);
+    cm->n_resident = p.n_layers_resident < L ? p.n_layers_resident : L;
     return SPX_OK;
 }
 
@@ -280,22 +260,13 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
     cm->img_bytes = (size_t *)calloc((size_t)n_layers, sizeof *cm->img_bytes);
     if (!cm->layers || !cm->img_off || !cm->img_bytes) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
 
-    /* sizes: the global tensors, then each layer's image from an aligned start */
-    uploader u;
-    memset(&u, 0, sizeof u);
-    u.dry = 1;
-    upload_all(&u, m, cm, 0);
-    const size_t glob = round256(u.off);
-    for (int64_t l = 0; l < n_layers; l++) {
-        cu_layer tmp;
-        memset(&u, 0, sizeof u);
-        u.dry = 1;
-        upload_layer(&u, m, l, &tmp);
-        cm->img_bytes[l] = u.off;
-    }
+    /* sizes (engine/memory.h): the global tensors, then each layer's image
+     * from an aligned start */
+    const size_t glob = round256(spx_mem_global_image(m));
+    for (int64_t l = 0; l < n_layers; l++) cm->img_bytes[l] = spx_mem_layer_image(m, l);
     size_t free_b = 0, total_b = 0;
     SPX_CUDA_TRY(e, cudaMemGetInfo(&free_b, &total_b));
-    SPX_TRY(choose_residency(m, cm, glob, free_b, e));
+    SPX_TRY(choose_residency(m, cm, free_b, total_b, e));
     const int64_t k = cm->n_resident;
 
     cm->arena_bytes = glob;
@@ -312,6 +283,13 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
         return spx_fail(e, SPX_ERR_NOMEM, "%s: cudaMalloc of the %.1f MiB weight arena failed: %s", m->path,
                         mib(cm->arena_bytes), cudaGetErrorString(ce2));
     }
+    uploader u;
+    memset(&u, 0, sizeof u);
+    u.dry = 1; /* engine/memory.h sized the arena: the uploader must agree, checked before a byte is copied */
+    upload_all(&u, m, cm, k);
+    if (u.off > cm->arena_bytes)
+        return spx_fail(e, SPX_ERR_INTERNAL, "%s: the weights take %zu bytes, engine/memory.h sized %zu", m->path, u.off,
+                        cm->arena_bytes);
     memset(&u, 0, sizeof u);
     u.base = cm->arena;
     upload_all(&u, m, cm, k);

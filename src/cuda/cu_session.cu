@@ -71,7 +71,7 @@ void cu_session_free(spx_session *s) {
  * passes per block: its last block merges the splits, and that grows with
  * their count (the sweeps: bench/results, 2026-11-30 and NOTES.md). This is the
  * launch's count for the session's context; at position p the kernels run
- * only the splits p needs (attention.cu ad_active_splits).
+ * only the splits p needs (attention_internal.cuh ad_active_splits).
  * SPECTRA_CUDA_ATTN_SPLITS=N (benchmarks) sets the count. */
 int cu_splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys) {
     int bps = spx_attention_blocks_per_split(n_tok, (int)c->n_heads, (int)c->n_kv_heads);
@@ -83,7 +83,7 @@ int cu_splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t ma
         if (S > 64 / bps) S = 64 / bps;
     } else if (n_tok == 1 && S > (tiles + 15) / 16) S = (tiles + 15) / 16;
     if (spx_tuning_get()->cuda_attn_splits > 0) S = spx_tuning_get()->cuda_attn_splits;
-    if (S * n_tok > CU_PART_TOK_SPLITS) S = CU_PART_TOK_SPLITS / n_tok;
+    if (S * n_tok > SPX_MEM_PART_TOK_SPLITS) S = SPX_MEM_PART_TOK_SPLITS / n_tok;
     return S < 1 ? 1 : (int)S;
 }
 
@@ -98,59 +98,46 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     if (s->n_ctx >= ((int64_t)1 << 31)) return spx_fail(e, SPX_ERR_ARG, "context too large for the cuda backend");
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
-    size_t B = SPX_BATCH_MAX_CUDA, H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
-    size_t hd = (size_t)c->head_dim, qd = (size_t)c->n_heads * hd, kvd = (size_t)c->n_kv_heads * hd;
-    size_t V = (size_t)c->vocab_size, L = (size_t)c->n_attn_layers, T = (size_t)s->n_ctx;
-    /* the recurrent blocks' widths: the in_proj output (short conv 3 H,
-     * Mamba-2 its rows), the out_proj input (Mamba-2 d_inner); a fused
-     * gate+up matrix writes 2 I */
-    size_t proj = (size_t)spx_arch_max_proj(c), di = (size_t)spx_arch_max_d_inner(c), I2 = c->gate_up_fused ? 2 * I : I;
-    size_t wide = H > qd ? H : qd;
-    if (I2 > wide) wide = I2;
-    if (proj > wide) wide = proj;
-    if (di > wide) wide = di;
+    /* every buffer's size from engine/memory.h, which the planner budgets with */
+    spx_cuda_scratch z;
+    spx_mem_cuda_scratch(c, m->state_floats, cm->cublas != NULL, &z);
+    const size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim, L = (size_t)c->n_attn_layers, T = (size_t)s->n_ctx;
     /* q4: kvq4_math.h's planes, spx_kv_bytes_per_token's bytes (+ alignment) */
     size_t kv_bytes = s->kv.type == SPX_KV_Q4 ? L * spx_kvq4_layout_of((int64_t)T, (int64_t)kvd).layer_bytes
                                               : L * T * kvd * 2;
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->kc, kv_bytes));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->vc, kv_bytes));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->h, B * H * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x, B * wide * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->q, B * qd * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->k, B * kvd * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->v, B * kvd * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->att, B * (qd > di ? (qd > H ? qd : H) : di) * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->gate, B * I2 * 4));
-    if (proj) SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->proj, B * proj * 4));
-    if (m->state_floats) { /* the state cache and its checkpoint (zero: position 0) */
-        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->state, (size_t)m->state_floats * 4));
-        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->state_ckpt, (size_t)m->state_floats * 4));
-        SPX_CUDA_TRY(e, cudaMemsetAsync(cs->state, 0, (size_t)m->state_floats * 4, cs->st));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->h, z.h));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x, z.x));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->q, z.q));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->k, z.k));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->v, z.v));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->att, z.att));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->gate, z.gate));
+    if (z.proj) SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->proj, z.proj));
+    if (z.state) { /* the state cache and its checkpoint (zero: position 0) */
+        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->state, z.state));
+        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->state_ckpt, z.state_ckpt));
+        SPX_CUDA_TRY(e, cudaMemsetAsync(cs->state, 0, z.state, cs->st));
     }
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->up, B * I * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, (size_t)SPX_BATCH_MAX * V * 4)); /* LM_ALL goes in chunks */
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->part, (size_t)CU_PART_TOK_SPLITS * (size_t)c->n_heads * (hd + 2) * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x16, B * wide * 2));
-    cs->ws_floats = 4 * (size_t)SPX_BATCH_MAX * wide; /* split-K partials: large M needs few splits */
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ws, cs->ws_floats * 4));
-    if (cm->cublas) { /* the largest layer matrix (the LM head goes in row chunks), capped */
-        int64_t mx = (int64_t)(qd > kvd ? qd : kvd) * (int64_t)H;
-        if ((int64_t)H * (int64_t)qd > mx) mx = (int64_t)H * (int64_t)qd;
-        if ((int64_t)I2 * (int64_t)H > mx) mx = (int64_t)I2 * (int64_t)H;
-        if ((int64_t)proj * (int64_t)H > mx) mx = (int64_t)proj * (int64_t)H;
-        if ((int64_t)di * (int64_t)H > mx) mx = (int64_t)di * (int64_t)H;
-        if (mx > SPX_CUDA_W16_MAX_ELEMS) mx = SPX_CUDA_W16_MAX_ELEMS;
-        cs->w16_elems = (size_t)mx;
-        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->w16, cs->w16_elems * 2));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->up, z.up));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->logits, z.logits));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->part, z.part));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x16, z.x16));
+    cs->ws_floats = z.ws_floats;
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ws, z.ws));
+    if (z.w16_elems) {
+        cs->w16_elems = z.w16_elems;
+        SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->w16, z.w16));
     }
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_ids, B * 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, 4));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, 8));
-    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_cnt, (size_t)c->n_heads * 4));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_ids, z.ids));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, z.pos));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, z.best));
+    SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_cnt, z.attn_cnt));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->attn_cnt, 0, (size_t)c->n_heads * 4, cs->st));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));
-    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (B + 1) * 4));
+    SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin, (SPX_BATCH_MAX_CUDA + 1) * 4));
     SPX_CUDA_TRY(e, cudaHostAlloc((void **)&cs->ring, 2 * SPX_TOKEN_RING * sizeof *cs->ring, cudaHostAllocMapped));
     memset(cs->ring, 0xff, 2 * SPX_TOKEN_RING * sizeof *cs->ring);
     SPX_CUDA_TRY(e, cudaHostGetDevicePointer((void **)&cs->ring_d, cs->ring, 0));
@@ -162,7 +149,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
         cs->ahead_ok = spx_tuning_get()->cuda_ahead && m->state_floats == 0;
     }
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_best, 0, 8, cs->st));
-    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, B * 4, cs->st));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_ids, 0, z.ids, cs->st));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->d_pos, 0, 4, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
     cs->dec_splits = cu_splits_for(cm, c, 1, s->n_ctx);

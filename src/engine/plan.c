@@ -2,6 +2,7 @@
  * order of decisions). */
 #include "engine/plan.h"
 #include "engine/kvcache.h"
+#include "engine/memory.h"
 #include "engine/session.h"
 #include "model/model.h"
 
@@ -43,29 +44,25 @@ static uint64_t scratch_fixed(const spx_config *c) {
     return 4 * (uint64_t)SPX_BATCH_MAX * (H + (H > qd ? H : qd) + 2 * qd + 2 * kvd + 2 * I + V);
 }
 
-/* The CUDA backend's: activations for SPX_BATCH_MAX_CUDA tokens (fp32 and
- * an fp16 copy), logits and split-K partials for SPX_BATCH_MAX (the LM
- * head of a long batch goes in chunks), and the fp16 weight
- * scratch of the cuBLAS prefill GEMM (counted whether or not cuBLAS is
- * found at run time). */
-static uint64_t scratch_fixed_cuda(const spx_config *c) {
-    uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size, V = (uint64_t)c->vocab_size;
-    uint64_t qd = (uint64_t)(c->n_heads * c->head_dim), kvd = (uint64_t)(c->n_kv_heads * c->head_dim);
-    uint64_t wide = H > qd ? H : qd;
-    if (I > wide) wide = I;
-    uint64_t w16 = (qd > kvd ? qd : kvd) * H;
-    if (I * H > w16) w16 = I * H;
-    if (w16 > (uint64_t)SPX_CUDA_W16_MAX_ELEMS) w16 = (uint64_t)SPX_CUDA_W16_MAX_ELEMS;
-    return 4 * (uint64_t)SPX_BATCH_MAX_CUDA * (H + wide + 2 * qd + 2 * kvd + 2 * I) + 4 * (uint64_t)SPX_BATCH_MAX * V +
-           2 * (uint64_t)SPX_BATCH_MAX_CUDA * wide + 16 * (uint64_t)SPX_BATCH_MAX * wide + 2 * w16;
-}
-
 uint64_t spx_plan_scratch_bytes(const spx_model *m, int64_t n_ctx) {
     return scratch_fixed(&m->cfg) + 4 * (uint64_t)m->cfg.n_heads * (uint64_t)(n_ctx > 0 ? n_ctx : 0);
 }
 
-uint64_t spx_plan_cuda_scratch_bytes(const spx_model *m, int64_t n_ctx) {
-    return scratch_fixed_cuda(&m->cfg) + 4 * (uint64_t)m->cfg.n_heads * (uint64_t)(n_ctx > 0 ? n_ctx : 0);
+/* ---- the CUDA backend's sizes (engine/memory.h: what it allocates) ----- */
+
+static uint64_t round_align(uint64_t n) { return (n + SPX_MEM_ALIGN - 1) & ~(uint64_t)(SPX_MEM_ALIGN - 1); }
+
+uint64_t spx_plan_cuda_layer_bytes(const spx_model *m, int64_t l) {
+    if (!m->layers || l < 0 || l >= m->cfg.n_layers) return 0;
+    return round_align(spx_mem_layer_image(m, l));
+}
+
+uint64_t spx_plan_cuda_global_bytes(const spx_model *m) { return round_align(spx_mem_global_image(m)); }
+
+uint64_t spx_plan_cuda_scratch_bytes(const spx_model *m) {
+    spx_cuda_scratch s;
+    spx_mem_cuda_scratch(&m->cfg, m->state_floats, 1, &s);
+    return s.total;
 }
 
 bool spx_plan_model_quantized(const spx_model *m) {
@@ -101,6 +98,7 @@ typedef struct plan_ctx {
     const spx_model *m;
     const spx_plan_request *req;
     uint64_t W, G, Lmax, S0;
+    uint64_t score_bytes; /* per token of context beside the KV cache: the CPU's attention scores; 0 on cuda */
     int64_t kvd;
     int64_t T;          /* target context */
     int64_t cap;        /* context ceiling */
@@ -118,7 +116,7 @@ typedef struct level {
 } level;
 
 static uint64_t per_token(const plan_ctx *p, spx_kv_type kv) {
-    return (uint64_t)spx_kv_bytes_per_token(kv, p->m->cfg.n_attn_layers, p->kvd) + 4 * (uint64_t)p->m->cfg.n_heads;
+    return (uint64_t)spx_kv_bytes_per_token(kv, p->m->cfg.n_attn_layers, p->kvd) + p->score_bytes;
 }
 
 /* Largest context with fixed + T * per_token <= budget, capped; 0 if none. */
@@ -188,7 +186,7 @@ static void fill_common(const plan_ctx *p, spx_plan *o, const level *lv, spx_kv_
     if (o->n_ctx_max < T) o->n_ctx_max = T;
     o->kv_bytes_per_token = spx_kv_bytes_per_token(kv, p->m->cfg.n_attn_layers, p->kvd);
     o->kv_bytes = o->kv_bytes_per_token * (uint64_t)T;
-    o->scratch_bytes = p->S0 + 4 * (uint64_t)p->m->cfg.n_heads * (uint64_t)T;
+    o->scratch_bytes = p->S0 + p->score_bytes * (uint64_t)T;
     o->planned_bytes = lv->fixed + per_token(p, kv) * (uint64_t)T;
     o->budget = p->budget;
 }
@@ -286,6 +284,24 @@ static void gpu_budget(plan_ctx *p, const spx_gpu_info *g) {
              mib(SPX_PLAN_VRAM_MARGIN));
 }
 
+/* The sizes of the CUDA backend's images and buffers (engine/memory.h):
+ * the arena holds the global image and then each resident layer's, each
+ * from an aligned start; a ping-pong slot holds the largest layer image;
+ * the session's buffers need no per-token scratch beside the KV cache. */
+static void cuda_sizes(plan_ctx *p) {
+    const spx_model *m = p->m;
+    p->G = spx_plan_cuda_global_bytes(m);
+    p->W = p->G;
+    p->Lmax = 0;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        uint64_t b = spx_plan_cuda_layer_bytes(m, l);
+        p->W += b;
+        if (b > p->Lmax) p->Lmax = b;
+    }
+    p->S0 = spx_plan_cuda_scratch_bytes(m);
+    p->score_bytes = 0;
+}
+
 /* Returns SPX_OK with o filled, or an error; *fallback set when the
  * auto backend should fall back to the CPU instead (detected memory too
  * small), with the reason in why. */
@@ -295,8 +311,9 @@ static spx_status plan_gpu(plan_ctx *p, spx_plan *o, bool may_fall_back, bool *f
     snprintf(o->backend, sizeof o->backend, "cuda");
     o->gpu = p->req->gpu;
     gpu_budget(p, g);
-    const uint64_t s0_cpu = p->S0;
-    p->S0 = scratch_fixed_cuda(c);
+    const plan_ctx cpu_sizes = *p; /* the CPU's sizes, for a fall-back */
+    cuda_sizes(p);
+    o->weight_bytes = p->W, o->global_bytes = p->G, o->layer_bytes_max = p->Lmax;
     level lv[2] = {{SPX_RES_RESIDENT, p->W + p->S0}, {SPX_RES_PINGPONG, p->G + 2 * p->Lmax + p->S0}};
     int li;
     spx_kv_type kv;
@@ -304,10 +321,11 @@ static spx_status plan_gpu(plan_ctx *p, spx_plan *o, bool may_fall_back, bool *f
     if (!choose(p, lv, 2, &li, &kv, &T)) {
         if (may_fall_back) {
             *fallback = true;
-            p->S0 = s0_cpu; /* the CPU plan that follows counts the CPU's scratch */
+            const uint64_t need = lv[1].fixed + per_token(p, p->kvs[p->n_kvs - 1]) * (uint64_t)p->T;
+            p->W = cpu_sizes.W, p->G = cpu_sizes.G, p->Lmax = cpu_sizes.Lmax, p->S0 = cpu_sizes.S0;
+            p->score_bytes = cpu_sizes.score_bytes; /* the CPU plan that follows counts the CPU's sizes */
             say(why, "cpu: GPU %d (%s) has %.0f MiB free; ping-pong offload with %lld tokens of context needs %.1f MiB",
-                g->index, g->name, mib(g->mem_free), (long long)p->T,
-                mib(lv[1].fixed + per_token(p, p->kvs[p->n_kvs - 1]) * (uint64_t)p->T));
+                g->index, g->name, mib(g->mem_free), (long long)p->T, mib(need));
             return SPX_OK;
         }
         return no_fit(p, lv, 2, e, "VRAM");
@@ -324,7 +342,7 @@ static spx_status plan_gpu(plan_ctx *p, spx_plan *o, bool may_fall_back, bool *f
     o->n_slots = 2;
     uint64_t left = p->budget - o->planned_bytes, kept = 0;
     int64_t k = 0;
-    while (k < c->n_layers && kept + spx_plan_layer_bytes(p->m, k) <= left) kept += spx_plan_layer_bytes(p->m, k++);
+    while (k < c->n_layers && kept + spx_plan_cuda_layer_bytes(p->m, k) <= left) kept += spx_plan_cuda_layer_bytes(p->m, k++);
     o->n_layers_resident = k;
     o->planned_bytes += kept;
     o->host_pinned_bytes = p->W - p->G - kept;
@@ -419,6 +437,7 @@ spx_status spx_plan_make(const spx_hw *hw, const spx_model *m, const spx_plan_re
         if (b > p.Lmax) p.Lmax = b;
     }
     p.S0 = scratch_fixed(c);
+    p.score_bytes = 4 * (uint64_t)c->n_heads;
     int64_t maxpos = c->max_pos > 0 ? c->max_pos : SPX_PLAN_DEFAULT_CTX;
     p.requested = req->n_ctx > 0;
     p.T = p.requested ? req->n_ctx : (maxpos < SPX_PLAN_DEFAULT_CTX ? maxpos : SPX_PLAN_DEFAULT_CTX);

@@ -16,9 +16,13 @@
  *   KV(T)     T * spx_kv_bytes_per_token(kv, n_layers, n_kv_heads*head_dim)
  *   scratch   S(T) = 4*B*(H + max(H,qd) + 2*qd + 2*kvd + 2*I + V)   activations, logits
  *                  + 4*n_heads*T                                    attention scores
- *             (cuda: B = SPX_BATCH_MAX_CUDA, plus an fp16 copy of the
- *             activations, split-K partials and the fp16 weight scratch of
- *             the cuBLAS prefill GEMM: spx_plan_cuda_scratch_bytes)
+ *   cuda: L_l, G and S are what the CUDA backend allocates, from the one
+ *             definition in engine/memory.h (device images: components
+ *             aligned, matrices tiled where the layout holds them; the
+ *             session's buffers for SPX_BATCH_MAX_CUDA tokens, no per-token
+ *             scratch); the backend asks this planner for its residency
+ *             (spx_plan_make with the device's free memory), so the numbers
+ *             and the policy live here only
  *   resident:  W + KV(T) + S(T) <= budget
  *   ping-pong: G + 2*max_l L_l + KV(T) + S(T) <= budget; the layers that
  *             still fit in what is left stay resident (from layer 0 on), the
@@ -120,9 +124,12 @@ uint64_t spx_plan_layer_bytes(const struct spx_model *m, int64_t l);
 uint64_t spx_plan_global_bytes(const struct spx_model *m);
 /* Scratch S(T) above. */
 uint64_t spx_plan_scratch_bytes(const struct spx_model *m, int64_t n_ctx);
-/* The same for the CUDA backend (SPX_BATCH_MAX_CUDA tokens, split-K
- * partials, the fp16 weight scratch of the cuBLAS prefill GEMM). */
-uint64_t spx_plan_cuda_scratch_bytes(const struct spx_model *m, int64_t n_ctx);
+/* The CUDA backend's: a layer's and the global device image (rounded to
+ * their aligned starts in the arena) and the session's buffers besides the
+ * KV cache (engine/memory.h). */
+uint64_t spx_plan_cuda_layer_bytes(const struct spx_model *m, int64_t l);
+uint64_t spx_plan_cuda_global_bytes(const struct spx_model *m);
+uint64_t spx_plan_cuda_scratch_bytes(const struct spx_model *m);
 /* True when every layer matrix is group-quantized (what the CUDA backend runs). */
 bool spx_plan_model_quantized(const struct spx_model *m);
 
