@@ -62,6 +62,7 @@
 extern "C" {
 #include "core/dtype.h"
 #include "engine/backend.h"
+#include "engine/blocks.h"
 #include "engine/plan.h"
 #include "engine/session.h"
 #include "engine/memory.h"
@@ -178,6 +179,8 @@ void cu_session_free(spx_session *s);
 spx_status cu_session_init(spx_session *s, spx_err *e);
 spx_status cu_state_op(spx_session *s, int op, spx_err *e);
 spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e);
+/* Whether the CUDA blocks run every layer of m (engine/blocks.h; at model open). */
+spx_status cu_forward_check(const spx_model *m, spx_err *e);
 spx_status cu_pp_begin(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);
 spx_status cu_pp_end(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);
 spx_status cu_pp_layer_begin(const cu_model *cm, cu_sess *cs, int64_t l, cu_layer *out, spx_err *e);

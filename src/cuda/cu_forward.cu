@@ -101,6 +101,13 @@ struct fwd {
     bool pdl;       /* the decode chain's kernels use PDL */
     bool fuse_rope; /* the decode attention kernel does rope_store's work */
     float eps;
+    /* the pass (engine/blocks.h's driver): its output mode, the current
+     * layer (its streamed copy in ls when it is streamed) and whether its
+     * first kernel may use PDL (not after a ping-pong wait) */
+    int lmode;
+    const cu_layer *L;
+    cu_layer ls;
+    bool streamed, pdl0;
 };
 
 /* a decode GEMV launch in the model's form (cm->gemv_groups) */
@@ -295,47 +302,68 @@ static spx_status blk_mamba2(const fwd &f, const cu_layer *L, int64_t l, bool pd
 
 /* ---- the pass -------------------------------------------------------------- */
 
-spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e) {
-    const spx_model *m = s->m;
-    const cu_model *cm = (const cu_model *)m->be_state;
-    cu_sess *cs = (cu_sess *)s->be_state;
-    const spx_config *c = &m->cfg;
-    cudaStream_t st = cs->st;
-    const int64_t H = c->hidden_size, V = c->vocab_size;
-    fwd f;
-    f.s = s, f.m = m, f.cm = cm, f.cs = cs, f.c = c, f.st = st;
-    f.n = n, f.nsm = cm->n_sm, f.n_splits = n_splits;
-    f.pdl = cm->pdl && n == 1; /* the decode chain only */
-    /* the decode kernel does rope_store's work (the 4-bit cache too, unless SPECTRA_CUDA_KVQ4_FUSE=0) */
-    f.fuse_rope = n == 1 && (s->kv.type != SPX_KV_Q4 || cm->kvq4_fuse) && spx_attention_decode_fast((int)c->head_dim);
-    f.eps = c->rms_eps;
+/* ---- the block interface (engine/blocks.h): the pass ---------------------- */
 
-    SPX_TRY(cu_pp_begin(m, cm, cs, e));
-    SPX_CUDA_TRY(e, spx_embed_q4(cm->embed, cs->d_ids, n, cs->h, st, f.pdl));
-    if (c->embed_mult != 1.0f) SPX_CUDA_TRY(e, spx_cu_scale(cs->h, (int64_t)n * H, c->embed_mult, 0, st));
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        const cu_layer *L = &cm->layers[l];
-        cu_layer Ls;
-        const bool streamed = l >= cm->n_resident;
-        if (streamed) {
-            SPX_TRY(cu_pp_layer_begin(cm, cs, l, &Ls, e));
-            L = &Ls;
-        }
-        const bool pdl0 = f.pdl && !streamed; /* the layer's first kernel */
-        switch (c->mixer[l]) {
-        case SPX_MIX_ATTN: SPX_TRY(blk_attention(f, L, l, pdl0, e)); break;
-        case SPX_MIX_CONV: SPX_TRY(blk_shortconv(f, L, l, pdl0, e)); break;
-        case SPX_MIX_MAMBA2: SPX_TRY(blk_mamba2(f, L, l, pdl0, e)); break;
-        default: break;
-        }
-        switch (c->ffn[l]) {
-        case SPX_FFN_SWIGLU: SPX_TRY(blk_swiglu(f, L, c->mixer[l] == SPX_MIX_NONE ? pdl0 : f.pdl, e)); break;
-        case SPX_FFN_RELU2: SPX_TRY(blk_relu2(f, L, c->mixer[l] == SPX_MIX_NONE ? pdl0 : f.pdl, e)); break;
-        default: break;
-        }
-        if (streamed) SPX_TRY(cu_pp_layer_end(m, cm, cs, l, e));
+static spx_status p_embed(void *ctx, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    SPX_TRY(cu_pp_begin(f.m, f.cm, f.cs, e));
+    SPX_CUDA_TRY(e, spx_embed_q4(f.cm->embed, f.cs->d_ids, f.n, f.cs->h, f.st, f.pdl));
+    if (f.c->embed_mult != 1.0f)
+        SPX_CUDA_TRY(e, spx_cu_scale(f.cs->h, (int64_t)f.n * f.c->hidden_size, f.c->embed_mult, 0, f.st));
+    return SPX_OK;
+}
+
+static spx_status p_layer_begin(void *ctx, int64_t l, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    f.L = &f.cm->layers[l];
+    f.streamed = l >= f.cm->n_resident;
+    if (f.streamed) {
+        SPX_TRY(cu_pp_layer_begin(f.cm, f.cs, l, &f.ls, e));
+        f.L = &f.ls;
     }
-    SPX_TRY(cu_pp_end(m, cm, cs, e));
+    f.pdl0 = f.pdl && !f.streamed; /* the layer's first kernel */
+    return SPX_OK;
+}
+
+static spx_status p_layer_end(void *ctx, int64_t l, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    if (f.streamed) SPX_TRY(cu_pp_layer_end(f.m, f.cm, f.cs, l, e));
+    return SPX_OK;
+}
+
+/* a block's first kernel: PDL as the layer's first (pdl0) or as the chain's */
+static bool pdl_of(const fwd &f, int first) { return first ? f.pdl0 : f.pdl; }
+static spx_status p_attention(void *ctx, int64_t l, int first, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    return blk_attention(f, f.L, l, pdl_of(f, first), e);
+}
+static spx_status p_shortconv(void *ctx, int64_t l, int first, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    return blk_shortconv(f, f.L, l, pdl_of(f, first), e);
+}
+static spx_status p_mamba2(void *ctx, int64_t l, int first, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    return blk_mamba2(f, f.L, l, pdl_of(f, first), e);
+}
+static spx_status p_swiglu(void *ctx, int64_t l, int first, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    return blk_swiglu(f, f.L, pdl_of(f, first), e);
+}
+static spx_status p_relu2(void *ctx, int64_t l, int first, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    return blk_relu2(f, f.L, pdl_of(f, first), e);
+}
+
+static spx_status p_head(void *ctx, spx_err *e) {
+    fwd &f = *(fwd *)ctx;
+    spx_session *s = f.s;
+    const cu_model *cm = f.cm;
+    cu_sess *cs = f.cs;
+    const spx_config *c = f.c;
+    cudaStream_t st = f.st;
+    const int64_t H = c->hidden_size, V = c->vocab_size;
+    const int n = f.n, lmode = f.lmode;
+    SPX_TRY(cu_pp_end(f.m, cm, cs, e));
     if (lmode == LM_NONE) return SPX_OK;
     const int nsm = cm->n_sm;
     const float eps = f.eps;
@@ -365,6 +393,40 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
     if (lmode == LM_SAMPLE)
         SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, f.pdl, cs->ring_d));
     return SPX_OK;
+}
+
+static const spx_block_ops cuda_blocks = {
+    "cuda",
+    p_embed,
+    p_layer_begin,
+    p_layer_end,
+    {NULL, p_attention, p_shortconv, p_mamba2, p_swiglu, p_relu2},
+    p_head,
+};
+static_assert(SPX_BLK_ATTENTION == 1 && SPX_BLK_SHORTCONV == 2 && SPX_BLK_MAMBA2 == 3 && SPX_BLK_SWIGLU == 4 &&
+                  SPX_BLK_RELU2 == 5 && SPX_BLK_KINDS == 6,
+              "cuda_blocks lists the kinds in engine/blocks.h's order");
+
+spx_status cu_forward_check(const spx_model *m, spx_err *e) { return spx_blocks_check(&m->cfg, &cuda_blocks, m->path, e); }
+
+/* Enqueues one pass of n tokens on the session's stream (captured into the
+ * decode graph for n == 1). */
+spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e) {
+    const spx_model *m = s->m;
+    const cu_model *cm = (const cu_model *)m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    const spx_config *c = &m->cfg;
+    fwd f;
+    f.s = s, f.m = m, f.cm = cm, f.cs = cs, f.c = c, f.st = cs->st;
+    f.n = n, f.nsm = cm->n_sm, f.n_splits = n_splits;
+    f.pdl = cm->pdl && n == 1; /* the decode chain only */
+    /* the decode kernel does rope_store's work (the 4-bit cache too, unless SPECTRA_CUDA_KVQ4_FUSE=0) */
+    f.fuse_rope = n == 1 && (s->kv.type != SPX_KV_Q4 || cm->kvq4_fuse) && spx_attention_decode_fast((int)c->head_dim);
+    f.eps = c->rms_eps;
+    f.lmode = lmode;
+    f.L = NULL;
+    f.streamed = f.pdl0 = false;
+    return spx_blocks_run(c, &cuda_blocks, &f, e);
 }
 
 spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {

@@ -235,6 +235,7 @@ static spx_status cu_model_init_inner(spx_model *m, cu_model *cm, spx_err *e) {
                         "%d and heads a multiple of KV heads",
                         m->path, (long long)c->head_dim, (long long)c->n_heads, (long long)c->n_kv_heads,
                         SPX_ATTN_MAX_HD);
+    SPX_TRY(cu_forward_check(m, e));
     char nm[160];
     SPX_TRY(check_mat(m, &m->embed, spx_arch_embed_name(c), e));
     SPX_TRY(check_mat(m, &m->lm_head, spx_arch_lm_head_name(c), e));

@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-static spx_status cpu_model_init(spx_model *m, spx_err *e) { return SPX_OK; }
+static spx_status cpu_model_init(spx_model *m, spx_err *e) { return spx_forward_check(m, e); }
 static void cpu_model_free(spx_model *m) {}
 static spx_status cpu_session_init(spx_session *s, spx_err *e) { return SPX_OK; }
 static void cpu_session_free(spx_session *s) {}

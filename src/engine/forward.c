@@ -18,8 +18,10 @@
  *   SwiGLU:     down(silu(gate x) * up x);  ReLU^2: down(relu(up x)^2)
  *
  * Plain and obviously right: this is what every faster backend is checked
- * against. Matrix products are split over threads by output row;
- * attention by (token, head). */
+ * against (engine/blocks.h: each function below is the meaning of its
+ * block kind; spx_blocks_run walks the model's sequence). Matrix products
+ * are split over threads by output row; attention by (token, head). */
+#include "engine/blocks.h"
 #include "engine/session.h"
 #include "cpu/ops.h"
 #include "cpu/ssm.h"
@@ -63,7 +65,7 @@ static void attn_task(void *arg, int tid, int nth) {
 
 /* ---- blocks ---------------------------------------------------------------- */
 
-static spx_status blk_attention(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
+static spx_status attention(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
     const spx_model *m = s->m;
     const spx_config *c = &m->cfg;
     int64_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd, kvd = nkv * hd;
@@ -91,7 +93,7 @@ static spx_status blk_attention(spx_session *s, const spx_layer *L, int64_t n, i
 }
 
 /* LFM2 short convolution: proj[t] = [B | C | u], each H wide. */
-static spx_status blk_shortconv(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
+static spx_status shortconv(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
     const spx_config *c = &s->m->cfg;
     int64_t H = c->hidden_size, R = 3 * H;
     float *proj = s->proj;
@@ -113,7 +115,7 @@ static spx_status blk_shortconv(spx_session *s, const spx_layer *L, int64_t n, s
 /* Mamba-2: proj[t] = [z (di) | x B C (cd) | dt (heads)]; the conv state
  * [cd, K-1] comes first in the layer's state, the SSM state [heads, P, N]
  * after it. */
-static spx_status blk_mamba2(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
+static spx_status mamba2(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
     const spx_config *c = &s->m->cfg;
     int64_t di = spx_ssm_d_inner(c), cd = spx_ssm_conv_dim(c), R = spx_ssm_in_rows(c);
     int64_t GN = c->ssm_groups * c->ssm_state;
@@ -134,7 +136,7 @@ static spx_status blk_mamba2(spx_session *s, const spx_layer *L, int64_t n, spx_
     return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_SSM_OUT], s->att, n, s->x, L->v[SPX_SL_SSM_OUT_B], e);
 }
 
-static spx_status blk_ffn(spx_session *s, const spx_layer *L, int kind, int64_t n, spx_err *e) {
+static spx_status ffn(spx_session *s, const spx_layer *L, int kind, int64_t n, spx_err *e) {
     const spx_config *c = &s->m->cfg;
     int64_t I = c->intermediate_size;
     if (kind == SPX_FFN_RELU2) {
@@ -170,47 +172,98 @@ static void add_residual(float *h, const float *x, int64_t n, float r) {
         for (int64_t i = 0; i < n; i++) h[i] += r * x[i];
 }
 
-spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
-    spx_model *m = s->m;
+/* ---- the block interface (engine/blocks.h) ----------------------------------- */
+
+typedef struct {
+    spx_session *s;
+    const int32_t *ids;
+    int64_t n, pos0;
+    int want_logits;
+} pass;
+
+/* x = rmsnorm(h) * gain: a block's input */
+static void norm_in(const pass *p, const float *gain) {
+    const spx_config *c = &p->s->m->cfg;
+    const int64_t H = c->hidden_size;
+    for (int64_t t = 0; t < p->n; t++) spx_cpu_rmsnorm(p->s->x + t * H, p->s->h + t * H, gain, H, c->rms_eps);
+}
+
+/* h += residual_mult * x: a block's output */
+static void add_out(const pass *p) { add_residual(p->s->h, p->s->x, p->n * p->s->m->cfg.hidden_size, p->s->m->cfg.residual_mult); }
+
+static spx_status b_embed(void *ctx, spx_err *e) {
+    const pass *p = ctx;
+    const spx_model *m = p->s->m;
+    const int64_t H = m->cfg.hidden_size;
+    for (int64_t t = 0; t < p->n; t++) spx_wmat_row_f32(&m->embed, p->ids[t], p->s->h + t * H);
+    if (m->cfg.embed_mult != 1.0f)
+        for (int64_t i = 0; i < p->n * H; i++) p->s->h[i] *= m->cfg.embed_mult;
+    return SPX_OK;
+}
+
+#define LAYER(p, l) (&(p)->s->m->layers[l])
+static spx_status b_attention(void *ctx, int64_t l, int first, spx_err *e) {
+    const pass *p = ctx;
+    norm_in(p, LAYER(p, l)->v[SPX_SL_MIX_NORM]);
+    SPX_TRY(attention(p->s, LAYER(p, l), p->n, p->pos0, e));
+    add_out(p);
+    return SPX_OK;
+}
+static spx_status b_shortconv(void *ctx, int64_t l, int first, spx_err *e) {
+    const pass *p = ctx;
+    norm_in(p, LAYER(p, l)->v[SPX_SL_MIX_NORM]);
+    SPX_TRY(shortconv(p->s, LAYER(p, l), p->n, e));
+    add_out(p);
+    return SPX_OK;
+}
+static spx_status b_mamba2(void *ctx, int64_t l, int first, spx_err *e) {
+    const pass *p = ctx;
+    norm_in(p, LAYER(p, l)->v[SPX_SL_MIX_NORM]);
+    SPX_TRY(mamba2(p->s, LAYER(p, l), p->n, e));
+    add_out(p);
+    return SPX_OK;
+}
+static spx_status b_ffn(const pass *p, int64_t l, int kind, spx_err *e) {
+    norm_in(p, LAYER(p, l)->v[SPX_SL_FFN_NORM]);
+    SPX_TRY(ffn(p->s, LAYER(p, l), kind, p->n, e));
+    add_out(p);
+    return SPX_OK;
+}
+static spx_status b_swiglu(void *ctx, int64_t l, int first, spx_err *e) { return b_ffn(ctx, l, SPX_FFN_SWIGLU, e); }
+static spx_status b_relu2(void *ctx, int64_t l, int first, spx_err *e) { return b_ffn(ctx, l, SPX_FFN_RELU2, e); }
+
+static spx_status b_head(void *ctx, spx_err *e) {
+    const pass *p = ctx;
+    spx_session *s = p->s;
+    const spx_model *m = s->m;
     const spx_config *c = &m->cfg;
-    int64_t H = c->hidden_size;
+    const int64_t H = c->hidden_size, n = p->n;
+    if (!p->want_logits) return SPX_OK;
+    int64_t first = p->want_logits == SPX_LOGITS_ALL ? 0 : n - 1;
+    for (int64_t t = first; t < n; t++) spx_cpu_rmsnorm(s->x + (t - first) * H, s->h + t * H, m->final_norm, H, c->rms_eps);
+    SPX_TRY(spx_cpu_matmul(&s->cpu, &m->lm_head, s->x, n - first, s->logits, NULL, e));
+    if (c->logits_div != 1.0f) {
+        int64_t k = (n - first) * c->vocab_size;
+        for (int64_t i = 0; i < k; i++) s->logits[i] /= c->logits_div;
+    }
+    return SPX_OK;
+}
+
+static const spx_block_ops cpu_blocks = {
+    .backend = "cpu",
+    .embed = b_embed,
+    .block = {[SPX_BLK_ATTENTION] = b_attention, [SPX_BLK_SHORTCONV] = b_shortconv, [SPX_BLK_MAMBA2] = b_mamba2,
+              [SPX_BLK_SWIGLU] = b_swiglu, [SPX_BLK_RELU2] = b_relu2},
+    .head = b_head,
+};
+
+spx_status spx_forward_check(const spx_model *m, spx_err *e) { return spx_blocks_check(&m->cfg, &cpu_blocks, m->path, e); }
+
+spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
     /* batch size, context room and token ids were checked by
      * spx_session_forward (backend.c) for every backend */
-    int64_t pos0 = s->pos;
-    for (int64_t t = 0; t < n; t++) spx_wmat_row_f32(&m->embed, ids[t], s->h + t * H);
-    if (c->embed_mult != 1.0f)
-        for (int64_t i = 0; i < n * H; i++) s->h[i] *= c->embed_mult;
-
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        const spx_layer *L = &m->layers[l];
-        if (c->mixer[l] != SPX_MIX_NONE) {
-            for (int64_t t = 0; t < n; t++)
-                spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->v[SPX_SL_MIX_NORM], H, c->rms_eps);
-            switch (c->mixer[l]) {
-            case SPX_MIX_ATTN: SPX_TRY(blk_attention(s, L, n, pos0, e)); break;
-            case SPX_MIX_CONV: SPX_TRY(blk_shortconv(s, L, n, e)); break;
-            case SPX_MIX_MAMBA2: SPX_TRY(blk_mamba2(s, L, n, e)); break;
-            default: return spx_fail(e, SPX_ERR_UNSUPPORTED, "layer %lld: unknown mixer kind %d", (long long)l, c->mixer[l]);
-            }
-            add_residual(s->h, s->x, n * H, c->residual_mult);
-        }
-        if (c->ffn[l] != SPX_FFN_NONE) {
-            for (int64_t t = 0; t < n; t++)
-                spx_cpu_rmsnorm(s->x + t * H, s->h + t * H, L->v[SPX_SL_FFN_NORM], H, c->rms_eps);
-            SPX_TRY(blk_ffn(s, L, c->ffn[l], n, e));
-            add_residual(s->h, s->x, n * H, c->residual_mult);
-        }
-    }
+    pass p = {s, ids, n, s->pos, want_logits};
+    SPX_TRY(spx_blocks_run(&s->m->cfg, &cpu_blocks, &p, e));
     s->pos += n;
-    if (want_logits) {
-        int64_t first = want_logits == SPX_LOGITS_ALL ? 0 : n - 1;
-        for (int64_t t = first; t < n; t++)
-            spx_cpu_rmsnorm(s->x + (t - first) * H, s->h + t * H, m->final_norm, H, c->rms_eps);
-        SPX_TRY(spx_cpu_matmul(&s->cpu, &m->lm_head, s->x, n - first, s->logits, NULL, e));
-        if (c->logits_div != 1.0f) {
-            int64_t k = (n - first) * c->vocab_size;
-            for (int64_t i = 0; i < k; i++) s->logits[i] /= c->logits_div;
-        }
-    }
     return SPX_OK;
 }

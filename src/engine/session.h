@@ -50,6 +50,8 @@ int64_t spx_batch_max(const spx_model *m);
  * SPX_LOGITS_LAST writes the last token's logits to s->logits[0..vocab),
  * SPX_LOGITS_ALL every token's ([n, vocab]); NONE only advances the cache. */
 spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
+/* Whether the CPU blocks run every layer of m (engine/blocks.h; at model open). */
+spx_status spx_forward_check(const spx_model *m, spx_err *e);
 /* The same through the model's backend (what the API calls). */
 spx_status spx_session_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
 
