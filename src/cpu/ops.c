@@ -3,6 +3,7 @@
  * with no intrinsics. */
 #include "cpu/ops.h"
 #include "core/half.h"
+#include "refine/rmat.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -35,6 +36,9 @@ void spx_cpu_ctx_init(spx_cpu_ctx *c, spx_pool *pool, const spx_qkernels *qk) {
 void spx_cpu_ctx_free(spx_cpu_ctx *c) {
     free(c->act);
     free(c->scratch);
+    free(c->sel);
+    free(c->cols);
+    free(c->skip);
     memset(c, 0, sizeof *c);
 }
 
@@ -59,6 +63,12 @@ typedef struct {
     float *const *y;
     const float *const *bias;
     int64_t total;
+    /* refinement of a one-token launch (refine/rmat.h): n_sel selected
+     * channels, each refined matrix's column pointers (NULL: resident) */
+    int64_t n_sel;
+    const int32_t *sel;
+    const uint8_t *const *col[SPX_MATMUL_MAX];
+    const spx_refine_kernels *kern;
 } matmul_job;
 
 static void rows_one(const matmul_job *j, int k, int64_t r0, int64_t r1, void *scratch) {
@@ -72,6 +82,10 @@ static void rows_one(const matmul_job *j, int k, int64_t r0, int64_t r1, void *s
             spx_wmat_row_f32(w, r, row);
             for (int64_t t = 0; t < j->T; t++) y[t * w->rows + r] = spx_cpu_dot(row, j->x + t * w->cols, w->cols);
         }
+    }
+    if (j->n_sel > 0 && w->ref) { /* T == 1: the selected columns of the residual, on these rows */
+        if (w->ref->f32) spx_refine_f32_apply(w->ref->f32, j->sel, j->n_sel, j->x, y, r0, r1);
+        else j->kern->apply(&w->ref->q4, j->sel, j->col[k], j->n_sel, j->x, y, r0, r1);
     }
     if (j->bias[k])
         for (int64_t t = 0; t < j->T; t++)
@@ -96,8 +110,55 @@ static void matmul_task(void *arg, int tid, int nth) {
     }
 }
 
+/* The refinement of a one-token launch (refine/rmat.h): the selection,
+ * shared by the launch's matrices (one input), and each refined matrix's
+ * columns; one thread, before the rows. */
+static spx_status refine_prepare(spx_cpu_ctx *c, int n, const spx_wmat *const *w, const float *x, matmul_job *j,
+                                 spx_err *e) {
+    spx_refine_rt *rt = c->refine;
+    const spx_wmat_refine *r0 = NULL;
+    for (int k = 0; k < n && !r0; k++) r0 = w[k]->ref;
+    if (!r0 || rt->k[r0->set] <= 0) return SPX_OK;
+    const int64_t cols = w[0]->cols, kk = rt->k[r0->set];
+    const int64_t cap = spx_refine_topk_max(cols, SPX_REFINE_CHUNK, kk);
+    if (!grow((void **)&c->sel, &c->sel_cap, (size_t)cap * sizeof *c->sel) ||
+        !grow((void **)&c->cols, &c->cols_cap, (size_t)(cap * n) * sizeof *c->cols))
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory for the refinement's selection");
+    const uint8_t *skip = NULL;
+    /* outlier channels (stored exactly in fp16: a residual of rounding only)
+     * are left out of a partial budget; a budget of whole chunks takes
+     * every channel */
+    if (w[0]->kind == SPX_WM_QUANT && w[0]->q.n_outliers > 0 && kk < SPX_REFINE_CHUNK) {
+        if (!grow((void **)&c->skip, &c->skip_cap, (size_t)cols))
+            return spx_fail(e, SPX_ERR_NOMEM, "out of memory for the refinement's selection");
+        spx_refine_skip_outliers(&w[0]->q, c->skip);
+        skip = c->skip;
+    }
+    j->n_sel = spx_refine_topk(x, cols, SPX_REFINE_CHUNK, kk, skip, c->sel);
+    j->sel = c->sel;
+    j->kern = rt->kern;
+    rt->st.launches++;
+    for (int k = 0; k < n; k++) {
+        const spx_wmat_refine *r = w[k]->ref;
+        j->col[k] = NULL;
+        if (!r) continue;
+        rt->st.selected += (uint64_t)j->n_sel;
+        if (r->f32 || r->q4.codes) { /* resident */
+            rt->st.applied += (uint64_t)j->n_sel;
+            continue;
+        }
+        const uint8_t **cp = c->cols + (size_t)k * (size_t)cap;
+        SPX_TRY(spx_tier_get_cols(rt->tier, r->file_off, (uint64_t)r->q4.col_stride, (uint32_t)r->q4.col_bytes, j->sel,
+                                  j->n_sel, cp, e));
+        for (int64_t i = 0; i < j->n_sel; i++) rt->st.applied += cp[i] != NULL;
+        j->col[k] = cp;
+    }
+    return SPX_OK;
+}
+
 spx_status spx_cpu_matmul_n(spx_cpu_ctx *c, int n, const spx_wmat *const *w, const float *x, int64_t T,
                             float *const *y, const float *const *bias, spx_err *e) {
+    if (n < 1 || n > SPX_MATMUL_MAX) return spx_fail(e, SPX_ERR_INTERNAL, "matmul_n: %d matrices", n);
     size_t per_thread = 0, ab = 0;
     int64_t total = 0;
     for (int k = 0; k < n; k++) {
@@ -125,7 +186,8 @@ spx_status spx_cpu_matmul_n(spx_cpu_ctx *c, int n, const spx_wmat *const *w, con
         c->scratch_stride = per_thread;
     }
     if (w[0]->kind == SPX_WM_QUANT) c->qk->prepare(x, T, w[0]->cols, w[0]->q.group, c->act);
-    matmul_job j = {c, n, w, x, T, y, bias, total};
+    matmul_job j = {c, n, w, x, T, y, bias, total, 0, NULL, {NULL}, NULL};
+    if (T == 1 && c->refine) SPX_TRY(refine_prepare(c, n, w, x, &j, e));
     spx_pool_run(c->pool, matmul_task, &j);
     return SPX_OK;
 }

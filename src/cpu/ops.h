@@ -21,7 +21,16 @@ typedef struct spx_cpu_ctx {
     size_t act_cap;
     uint8_t *scratch;      /* [threads, scratch_stride] */
     size_t scratch_stride;
+    /* weight refinement (refine/rmat.h): the model's runtime or NULL, and
+     * the one-token launch's selection and column pointers */
+    struct spx_refine_rt *refine;
+    int32_t *sel;
+    const uint8_t **cols;     /* [SPX_MATMUL_MAX][selection capacity] */
+    uint8_t *skip;            /* [cols]: the first matrix's outlier channels */
+    size_t sel_cap, cols_cap, skip_cap;
 } spx_cpu_ctx;
+
+#define SPX_MATMUL_MAX 4 /* matrices in one spx_cpu_matmul_n launch */
 
 void spx_cpu_ctx_init(spx_cpu_ctx *c, spx_pool *pool, const spx_qkernels *qk);
 void spx_cpu_ctx_free(spx_cpu_ctx *c);

@@ -4,6 +4,7 @@
 #include "engine/backend.h"
 #include "cpu/ssm.h"
 #include "format/trdc_source.h"
+#include "refine/attach.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,7 @@ spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model
 
 void spx_model_free(spx_model *m) {
     if (!m) return;
+    spx_refine_detach(m);
     spx_model_free_layers(m);
     if (m->be) m->be->model_free(m);
     free(m->layers);
@@ -197,6 +199,7 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
         s->scores = alloc_f(th * (size_t)s->attn_gs * (size_t)n_ctx, &fail);
     }
     spx_cpu_ctx_init(&s->cpu, m->pool, m->qk);
+    s->cpu.refine = spx_refine_runtime(m);
     s->logits = alloc_f(B * (size_t)c->vocab_size, &fail);
     if (m->state_floats) {
         s->state = alloc_f((size_t)m->state_floats, &fail);

@@ -23,6 +23,8 @@
  * are split over threads by output row; attention by (token, head). */
 #include "engine/blocks.h"
 #include "engine/session.h"
+#include "refine/rmat.h"
+#include "refine/tier.h"
 #include "cpu/ops.h"
 #include "cpu/ssm.h"
 
@@ -265,5 +267,7 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     pass p = {s, ids, n, s->pos, want_logits};
     SPX_TRY(spx_blocks_run(&s->m->cfg, &cpu_blocks, &p, e));
     s->pos += n;
+    /* the refinement columns this step used are released to the cache */
+    if (s->cpu.refine && s->cpu.refine->tier) SPX_TRY(spx_tier_step_end(s->cpu.refine->tier, e));
     return SPX_OK;
 }

@@ -40,12 +40,19 @@ typedef enum spx_slot {
 
 enum { SPX_BLOCK_MIXER = 0, SPX_BLOCK_FFN = 1 };
 
+/* The refinement budget sets (StrataFlux-W, refine/rmat.h): a matrix's
+ * selected channels per chunk come from its set's budget. A mixer's input
+ * projections (q/k/v, short-conv and Mamba-2 in_proj) share one set and,
+ * reading one input, one selection; so do gate/up. */
+enum { SPX_RSET_QKV = 0, SPX_RSET_O = 1, SPX_RSET_GATE_UP = 2, SPX_RSET_DOWN = 3, SPX_RSET_COUNT = 4 };
+
 typedef struct spx_slot_info {
     const char *key;  /* short name for plan / inspect ("q", "ssm_in") */
     uint8_t mat;      /* 1: a 2-D matrix [rows, cols] held as spx_wmat (quantizable);
                        * 0: a small tensor held as owned float32 (norms, biases, conv kernels, A_log, D) */
     uint8_t block;    /* SPX_BLOCK_MIXER or SPX_BLOCK_FFN */
     int8_t feed;      /* the norm slot whose gain multiplies this matrix's input, or -1 */
+    int8_t rset;      /* matrices: the refinement budget set (SPX_RSET_*); vectors: -1 */
 } spx_slot_info;
 
 extern const spx_slot_info spx_slots[SPX_SL_COUNT];

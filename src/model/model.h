@@ -46,6 +46,7 @@ struct spx_model {
     int64_t n_layers_resident;
     const struct spx_qkernels *qk; /* CPU kernels for quantized matrices */
     int64_t max_cols;             /* widest matrix input (scratch sizing) */
+    struct spx_refine_model *refine; /* weight refinement (refine/attach.h), or NULL */
     char *path;
     spx_err err;
 };

@@ -16,6 +16,7 @@ typedef struct spx_wmat {
     spx_dtype dtype;      /* DENSE: F32, F16 or BF16 */
     const void *data;     /* DENSE: rows * cols elements */
     spx_qtensor q;        /* QUANT */
+    const struct spx_wmat_refine *ref; /* QUANT: its residual (refine/rmat.h), or NULL */
 } spx_wmat;
 
 /* Row r as float32 (dense: converted; quant: dequantized with outliers). */

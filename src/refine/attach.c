@@ -1,0 +1,111 @@
+/* attach.c: a model's weight refinement (attach.h). */
+#include "refine/attach.h"
+#include "engine/backend.h"
+#include "model/arch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+spx_refine_rt *spx_refine_runtime(spx_model *m) { return m && m->refine ? &m->refine->rt : NULL; }
+
+void spx_refine_detach(spx_model *m) {
+    spx_refine_model *rm = m ? m->refine : NULL;
+    if (!rm) return;
+    for (int64_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++) m->layers[l].w[s].ref = NULL;
+    for (int64_t i = 0; i < rm->n_mats; i++) {
+        if (rm->f32s) spx_refine_f32_free(&rm->f32s[i]);
+        if (rm->q4s) spx_refine_q4buf_free(&rm->q4s[i]);
+    }
+    free(rm->f32s);
+    free(rm->q4s);
+    free(rm->mats);
+    free(rm);
+    m->refine = NULL;
+}
+
+static int refinable(const spx_wmat *w) { return w->rows > 0 && w->kind == SPX_WM_QUANT; }
+
+/* Refinement runs in the CPU backend's matmul; a device backend's passes
+ * would ignore it. */
+static spx_status host_backend(const spx_model *m, spx_err *e) {
+    if (m->be && m->be->device)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: weight refinement runs on the CPU backend (--backend cpu); the %s backend's path is not "
+                        "built yet", m->path, m->be->name);
+    return SPX_OK;
+}
+
+spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_err *e) {
+    spx_refine_detach(m);
+    SPX_TRY(host_backend(m, e));
+    if (!m->layers || !src->layers || m->cfg.n_layers != src->cfg.n_layers)
+        return spx_fail(e, SPX_ERR_ARG, "refine: the model and its source have different layer counts");
+    int64_t n = 0;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++)
+            if (spx_slots[s].mat && refinable(&m->layers[l].w[s])) {
+                const spx_wmat *a = &m->layers[l].w[s], *b = &src->layers[l].w[s];
+                if (a->rows != b->rows || a->cols != b->cols)
+                    return spx_fail(e, SPX_ERR_ARG, "refine: layer %lld %s is [%lld, %lld], the source's [%lld, %lld]",
+                                    (long long)l, spx_slots[s].key, (long long)a->rows, (long long)a->cols,
+                                    (long long)b->rows, (long long)b->cols);
+                n++;
+            }
+    spx_refine_model *rm = calloc(1, sizeof *rm);
+    if (!rm) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    rm->mats = calloc((size_t)(n ? n : 1), sizeof *rm->mats);
+    if (exact) rm->f32s = calloc((size_t)(n ? n : 1), sizeof *rm->f32s);
+    else rm->q4s = calloc((size_t)(n ? n : 1), sizeof *rm->q4s);
+    rm->rt.kern = spx_refine_kernels_best();
+    m->refine = rm;
+    if (!rm->mats || (exact ? !rm->f32s : !rm->q4s)) {
+        spx_refine_detach(m);
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    }
+    spx_status st = SPX_OK;
+    float *w = NULL;
+    size_t w_cap = 0;
+    for (int64_t l = 0; l < m->cfg.n_layers && st == SPX_OK; l++)
+        for (int s = 0; s < SPX_SL_COUNT && st == SPX_OK; s++) {
+            spx_wmat *a = &m->layers[l].w[s];
+            if (!spx_slots[s].mat || !refinable(a)) continue;
+            const spx_wmat *b = &src->layers[l].w[s];
+            const size_t need = (size_t)a->rows * (size_t)a->cols;
+            if (need > w_cap) {
+                free(w);
+                w = malloc(need * sizeof *w);
+                w_cap = w ? need : 0;
+                if (!w) {
+                    st = spx_fail(e, SPX_ERR_NOMEM, "out of memory for a %lld x %lld source matrix", (long long)a->rows,
+                                  (long long)a->cols);
+                    break;
+                }
+            }
+            for (int64_t r = 0; r < a->rows; r++) spx_wmat_row_f32(b, r, w + (size_t)r * (size_t)a->cols);
+            const int64_t i = rm->n_mats;
+            spx_wmat_refine *ref = &rm->mats[i];
+            ref->set = spx_slots[s].rset;
+            if (exact) {
+                st = spx_refine_f32_build(&rm->f32s[i], &a->q, w, e);
+                ref->f32 = &rm->f32s[i];
+            } else {
+                st = spx_refine_q4_build(&rm->q4s[i], &a->q, w, e);
+                ref->q4 = rm->q4s[i].v;
+            }
+            rm->n_mats++; /* counted once built or failed: detach frees either */
+            if (st == SPX_OK) a->ref = ref;
+        }
+    free(w);
+    if (st != SPX_OK) spx_refine_detach(m);
+    return st;
+}
+
+spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], spx_err *e) {
+    if (!m->refine) return spx_fail(e, SPX_ERR_ARG, "%s: no refinement is attached", m->path);
+    for (int i = 0; i < SPX_RSET_COUNT; i++) {
+        if (k[i] < 0) return spx_fail(e, SPX_ERR_ARG, "refinement budget %lld: must be >= 0", (long long)k[i]);
+        m->refine->rt.k[i] = k[i];
+    }
+    return SPX_OK;
+}

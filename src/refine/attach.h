@@ -1,0 +1,33 @@
+/* attach.h: a model's weight refinement (refine/rmat.h): which matrices
+ * have a residual, where it lives, the budgets. Built in memory from the
+ * source checkpoint (tests, references, and compress's writer), or read
+ * from a .refine file. */
+#ifndef SPX_REFINE_ATTACH_H
+#define SPX_REFINE_ATTACH_H
+
+#include "model/model.h"
+#include "refine/rmat.h"
+
+typedef struct spx_refine_model {
+    spx_refine_rt rt;
+    spx_wmat_refine *mats; /* [n_mats], in layer then slot order */
+    int64_t n_mats;
+    spx_refine_f32 *f32s;  /* owned residuals of spx_refine_build (exact) */
+    spx_refine_q4buf *q4s; /* owned residuals of spx_refine_build (4-bit) */
+} spx_refine_model;
+
+/* The model's runtime (for the CPU matmul), or NULL without refinement. */
+spx_refine_rt *spx_refine_runtime(spx_model *m);
+/* Builds the residual of every quantized layer matrix of m (a compressed
+ * model) against the same matrix of src (the source checkpoint it was
+ * compressed from: same config, dense weights), in memory: exact float32
+ * (exact != 0) or the 4-bit columns, and attaches them with every budget
+ * 0 (off). SPX_ERR_ARG when the two models' shapes differ. */
+spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_err *e);
+/* Channels per chunk of SPX_REFINE_CHUNK for each SPX_RSET_* (0: off;
+ * >= the chunk: every channel). */
+spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], spx_err *e);
+/* Drops the model's refinement (the matrices lose their residuals). */
+void spx_refine_detach(spx_model *m);
+
+#endif
