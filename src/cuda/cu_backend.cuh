@@ -127,6 +127,7 @@ struct cu_sess {
     float *proj;                     /* [B, widest recurrent in_proj output] or NULL */
     float *state, *state_ckpt;       /* the recurrent layers' state cache (m->state_floats) and its checkpoint */
     float *ws;                       /* split-K workspace of the GEMM */
+    float *ssd_work;                 /* the chunked SSD scan's scratch (spx_mem_ssd_work_floats for B tokens) or NULL */
     size_t ws_floats;
     __half *x16;                     /* [B, max(H, qd, I)] */
     __half *w16;                     /* fp16 weight scratch of the cuBLAS prefill GEMM (NULL: gemm_q4.cu's kernel) */

@@ -294,7 +294,10 @@ static spx_status blk_mamba2(const fwd &f, const cu_layer *L, int64_t l, bool pd
     a.dt_lo = c->ssm_dt_lo, a.dt_hi = c->ssm_dt_hi;
     const float *dt = cs->proj + di + cd, *B = xbc + di, *C = B + GN;
     if (f.n == 1) SPX_CUDA_TRY(e, spx_cu_ssd_step(a, xbc, dt, B, C, ssm_state, cs->att, f.st));
-    else SPX_CUDA_TRY(e, spx_cu_ssd_scan(a, xbc, dt, B, C, R, f.n, ssm_state, cs->att, di, f.st));
+    else {
+        const size_t wf = cs->ssd_work ? spx_mem_ssd_work_floats(a.H, a.P, a.N, f.n) : 0;
+        SPX_CUDA_TRY(e, spx_cu_ssd_scan(a, xbc, dt, B, C, R, f.n, ssm_state, cs->att, di, cs->ssd_work, wf, f.st));
+    }
     SPX_CUDA_TRY(e, spx_cu_rmsnorm_gated(cs->att, cs->att, di, cs->proj, R, L->v[SPX_SL_SSM_NORM], f.n, (int)di,
                                          (int)c->ssm_norm_group, f.eps, f.st));
     return out_proj(f, L->w[SPX_SL_SSM_OUT], L->v[SPX_SL_SSM_OUT_B], cs->att, NULL, false, e);

@@ -134,6 +134,7 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_pos, z.pos));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_best, z.best));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->attn_cnt, z.attn_cnt));
+    if (z.ssd) SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->ssd_work, z.ssd));
     SPX_CUDA_TRY(e, cudaMemsetAsync(cs->attn_cnt, 0, (size_t)c->n_heads * 4, cs->st));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->d_samp, sizeof(spx_sample_dev)));
     SPX_CUDA_TRY(e, cudaMallocHost((void **)&cs->pin_samp, sizeof(spx_sample_dev)));

@@ -7,7 +7,8 @@
  *   shortconv_gates B *= u inside LFM2's in_proj rows [B | C | u]
  *   mul_rows        out = a * b over rows (LFM2: C * conv(B u))
  *   ssd_step        Mamba-2 selective state update, one token
- *   ssd_scan        the same over T tokens of a prompt, state carried
+ *   ssd_scan        the same over T tokens of a prompt, state carried:
+ *                   sequential, or chunked for long prompts
  *   rmsnorm_gated   w * groupnorm(y * silu(z))
  *   relu2, swiglu_fused, axpy, scale: the FFN activations, the residual
  *                   add with a multiplier, embed_mult / logits_div
@@ -66,19 +67,29 @@ struct spx_cu_ssd {
 
 /* One token: x[H*P], dt_raw[H], B[G*N], C[G*N] -> y[H*P]; state[H, P, N]
  * updated in place. y must not overlap the inputs or the state. The same
- * kernel as spx_cu_ssd_scan with T = 1, so a prompt fed as steps and as one
- * scan gives bit-identical outputs and state. */
+ * kernel as the sequential spx_cu_ssd_scan, so a prompt fed as steps and
+ * as one sequential scan gives bit-identical outputs and state. */
 cudaError_t spx_cu_ssd_step(const spx_cu_ssd &a, const float *x, const float *dt_raw, const float *B, const float *C,
                             float *state, float *y, cudaStream_t st);
 
 /* T tokens (a prompt; any T >= 0, the engine calls it with <= 512): token
  * t's x at x + t*ldx, dt at dt_raw + t*ldx, B at B + t*ldx, C at C + t*ldx
  * (views into one in_proj row, as spx_cpu_ssd_chunked), y[t * ldy + h*P +
- * p]; state[H, P, N] carried in and out. Equals T calls of spx_cu_ssd_step
- * bit for bit, and so any split of the tokens into calls. y must not
- * overlap the inputs or the state. */
+ * p]; state[H, P, N] carried in and out. y must not overlap the inputs,
+ * the state or work.
+ *   Sequential (T <= SPX_MEM_SSD_CHUNK of engine/memory.h, or work ==
+ *   NULL): one kernel, equal to T calls of spx_cu_ssd_step bit for bit,
+ *   and so to any split of the tokens into sequential calls.
+ *   Chunked (T > SPX_MEM_SSD_CHUNK and work != NULL): work is device
+ *   scratch of work_floats >= spx_mem_ssd_work_floats(H, P, N, T) floats
+ *   (else cudaErrorInvalidValue, nothing launched); three kernels, state
+ *   passing over chunks (ssm.cu says how and why). Equals T steps within
+ *   float32 rounding (tests/cuda/test_cuda_ssm.cu names the bound), the
+ *   same bits on every run of the same call.
+ * work's contents need not survive between calls. */
 cudaError_t spx_cu_ssd_scan(const spx_cu_ssd &a, const float *x, const float *dt_raw, const float *B, const float *C,
-                            int64_t ldx, int T, float *state, float *y, int64_t ldy, cudaStream_t st);
+                            int64_t ldx, int T, float *state, float *y, int64_t ldy, float *work, size_t work_floats,
+                            cudaStream_t st);
 
 /* out[t * n + i] (rows dense) = w[i] * groupnorm(v)[i], v = y[t * ldy + i]
  * * silu(z[t * ldz + i]), groups of gs values (n % gs == 0): v / sqrt(

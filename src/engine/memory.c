@@ -22,6 +22,12 @@ void spx_mem_mat_parts(const spx_qtensor *q, size_t parts[5]) {
     parts[4] = q->n_outliers > 0 ? (size_t)q->rows * (size_t)q->n_outliers * 2 : 0;
 }
 
+size_t spx_mem_ssd_work_floats(int64_t H, int64_t P, int64_t N, int64_t T) {
+    const int64_t nc = (T + SPX_MEM_SSD_CHUNK - 1) / SPX_MEM_SSD_CHUNK;
+    if (nc <= 1) return 0;
+    return (size_t)nc * (size_t)H * (size_t)P * (size_t)N + (size_t)T * (size_t)H;
+}
+
 static void take_mat(size_t *off, const spx_qtensor *q) {
     size_t p[5];
     spx_mem_mat_parts(q, p);
@@ -97,6 +103,8 @@ void spx_mem_cuda_scratch(const spx_config *c, int64_t state_floats, int with_w1
     s->pos = 4;
     s->best = 8;
     s->attn_cnt = (size_t)c->n_heads * 4;
+    /* every Mamba-2 layer has the config's SSD shape */
+    s->ssd = di ? spx_mem_ssd_work_floats(c->ssm_heads, c->ssm_head_dim, c->ssm_state, (int64_t)B) * 4 : 0;
     s->total = s->h + s->x + s->q + s->k + s->v + s->att + s->gate + s->proj + s->state + s->state_ckpt + s->up +
-               s->logits + s->part + s->x16 + s->ws + s->w16 + s->ids + s->pos + s->best + s->attn_cnt;
+               s->logits + s->part + s->x16 + s->ws + s->w16 + s->ids + s->pos + s->best + s->attn_cnt + s->ssd;
 }

@@ -25,6 +25,9 @@
 #define SPX_MEM_SLACK 16
 /* n_tok * n_splits bound of the attention's split-K partials */
 #define SPX_MEM_PART_TOK_SPLITS 128
+/* Tokens per chunk of the device's chunked Mamba-2 prompt scan
+ * (cuda/ssm.cu says why 64; its intra-chunk kernels are built for it). */
+#define SPX_MEM_SSD_CHUNK 64
 
 /* Reserves n bytes at *off (rounded up to SPX_MEM_ALIGN) plus the slack;
  * returns the component's offset. */
@@ -34,6 +37,12 @@ int spx_mem_dev_tiled(const spx_qtensor *q);
 /* The five component sizes of q on the device: codes, scales, zeros,
  * outlier indices, outlier values (the last two 0 without outliers). */
 void spx_mem_mat_parts(const spx_qtensor *q, size_t parts[5]);
+/* Floats of scratch the chunked device SSD scan of T tokens needs
+ * (spx_cu_ssd_scan, cuda/ssm.cuh): every chunk's end state [n_chunks, H,
+ * P, N] and each token's cumulative decay [T, H], n_chunks = ceil(T /
+ * SPX_MEM_SSD_CHUNK); 0 for T <= SPX_MEM_SSD_CHUNK (one chunk: the
+ * sequential scan, no scratch). */
+size_t spx_mem_ssd_work_floats(int64_t H, int64_t P, int64_t N, int64_t T);
 /* Whether the LM head is the embedding's own codes (tied: stored once). */
 int spx_mem_head_shared(const spx_model *m);
 /* Bytes of a layer's and of the global image, from offset 0. */
@@ -47,6 +56,7 @@ size_t spx_mem_global_image(const spx_model *m);
  * planner counts it whether or not cuBLAS loads at run time). */
 typedef struct spx_cuda_scratch {
     size_t h, x, q, k, v, att, gate, proj, state, state_ckpt, up, logits, part, x16, ws, w16, ids, pos, best, attn_cnt;
+    size_t ssd;       /* the chunked SSD scan's scratch (0 without Mamba-2 layers) */
     size_t wide;      /* the widest activation row (floats) */
     size_t ws_floats; /* split-K partials */
     size_t w16_elems;

@@ -17,10 +17,20 @@
  *       inputs laid out as one projection row per token [x | B | C | dt |
  *       NaN pad] (the engine's views), a random incoming state, the dt
  *       clamp exercised (dt_lo 1e-3 on heads built to fall under it, the
- *       softplus threshold, dt_hi 0.1). One scan call against T calls of
- *       spx_cpu_ssd_step and against spx_cpu_ssd_chunked, outputs and final
- *       state; T calls of spx_cu_ssd_step and the scan split into T1 + T2
- *       tokens must equal one scan call bit for bit.
+ *       softplus threshold, dt_hi 0.1). The sequential scan (no scratch):
+ *       one call against T calls of spx_cpu_ssd_step and against
+ *       spx_cpu_ssd_chunked, outputs and final state; T calls of
+ *       spx_cu_ssd_step and the scan split into T1 + T2 tokens must equal
+ *       one call bit for bit. The scan with scratch (chunked for T > L =
+ *       SPX_MEM_SSD_CHUNK, scratch poisoned): bit-identical to the
+ *       sequential one for T <= L; above, against the CPU's step chain and
+ *       the device's T steps, outputs and final state, the same bits on a
+ *       second run, and split into T1 + T2 chunked calls.
+ *   ssd chunked: T L-1, L, L+1, 3L+5, 512 (the engine's batch) for N 16, 64,
+ *       128 with G 2, 3, 4, and shapes whose tiles are partial (P 80: a
+ *       second, partial block of rows; N 48: a partial step of 32 state
+ *       values in the correction; N 1, 20, 33, 200, 256: every instance of
+ *       the chunk kernel with idle lanes; P 7, 9, 12: idle rows).
  *   rmsnorm_gated: gs = n and n / 4, n 1536 and 200, strided y and z, in
  *       place (out == y) and not, against spx_cpu_rmsnorm_gated.
  *   shortconv_gates, mul_rows, relu2, axpy, scale: bit-identical to the
@@ -41,6 +51,8 @@
 extern "C" {
 #include "cpu/ssm.h"
 #include "cpu/ssm_internal.h"
+#include "engine/memory.h"
+#include "engine/session.h" /* SPX_BATCH_MAX_CUDA */
 #include "testlib.h"
 }
 
@@ -67,6 +79,20 @@ extern "C" {
  * (the worst is printed). */
 static double ssd_cpu_tol(int64_t N, int64_t L, int64_t T) { return ULP * (double)(N + L + 4 * T + 16); }
 static double ssd_gpu_tol(int64_t N, int64_t T) { return ULP * (double)(N + 8 * T + 16); }
+/* The chunked scan (ssm.cu): token t of chunk c > 0 is y_loc_t (the
+ * sequential scan from zero over the chunk: within ssd_gpu_tol(N, L) of
+ * its own magnitude, which the total's bounds) plus cum_t (C_t . E), the
+ * incoming state E within the chained bound of the t0 tokens before it
+ * (8 per step as the sequential scan, and per chunk one rounding of the
+ * fused carry d E + E_c and up to L of the running product d), cum_t
+ * within L more roundings, the dot over N N more, the product and the
+ * add 2 more. So N + 8 T + 16 as the sequential bound, plus N (the second
+ * dot), L (cum), 2 + L per chunk; n_chunks counted with one to spare
+ * (a split into two calls cuts one chunk in two). */
+static double ssd_gpu_chunked_tol(int64_t N, int64_t T) {
+    const int64_t L = SPX_MEM_SSD_CHUNK, nc = (T + L - 1) / L + 1;
+    return ULP * (double)(2 * N + 8 * T + L + (L + 2) * nc + 16);
+}
 
 /* gated norm: each side within tests/test_ssm.c's NORM_TOL_REL (2e-6, ~32
  * ulps of |out|) of the exact value (CUDA's expf adds at most 2 ulps to the
@@ -297,16 +323,17 @@ struct ssd_dev {
     spx_cu_ssd a;
 };
 
-/* tokens [t0, t0 + n) in one scan call */
-static void gpu_scan(const ssd_data &d, const ssd_dev &g, int64_t ldy, int64_t t0, int64_t n) {
+/* tokens [t0, t0 + n) in one scan call; work NULL: the sequential scan */
+static void gpu_scan(const ssd_data &d, const ssd_dev &g, int64_t ldy, int64_t t0, int64_t n, float *work = NULL,
+                     size_t work_floats = 0) {
     const float *r = g.proj + t0 * d.ld;
     CK(spx_cu_ssd_scan(g.a, r, r + d.offdt(), r + d.offB(), r + d.offC(), d.ld, (int)n, g.state, g.y + t0 * ldy, ldy,
-                       g_st));
+                       work, work_floats, g_st));
 }
 
 struct ssd_stats {
-    int cases;
-    double vs_loop, vs_chunk;
+    int cases, chunked;
+    double vs_loop, vs_chunk, ch_vs_loop, ch_vs_steps, ch_split;
 };
 
 static void ssd_case(int64_t H, int64_t P, int64_t N, int64_t G, int64_t T, int clamp, ssd_stats &stt) {
@@ -385,10 +412,65 @@ static void ssd_case(int64_t H, int64_t P, int64_t N, int64_t G, int64_t T, int 
               what, (long long)T1, (long long)(T - T1), d2, e2);
         split_ok = d2 == 0 && e2 == 0;
     }
+    /* device: the scan with scratch, the scratch poisoned (a read of an
+     * unwritten value spreads NaN) */
+    const int64_t L = SPX_MEM_SSD_CHUNK;
+    const size_t wf = spx_mem_ssd_work_floats(H, P, N, T);
+    float *dwork = dev_alloc<float>(wf + 1);
+    up(g.state, d.S0);
+    poison(g.y, (size_t)(T * ldy));
+    poison(dwork, wf + 1);
+    gpu_scan(d, g, ldy, 0, T, dwork, wf);
+    std::vector<float> yw = down(g.y, (size_t)(T * ldy)), Sw = down(g.state, (size_t)hpn);
+    char chunked[160];
+    if (T <= L) {
+        const int dyw = n_diff_bits(yw.data(), ys.data(), yw.size()), dsw = n_diff_bits(Sw.data(), Ss.data(), Sw.size());
+        CHECK(dyw == 0 && dsw == 0, "%s: with scratch (one chunk) differs from the sequential scan in %d outputs, %d "
+              "state values", what, dyw, dsw);
+        snprintf(chunked, sizeof chunked, "with scratch = sequential %s", dyw == 0 && dsw == 0 ? "yes" : "NO");
+    } else {
+        const double tq = ssd_gpu_chunked_tol(N, T);
+        const double qy = ssd_ratio(yw.data(), yl.data(), ldy, Ymag.data(), T, HP, tq + ssd_cpu_tol(N, 0, T)),
+                     qs = ssd_ratio(Sw.data(), Sl.data(), 0, Smag.data(), 1, hpn, tq + ssd_cpu_tol(N, 0, T));
+        const double gy = ssd_ratio(yw.data(), yt.data(), ldy, Ymag.data(), T, HP, tq + ssd_gpu_tol(N, T)),
+                     gs = ssd_ratio(Sw.data(), St.data(), 0, Smag.data(), 1, hpn, tq + ssd_gpu_tol(N, T));
+        CHECK(qy <= 1 && qs <= 1, "%s: chunked scan vs spx_cpu_ssd_step x T: y %.3g, state %.3g of the bound", what, qy,
+              qs);
+        CHECK(gy <= 1 && gs <= 1, "%s: chunked scan vs spx_cu_ssd_step x T: y %.3g, state %.3g of the bound", what, gy,
+              gs);
+        CHECK(pad_written(yw.data(), ldy, T, HP) == 0, "%s: chunked scan wrote y's padding", what);
+        /* the same bits on a second run */
+        up(g.state, d.S0);
+        poison(g.y, (size_t)(T * ldy));
+        poison(dwork, wf + 1);
+        gpu_scan(d, g, ldy, 0, T, dwork, wf);
+        std::vector<float> yr = down(g.y, (size_t)(T * ldy)), Sr = down(g.state, (size_t)hpn);
+        const int dr = n_diff_bits(yr.data(), yw.data(), yr.size()) + n_diff_bits(Sr.data(), Sw.data(), Sr.size());
+        CHECK(dr == 0, "%s: a second chunked scan differs from the first in %d values", what, dr);
+        /* split into T1 + T2 calls with scratch, state carried (the first
+         * part sequential when T1 <= L) */
+        const int64_t T1 = T / 3 + 1;
+        up(g.state, d.S0);
+        poison(g.y, (size_t)(T * ldy));
+        poison(dwork, wf + 1);
+        gpu_scan(d, g, ldy, 0, T1, dwork, wf);
+        gpu_scan(d, g, ldy, T1, T - T1, dwork, wf);
+        std::vector<float> y2 = down(g.y, (size_t)(T * ldy)), S2 = down(g.state, (size_t)hpn);
+        const double py = ssd_ratio(y2.data(), yl.data(), ldy, Ymag.data(), T, HP, tq + ssd_cpu_tol(N, 0, T)),
+                     ps = ssd_ratio(S2.data(), Sl.data(), 0, Smag.data(), 1, hpn, tq + ssd_cpu_tol(N, 0, T));
+        CHECK(py <= 1 && ps <= 1, "%s: chunked scan of %lld + %lld tokens vs spx_cpu_ssd_step x T: y %.3g, state %.3g of "
+              "the bound", what, (long long)T1, (long long)(T - T1), py, ps);
+        snprintf(chunked, sizeof chunked, "chunked vs cpu steps y %.4f state %.4f, vs device steps y %.4f state %.4f, "
+                 "split %.4f; rerun same %s", qy, qs, gy, gs, py > ps ? py : ps, dr == 0 ? "yes" : "NO");
+        stt.chunked++;
+        stt.ch_vs_loop = fmax(stt.ch_vs_loop, fmax(qy, qs));
+        stt.ch_vs_steps = fmax(stt.ch_vs_steps, fmax(gy, gs));
+        stt.ch_split = fmax(stt.ch_split, fmax(py, ps));
+    }
     printf("  %s: vs cpu steps y %.4f state %.4f, vs chunked y %.4f state %.4f of the bound; steps = scan %s; "
-           "split %s; clamped lo %d hi %d, threshold %d\n",
-           what, ry, rs, cy, cs, dy == 0 && ds == 0 ? "yes" : "NO", split_ok < 0 ? "-" : split_ok ? "yes" : "NO", n_lo,
-           n_hi, n_thr);
+           "split %s; %s; clamped lo %d hi %d, threshold %d\n",
+           what, ry, rs, cy, cs, dy == 0 && ds == 0 ? "yes" : "NO", split_ok < 0 ? "-" : split_ok ? "yes" : "NO",
+           chunked, n_lo, n_hi, n_thr);
     stt.cases++;
     if (ry > stt.vs_loop) stt.vs_loop = ry;
     if (rs > stt.vs_loop) stt.vs_loop = rs;
@@ -398,7 +480,7 @@ static void ssd_case(int64_t H, int64_t P, int64_t N, int64_t G, int64_t T, int 
 }
 
 static void test_ssd(void) {
-    ssd_stats st = {0, 0, 0};
+    ssd_stats st = {};
     static const int64_t Ts[] = {1, 5, 64, 300};
     struct shape {
         int64_t H, P, N, G;
@@ -418,8 +500,23 @@ static void test_ssd(void) {
     ssd_case(2, 8, 256, 1, 20, 0, st);
     /* three shared-memory tiles of dt (256 + 256 + 88) */
     ssd_case(8, 32, 16, 1, 600, 1, st);
-    printf("ssd: %d cases; worst err / bound: scan vs cpu steps %.4f, vs cpu chunked %.4f\n", st.cases, st.vs_loop,
-           st.vs_chunk);
+    /* the chunked scan around its chunk length, and the engine's batch */
+    const int64_t L = SPX_MEM_SSD_CHUNK;
+    const int64_t Tc[] = {L - 1, L, L + 1, 3 * L + 5, SPX_BATCH_MAX_CUDA};
+    static const shape cshapes[] = {{8, 64, 16, 2}, {12, 64, 64, 3}, {16, 64, 128, 4}, {4, 80, 48, 2}};
+    for (const shape &s : cshapes)
+        for (int64_t T : Tc) ssd_case(s.H, s.P, s.N, s.G, T, k++ % 3, st);
+    /* every instance of step 1 (N <= 16, 32, 64, 128, 256) with idle rows
+     * and lanes: N 20 (P 12 of a warp's 32 rows), 33, 200 (two float4s per
+     * lane, the second partial), 256, 1 */
+    ssd_case(6, 12, 20, 3, 2 * L + 9, 0, st);
+    ssd_case(5, 7, 33, 5, 2 * L + 7, 1, st);
+    ssd_case(3, 20, 200, 1, 2 * L + 5, 2, st);
+    ssd_case(2, 8, 256, 1, 2 * L + 3, 1, st);
+    ssd_case(4, 9, 1, 2, 2 * L + 1, 2, st);
+    printf("ssd: %d cases; worst err / bound: sequential scan vs cpu steps %.4f, vs cpu chunked %.4f; %d chunked "
+           "cases: vs cpu steps %.4f, vs device steps %.4f, split in two calls %.4f\n",
+           st.cases, st.vs_loop, st.vs_chunk, st.chunked, st.ch_vs_loop, st.ch_vs_steps, st.ch_split);
 }
 
 /* ======================================================================
@@ -596,13 +693,16 @@ static void test_elementwise(void) {
 struct chain_bufs {
     float *cx, *cw, *cb, *cs, *cy;              /* conv: in, weights, bias, state, out */
     float *proj, *sstate, *sy, *sy1, *Alog, *D, *bias; /* ssd */
+    float *proj2, *sstate2, *sy2, *work2;       /* ssd, chunked: n2 tokens */
     float *z, *nw, *nout;                       /* gated norm */
     float *gu, *go, *h, *lg;                    /* swiglu, axpy, scale, relu2 */
 };
 
+#define CHAIN_N2 (2 * SPX_MEM_SSD_CHUNK + 2) /* three chunks */
+
 static std::vector<float> run_chain(const chain_bufs &b, const std::vector<std::vector<float>> &init,
                                     const std::vector<float *> &targets, int capture) {
-    const int C = 300, K = 4, n = 9, H = 8, P = 32, N = 16, G = 2, HP = H * P;
+    const int C = 300, K = 4, n = 9, H = 8, P = 32, N = 16, G = 2, HP = H * P, n2 = CHAIN_N2;
     const int64_t ld = HP + 2 * G * N + H;
     for (size_t i = 0; i < targets.size(); i++) up(targets[i], init[i]);
     spx_cu_ssd a = {H, P, N, G, b.Alog, b.D, b.bias, 1e-3f, INFINITY};
@@ -612,7 +712,9 @@ static std::vector<float> run_chain(const chain_bufs &b, const std::vector<std::
     if (capture) CK(cudaStreamBeginCapture(g_st, cudaStreamCaptureModeGlobal));
     CK(spx_cu_conv_causal(b.cx, C, n, C, b.cw, b.cb, K, b.cs, 1, b.cy, C, g_st));
     CK(spx_cu_ssd_scan(a, b.proj, b.proj + HP + 2 * G * N, b.proj + HP, b.proj + HP + G * N, ld, n - 1, b.sstate, b.sy,
-                       HP, g_st));
+                       HP, NULL, 0, g_st));
+    CK(spx_cu_ssd_scan(a, b.proj2, b.proj2 + HP + 2 * G * N, b.proj2 + HP, b.proj2 + HP + G * N, ld, n2, b.sstate2,
+                       b.sy2, HP, b.work2, spx_mem_ssd_work_floats(H, P, N, n2), g_st));
     const float *last = b.proj + (n - 1) * ld;
     CK(spx_cu_ssd_step(a, last, last + HP + 2 * G * N, last + HP, last + HP + G * N, b.sstate, b.sy1, g_st));
     CK(spx_cu_rmsnorm_gated(b.nout, b.sy, HP, b.z, HP, b.nw, n - 1, HP, HP / 4, 1e-5f, g_st));
@@ -643,7 +745,7 @@ static std::vector<float> run_chain(const chain_bufs &b, const std::vector<std::
 }
 
 static void test_graph(void) {
-    const int C = 300, K = 4, n = 9, H = 8, P = 32, N = 16, G = 2, HP = H * P;
+    const int C = 300, K = 4, n = 9, H = 8, P = 32, N = 16, G = 2, HP = H * P, n2 = CHAIN_N2;
     const int64_t ld = HP + 2 * G * N + H;
     chain_bufs b;
     std::vector<std::vector<float>> init;
@@ -665,6 +767,10 @@ static void test_graph(void) {
     buf(&b.Alog, (size_t)H, 0.5f);
     buf(&b.D, (size_t)H, 1.0f);
     buf(&b.bias, (size_t)H, 1.0f);
+    buf(&b.proj2, (size_t)(n2 * ld), 1.0f);
+    buf(&b.sstate2, (size_t)HP * N, 0.5f);
+    buf(&b.sy2, (size_t)n2 * HP, 1.0f);
+    buf(&b.work2, spx_mem_ssd_work_floats(H, P, N, n2), 1.0f);
     buf(&b.z, (size_t)(n - 1) * HP, 2.0f);
     buf(&b.nw, (size_t)HP, 0.2f);
     buf(&b.nout, (size_t)(n - 1) * HP, 1.0f);
@@ -691,11 +797,20 @@ static void test_graph(void) {
 static void test_args(void) {
     float *d = dev_alloc<float>(64);
     spx_cu_ssd a = {4, 8, 16, 3, d, d, d, 0.0f, INFINITY}; /* H % G != 0 */
-    CHECK(spx_cu_ssd_scan(a, d, d, d, d, 0, 1, d, d, 0, g_st) == cudaErrorInvalidValue, "ssd: H %% G != 0 accepted");
+    CHECK(spx_cu_ssd_scan(a, d, d, d, d, 0, 1, d, d, 0, NULL, 0, g_st) == cudaErrorInvalidValue,
+          "ssd: H %% G != 0 accepted");
     a.G = 2, a.N = SPX_CU_SSD_MAX_N + 1;
     CHECK(spx_cu_ssd_step(a, d, d, d, d, d, d, g_st) == cudaErrorInvalidValue, "ssd: N too large accepted");
     a.N = 16;
-    CHECK(spx_cu_ssd_scan(a, d, d, d, d, 0, 0, d, d, 0, g_st) == cudaSuccess, "ssd: T = 0 refused");
+    CHECK(spx_cu_ssd_scan(a, d, d, d, d, 0, 0, d, d, 0, NULL, 0, g_st) == cudaSuccess, "ssd: T = 0 refused");
+    /* chunked: scratch smaller than spx_mem_ssd_work_floats refused, nothing launched */
+    const int T = SPX_MEM_SSD_CHUNK + 1;
+    const size_t need = spx_mem_ssd_work_floats(a.H, a.P, a.N, T);
+    CHECK(need > 0 && spx_mem_ssd_work_floats(a.H, a.P, a.N, SPX_MEM_SSD_CHUNK) == 0,
+          "ssd: scratch of %zu floats for %d tokens, %zu for one chunk", need, T,
+          spx_mem_ssd_work_floats(a.H, a.P, a.N, SPX_MEM_SSD_CHUNK));
+    CHECK(spx_cu_ssd_scan(a, d, d, d, d, 0, T, d, d, 0, d, need - 1, g_st) == cudaErrorInvalidValue,
+          "ssd: chunked scan with too little scratch accepted");
     CHECK(spx_cu_conv_causal(d, 1, 1, 1, d, NULL, SPX_CU_CONV_MAX_K + 1, d, 0, d, 1, g_st) == cudaErrorInvalidValue,
           "conv: K too large accepted");
     CHECK(spx_cu_conv_causal(d, 1, 1, 1, d, NULL, 0, d, 0, d, 1, g_st) == cudaErrorInvalidValue, "conv: K = 0 accepted");
