@@ -4,7 +4,7 @@
 __global__ void silu_mul_kernel(const float *gate, const float *up, int64_t n, float *out32, __half *out16) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i];
-        float v = g / (1.0f + expf(-g)) * up[i];
+        float v = spx_silu_dev(g) * up[i];
         if (out32) out32[i] = v;
         if (out16) out16[i] = __float2half_rn(v);
     }

@@ -56,6 +56,10 @@ __device__ __forceinline__ void spx_dq_group(const spx_dqmat &w, int64_t r, int 
     }
 }
 
+/* silu(g) = g / (1 + e^-g), as the CPU's spx_cpu_silu_mul: the one
+ * definition every CUDA kernel uses (SwiGLU launches, Mamba-2 gates). */
+__device__ __forceinline__ float spx_silu_dev(float g) { return g / (1.0f + expf(-g)); }
+
 __device__ __forceinline__ float spx_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

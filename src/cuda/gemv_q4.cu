@@ -136,7 +136,7 @@ __device__ __forceinline__ uint32_t gm_digits_hi(uint32_t u0, uint32_t u1, uint3
 }
 __device__ __forceinline__ unsigned gm_absbits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 /* silu(g) * u with the CPU's operations in its order (spx_cpu_silu_mul) */
-__device__ __forceinline__ float gm_silu(float g) { return g / (1.0f + expf(-g)); }
+__device__ __forceinline__ float gm_silu(float g) { return spx_silu_dev(g); }
 
 /* The input image (see the top), the outlier input table, and the rmsnorm
  * factor (1 without gain). Threads take (group g, word w) slots: columns

@@ -33,7 +33,7 @@ extern "C" {
 #include "engine/memory.h" /* SPX_MEM_SSD_CHUNK, spx_mem_ssd_work_floats: the scratch, defined once */
 }
 
-__device__ __forceinline__ float spx_silu_f(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float spx_silu_f(float v) { return spx_silu_dev(v); }
 
 static unsigned ew_grid(int64_t n) {
     const int64_t b = (n + 255) / 256;
@@ -686,7 +686,7 @@ __global__ void swiglu_fused_kernel(const float *__restrict__ gu, int64_t total,
         const int64_t t = i / I, j = i - t * I;
         const float *row = gu + t * 2 * (int64_t)I;
         const float g = row[j];
-        out[i] = g / (1.0f + expf(-g)) * row[I + j];
+        out[i] = spx_silu_dev(g) * row[I + j];
     }
 }
 
