@@ -2,8 +2,8 @@
  * (cpu/qkernels.h) on Llama-like shapes. A program, not a test: prints a
  * table.
  *
- * Per shape (rows x cols = out x in features, 4-bit, G32 by default, 1%
- * outlier columns) and per kernel table and thread count: GEMV (T = 1)
+ * Per shape (rows x cols = out x in features, 4-bit (--bits 2, 3 or 4),
+ * G32 by default, 1% outlier columns) and per kernel table and thread count: GEMV (T = 1)
  * median time per call over --runs calls after warm-up, and the weight
  * bytes read per call (codes + scales + zeros + outlier values and
  * indices) over that time; GEMM (T = --tokens, default 512) in GFLOP/s
@@ -51,9 +51,9 @@ typedef struct bmat {
     size_t bytes; /* weight bytes a matmul reads */
 } bmat;
 
-static int bmat_init(bmat *m, int64_t rows, int64_t cols, int group, double out_frac) {
+static int bmat_init(bmat *m, int64_t rows, int64_t cols, int bits, int group, double out_frac) {
     memset(m, 0, sizeof *m);
-    int64_t ng = cols / group, crb = cols / 2, zrb = (ng + 1) / 2;
+    int64_t ng = cols / group, crb = spx_q_codes_row_bytes(cols, bits), zrb = (ng + 1) / 2;
     int64_t no = (int64_t)(out_frac * (double)cols);
     m->codes = malloc((size_t)(rows * crb));
     m->zeros = malloc((size_t)(rows * zrb));
@@ -66,7 +66,7 @@ static int bmat_init(bmat *m, int64_t rows, int64_t cols, int group, double out_
     for (int64_t i = 0; i < rows * ng; i++) m->scales[i] = spx_f32_to_f16(1e-3f + 9e-3f * next_unit());
     for (int64_t i = 0; i < rows * no; i++) m->ov[i] = spx_f32_to_f16(next_unit() - 0.5f);
     for (int64_t j = 0; j < no; j++) m->oi[j] = (int32_t)(j * (cols / no) + (cols / no) / 2);
-    m->q = (spx_qtensor){rows, cols, 4, group, no, m->codes, m->scales, m->zeros, m->oi, m->ov, SPX_Q_ROWS};
+    m->q = (spx_qtensor){rows, cols, bits, group, no, m->codes, m->scales, m->zeros, m->oi, m->ov, SPX_Q_ROWS};
     m->bytes = (size_t)(rows * crb + rows * zrb + rows * ng * 2 + rows * no * 2 + no * 4);
     return 1;
 }
@@ -161,6 +161,7 @@ static void usage(const char *argv0) {
            "  --runs N        GEMV calls timed per row (int >= 1, default 20)\n"
            "  --gemm-runs N   GEMM calls timed per row (int >= 1, default 5; 0 skips GEMM)\n"
            "  --tokens T      GEMM tokens (int >= 2, default 512)\n"
+           "  --bits B        code width (2, 3 or 4, default 4; tiled needs 4)\n"
            "  --group G       group size (32, 64 or 128, default 32)\n"
            "  --outliers F    outlier column fraction (float in [0, 0.5], default 0.01)\n"
            "  --threads N     largest thread count; rows for 1..N (int 1..64, default 2)\n"
@@ -173,7 +174,7 @@ static void usage(const char *argv0) {
 }
 
 int main(int argc, char **argv) {
-    int runs = 20, gemm_runs = 5, group = 32, max_threads = 2, scalar_gemm = 0, rounds = 2;
+    int runs = 20, gemm_runs = 5, group = 32, bits = 4, max_threads = 2, scalar_gemm = 0, rounds = 2;
     int use_rows = 1, use_tiled = 1, layout_set = 0;
     int64_t T = 512;
     double out_frac = 0.01;
@@ -192,6 +193,8 @@ int main(int argc, char **argv) {
             gemm_runs = atoi(v), i++;
         } else if (v && !strcmp(a, "--tokens")) {
             T = atoll(v), i++;
+        } else if (v && !strcmp(a, "--bits")) {
+            bits = atoi(v), i++;
         } else if (v && !strcmp(a, "--group")) {
             group = atoi(v), i++;
         } else if (v && !strcmp(a, "--outliers")) {
@@ -222,22 +225,22 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (runs < 1 || gemm_runs < 0 || T < 2 || !spx_q_group_stored_ok(group) || out_frac < 0 ||
+    if (runs < 1 || gemm_runs < 0 || T < 2 || !spx_q_group_stored_ok(group) || bits < 2 || bits > 4 || out_frac < 0 ||
         out_frac > 0.5 || max_threads < 1 || max_threads > 64 || rounds < 1) {
         fprintf(stderr, "bad option value (see --help)\n");
         return 2;
     }
     const spx_qkernels *tables[2] = {spx_qkernels_scalar(), spx_qkernels_get("avx2")};
-    if (use_tiled && group != 32) {
+    if (use_tiled && (group != 32 || bits != 4)) {
         if (layout_set) {
-            fprintf(stderr, "--layout tiled/both needs --group 32\n");
+            fprintf(stderr, "--layout tiled/both needs --group 32 and --bits 4\n");
             return 2;
         }
         use_tiled = 0; /* the default, both, means rows only here */
     }
-    printf("bench_kernels: 4-bit G%d, %.1f%% outliers, GEMV median of %d x %d rounds, GEMM T=%lld "
+    printf("bench_kernels: %d-bit G%d, %.1f%% outliers, GEMV median of %d x %d rounds, GEMM T=%lld "
            "median of %d x %d rounds\n",
-           group, 100 * out_frac, runs, rounds, (long long)T, gemm_runs, rounds);
+           bits, group, 100 * out_frac, runs, rounds, (long long)T, gemm_runs, rounds);
     printf("(cpu: the same from process CPU time / threads, for a shared machine; t/r: tiled time / "
            "rows time, wall and cpu)\n");
     printf("%-12s %-7s %3s %-5s | %10s %9s %9s %11s | %10s %9s %9s %11s\n", "shape", "kernel", "thr",
@@ -251,7 +254,7 @@ int main(int argc, char **argv) {
             continue;
         }
         bmat m;
-        if (!bmat_init(&m, rows, cols, group, out_frac)) {
+        if (!bmat_init(&m, rows, cols, bits, group, out_frac)) {
             fprintf(stderr, "out of memory\n");
             return 1;
         }

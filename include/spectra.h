@@ -159,6 +159,39 @@ spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler
 spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng_state,
                                          int32_t *next, int ahead);
 
+/* Weight refinement (StrataFlux-W): a compressed model's decode steps add,
+ * per projection, the selected input channels' share of the quantization
+ * residual, read from a .refine file (spectra compress --refine) that
+ * stays mapped in RAM or is read from disk into a bounded cache. Prompts
+ * run the base weights; the CPU backend only, for now. */
+typedef struct spx_refine_params {
+    const char *path;   /* the .refine file made from the same compression of the same model */
+    /* channels per 1,024 input channels for each projection set: 0 q/k/v
+     * (and the recurrent blocks' in_proj), 1 o (out_proj), 2 gate/up,
+     * 3 down; -1: the default (SPX_REFINE_K_DEFAULT); 0: that set off;
+     * >= 1024: every channel */
+    int64_t k[4];
+    int64_t cache_mb;   /* 0: the file mapped in RAM; > 0: read from disk into an LRU cache of this many MiB */
+    int32_t miss_wait;  /* disk: 1 a miss waits for its columns; 0 it is skipped and loaded in the background */
+    int32_t n_loaders;  /* disk: loader threads, 0: 2 */
+} spx_refine_params;
+#define SPX_REFINE_K_DEFAULT 32
+/* Attaches (or, path NULL, detaches) refinement. Fails naming the file
+ * when it is not a .refine, was made for another compression (its base
+ * checksums differ), or its shapes differ from the model's. */
+spx_status spx_model_refine(spx_model *m, const spx_refine_params *p);
+typedef struct spx_refine_info {
+    int32_t active;
+    int64_t k[4];
+    int64_t n_mats;               /* matrices with a residual */
+    uint64_t residual_bytes;      /* of their columns (the tier) */
+    uint64_t launches, selected, applied; /* refined launches; channels selected; columns applied */
+    int32_t on_disk, direct;      /* the tier reads from disk (with O_DIRECT) */
+    uint64_t cache_bytes, requests, hits, bytes_read, waits;
+    double wait_s;
+} spx_refine_info;
+void spx_model_refine_info(const spx_model *m, spx_refine_info *out);
+
 #ifdef __cplusplus
 }
 #endif

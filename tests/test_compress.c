@@ -1,8 +1,10 @@
 /* test_compress.c: every Llama-family and hybrid fixture compresses
  * (default settings), verifies, and runs from its .trdc; logits stay close
  * to the unquantized model's and, for the tiny-* fixtures, to
- * transformers' (reported). Also: the compressor's routing of norm gains, the
- * choice of which tensors are quantized, and clean failures. */
+ * transformers' (reported). 2- and 3-bit files are stored at their width
+ * (version 3, the bytes qtensor.h implies, the compressor's byte counts
+ * those of the file) and run. Also: the compressor's routing of norm
+ * gains, the choice of which tensors are quantized, and clean failures. */
 #include "testlib.h"
 #include "format/trdc.h"
 #include "model/model.h"
@@ -24,6 +26,13 @@
 #define MAX_REL_RMS 0.45   /* rms(dlogit) / std(logit) */
 #define MIN_TOP1_RANDOM 0.40 /* tiny random models: many near-ties */
 #define MIN_TOP1_TRAINED 0.80 /* trained models on their own kind of text */
+/* docllama-58m at 3 and 2 bits (G32, MSE, auto outliers) against its
+ * float model on its own kind of text: measured rms/std ~0.29 and ~0.56,
+ * top-1 ~0.73 and ~0.52 (printed); bounds with a ~1.5x margin. */
+#define MAX_REL_RMS_3BIT 0.45
+#define MAX_REL_RMS_2BIT 0.85
+#define MIN_TOP1_3BIT 0.50
+#define MIN_TOP1_2BIT 0.30
 
 static int32_t argmax(const float *x, int64_t n) {
     int64_t b = 0;
@@ -181,6 +190,83 @@ static void check_model(const char *name) {
     spx_model_free(mq);
 }
 
+/* name compressed at `bits` (G32): the file is version 3, every matrix
+ * holds bits-bit codes of exactly the size qtensor.h gives (for cols %
+ * 128 == 0, rows * cols * bits / 8: no byte of padding), the compressor's
+ * per-component byte counts are the file's, the model runs and its logits
+ * stay within the bounds above of the float model's. */
+static void check_lowbit(const char *name, int bits, double max_rel, double min_top1) {
+    char src[512], out[600];
+    snprintf(src, sizeof src, "%s", tl_shared("models/"));
+    strncat(src, name, sizeof src - strlen(src) - 1);
+    snprintf(out, sizeof out, "%s/%s-%dbit.trdc", tl_tmpdir(), name, bits);
+    spx_compress_opts o = {.src_dir = src, .out_path = out, .bits = bits, .group = 32,
+                           .outlier_mode = SPX_OUTLIERS_AUTO, .method = SPX_Q_MSE, .n_threads = 2};
+    spx_compress_stats st;
+    spx_err e;
+    spx_err_clear(&e);
+    CHECK(spx_compress(&o, &st, &e) == SPX_OK, "%s %d-bit: compress: %s", name, bits, e.msg);
+    if (e.code) return;
+    spx_trdc *f = NULL;
+    CHECK(spx_trdc_open(out, &f, &e) == SPX_OK, "%s %d-bit: open: %s", name, bits, e.msg);
+    if (!f) return;
+    CHECK(spx_trdc_version(f) == 3, "%s %d-bit: version %llu", name, bits, (unsigned long long)spx_trdc_version(f));
+    uint64_t codes = 0, scales = 0, zeros = 0, outl = 0, params = 0;
+    int bad = 0;
+    for (size_t i = 0; i < spx_trdc_count(f); i++) {
+        const spx_trdc_tensor *t = spx_trdc_at(f, i);
+        if (t->kind != SPX_TRDC_QUANT) continue;
+        const spx_qtensor *q = &t->q;
+        bad += q->bits != bits || t->comp[SPX_TRDC_C_CODES].size != (uint64_t)(q->rows * spx_q_codes_row_bytes(q->cols, bits));
+        if (q->cols % 128 == 0) bad += t->comp[SPX_TRDC_C_CODES].size * 8 != (uint64_t)(q->rows * q->cols * bits);
+        codes += t->comp[SPX_TRDC_C_CODES].size;
+        scales += t->comp[SPX_TRDC_C_SCALES].size;
+        zeros += t->comp[SPX_TRDC_C_ZEROS].size;
+        outl += t->comp[SPX_TRDC_C_OUTLIER_IDX].size + t->comp[SPX_TRDC_C_OUTLIER_VAL].size;
+        params += (uint64_t)t->numel;
+    }
+    CHECK(bad == 0, "%s %d-bit: %d matrices not stored at their width", name, bits, bad);
+    CHECK(codes == st.quant_codes_bytes && scales == st.quant_scales_bytes && zeros == st.quant_zeros_bytes &&
+              outl == st.quant_outlier_bytes && params == (uint64_t)st.params_quant,
+          "%s %d-bit: the compressor's byte counts differ from the file's", name, bits);
+    spx_trdc_close(f);
+    spx_model *mr = NULL, *mq = NULL;
+    spx_model_params mp = {.n_threads = 2};
+    CHECK(spx_model_open(src, &mp, &mr) == SPX_OK, "%s", spx_last_error());
+    CHECK(spx_model_open(out, &mp, &mq) == SPX_OK, "%s", spx_last_error());
+    if (mr && mq) {
+        const int64_t V = spx_model_vocab_size(mr);
+        const char *txt = "The kernel provides a set of interfaces for drivers to register their devices. Each driver "
+                          "must implement the probe and remove callbacks, which are called when a matching device is "
+                          "found. The remove callback must release every resource the probe callback acquired.";
+        int32_t ids[256];
+        size_t nt = 256;
+        CHECK(spx_tokenize(mr, txt, strlen(txt), 1, ids, &nt) == SPX_OK && nt >= 48, "tokenize %zu", nt);
+        float *a = all_logits(mr, ids, 48), *b = all_logits(mq, ids, 48);
+        double se = 0, sr = 0, mean = 0;
+        int same = 0;
+        for (size_t i = 0; i < 48 * (size_t)V; i++) mean += a[i];
+        mean /= 48.0 * (double)V;
+        for (size_t i = 0; i < 48 * (size_t)V; i++) {
+            se += ((double)b[i] - a[i]) * ((double)b[i] - a[i]);
+            sr += ((double)a[i] - mean) * ((double)a[i] - mean);
+        }
+        for (int t = 0; t < 48; t++) same += argmax(a + t * V, V) == argmax(b + t * V, V);
+        const double rel = sqrt(se / sr);
+        printf("%-14s %d-bit: %.3f bpw in the quantized tensors (codes %.3f), file %.2f MB: logits rms/std %.4f, "
+               "top-1 %d/48\n",
+               name, bits, 8.0 * (double)(codes + scales + zeros + outl) / (double)params,
+               8.0 * (double)codes / (double)params, (double)st.out_bytes / 1e6, rel, same);
+        CHECK(isfinite(rel) && rel <= max_rel, "%s %d-bit: logits rms error %g of their spread > %g", name, bits, rel,
+              max_rel);
+        CHECK(same >= min_top1 * 48, "%s %d-bit: top-1 agreement %d/48", name, bits, same);
+        free(a);
+        free(b);
+    }
+    spx_model_free(mr);
+    spx_model_free(mq);
+}
+
 static void check_failures(void) {
     spx_compress_opts o = {.src_dir = "/nonexistent", .out_path = "/tmp/x.trdc", .bits = 4, .group = 32,
                            .outlier_mode = SPX_OUTLIERS_AUTO, .method = SPX_Q_MSE, .n_threads = 1};
@@ -265,5 +351,7 @@ int main(void) {
     const char *models[] = {"tiny-llama3", "tiny-qwen2",     "tiny-qwen3",     "tiny-mistral", "tiny-lfm2",
                             "tiny-granite4", "tiny-nemotronh", "stories260K", "docllama-58m"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
+    check_lowbit("docllama-58m", 3, MAX_REL_RMS_3BIT, MIN_TOP1_3BIT);
+    check_lowbit("docllama-58m", 2, MAX_REL_RMS_2BIT, MIN_TOP1_2BIT);
     return tl_finish("test_compress");
 }

@@ -62,8 +62,11 @@ static void run_fixture(const char *name) {
     char dir[256], out[600];
     snprintf(dir, sizeof dir, "models/%s", name);
     snprintf(out, sizeof out, "%s/%s.trdc", tl_tmpdir(), name);
+    char rpath[640];
+    snprintf(rpath, sizeof rpath, "%s/%s.refine", tl_tmpdir(), name);
     spx_compress_opts o = {.src_dir = tl_shared(dir), .out_path = out, .bits = 4, .group = 32,
-                           .outlier_mode = SPX_OUTLIERS_AUTO, .method = SPX_Q_MSE, .n_threads = 2};
+                           .outlier_mode = SPX_OUTLIERS_AUTO, .method = SPX_Q_MSE, .n_threads = 2,
+                           .refine_path = rpath};
     spx_compress_stats st;
     spx_err e;
     spx_err_clear(&e);
@@ -133,6 +136,47 @@ static void run_fixture(const char *name) {
     printf("%s: 4-bit residual, every channel: mean |dlogit| %.4f (base %.4f); down projections only %.4f\n", name,
            q4_err, base_err, dn_err);
     CHECK(q4_err < 0.35 * base_err, "%s: 4-bit refinement %g, base %g", name, q4_err, base_err);
+
+    /* the same residuals from the .refine compress wrote: mapped, and from
+     * disk through the tier (wait on a miss), give the in-memory bits */
+    spx_refine_detach(m);
+    spx_refine_params rp = {.path = rpath, .k = {SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK}};
+    CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file: %s", name, spx_model_error(m));
+    float *fq = decode(m, ids);
+    CHECK(memcmp(fq, q4, nv * sizeof(float)) == 0, "%s: the .refine (mapped) differs from the in-memory residual: max %g",
+          name, max_diff(fq, q4, nv));
+    rp.cache_mb = 64;
+    rp.miss_wait = 1;
+    CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file on disk: %s", name, spx_model_error(m));
+    float *fd = decode(m, ids);
+    CHECK(memcmp(fd, q4, nv * sizeof(float)) == 0, "%s: the .refine (disk, wait) differs from the in-memory residual",
+          name);
+    spx_refine_info ri;
+    spx_model_refine_info(m, &ri);
+    CHECK(ri.on_disk && ri.requests > 0 && ri.applied == ri.selected, "%s: disk tier requests %llu", name,
+          (unsigned long long)ri.requests);
+    /* skip mode, cold cache: the first step misses every column, so it is
+     * the base's first step bit for bit (the misses load in the background) */
+    rp.miss_wait = 0;
+    CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file, skip: %s", name, spx_model_error(m));
+    {
+        float *l1 = malloc((size_t)V * sizeof(float));
+        spx_session *s1 = NULL;
+        spx_session_params sp = {.kv = SPX_KV_F32};
+        CHECK(spx_session_new(m, &sp, &s1) == SPX_OK && spx_session_eval(s1, ids, 1, l1, 0) == SPX_OK, "skip step");
+        CHECK(memcmp(l1, base, (size_t)V * sizeof(float)) == 0, "%s: a step whose columns all missed is not the base",
+              name);
+        spx_model_refine_info(m, &ri);
+        CHECK(ri.hits == 0 && ri.applied == 0 && ri.requests > 0, "%s: cold skip step: hits %llu applied %llu", name,
+              (unsigned long long)ri.hits, (unsigned long long)ri.applied);
+        spx_session_free(s1);
+        free(l1);
+    }
+    /* a model file is not a .refine */
+    rp.path = out;
+    CHECK(spx_model_refine(m, &rp) == SPX_ERR_FORMAT && strstr(spx_model_error(m), "not a .refine"), "%s: %s", name,
+          spx_model_error(m));
+    free(fq), free(fd);
     CHECK(dn_err < base_err && dn_err > q4_err, "%s: down only %g not between %g and %g", name, dn_err, q4_err, base_err);
     free(ref), free(base), free(ex), free(z), free(q4), free(dn);
 done:

@@ -16,8 +16,10 @@
  * size depends on T). Results for a row do not depend on how the rows are
  * split. Entries may be NULL only where documented (none are, today).
  * Variants (avx2, later avx512/neon) live in their own files beside the
- * scalar one (qkernels.c, qkernels_avx2.c); a variant may hand shapes it
- * has no fast path for (e.g. bits 2/3) to the scalar table. */
+ * scalar one (qkernels.c; qkernels_avx2.c with attn_avx2.c); a variant may hand shapes it
+ * has no fast path for (e.g. a group size) to the scalar table. The
+ * activation format depends on the group size only, never on the code
+ * width, so one prepare() serves matrices of every width. */
 #ifndef SPX_QKERNELS_H
 #define SPX_QKERNELS_H
 

@@ -6,11 +6,20 @@
  * (qkernels.c) found the features. Non-x86 builds compile the getter only
  * (it returns NULL).
  *
- * Fast path: bits = 4, group 32, 64 or 128. Other widths (2, 3) and group
- * sizes fall back to the scalar reference on the float x (by design, not an
+ * Fast path: bits 2, 3 and 4, group 32, 64 or 128. Other group sizes
+ * fall back to the scalar reference on the float x (by design, not an
  * error): rows() calls the scalar table's rows(); prepare() does nothing
- * for unsupported group sizes (act_bytes() is 0 then) and its int8 output
- * is simply unused for bits 2 and 3.
+ * for them (act_bytes() is 0 then). The activations do not depend on the
+ * width: one prepare() serves matrices of every width.
+ *
+ * Widths. Every width yields the same code vectors, one code per byte, 32
+ * per vector: a pair of blocks' low halves and their high halves
+ * (lo[p], hi[p] below), and from there the arithmetic is shared. 4-bit:
+ * one 32-byte load per pair, a shift and two masks. 2 and 3 bits: one
+ * item (qtensor.h: 4 blocks, both pairs of a half chunk) at a time,
+ * unpack_item: 2-bit one load, 3 shifts, 4 masks; 3-bit a load and a
+ * 16-byte broadcast, 4 shifts, 6 masks and an or. The codes of bits 2
+ * and 3 are row-major only (no tiled form).
  *
  * Layouts: SPX_Q_ROWS, and SPX_Q_TILED (qtensor.h; 4-bit G32 only) read in
  * place. A chunk of 8 blocks is 2 whole items and a pair's 32-byte code
@@ -20,9 +29,10 @@
  * row-major copy's. A tiled matrix of another group size (never stored)
  * takes the scalar table.
  *
- * Activation format. A row's packed codes are cut into 16-byte pieces; the
- * 32 codes of piece b (both nibbles) form block b. With bpg = G / 32 blocks
- * per group, block b = bpg * g + i covers the columns
+ * Activation format. A row's 4-bit codes are cut into 16-byte pieces; the
+ * 32 codes of piece b (both nibbles) form block b (for every width, the
+ * blocks of qtensor.h). With bpg = G / 32 blocks per group, block b = bpg
+ * * g + i covers the columns
  *     g*G + 16i + [0,16)  (low nibbles)  and  g*G + G/2 + 16i + [0,16)  (high)
  * (for G32: the group's 32 columns). Each block of x gets its own scale:
  *     dx_b = max|x| over the block / 127,   x8 = round_even(x * 127 / max|x|)
@@ -38,8 +48,10 @@
  *                holds block TREE[k], TREE = [0 2 4 6 1 3 5 7] (below).
  *
  * Arithmetic. Per block, in integers, dot = sum_k q_k x8_k: maddubs of the
- * codes (u8) by x8 (s8) for the low- and high-nibble halves, added in int16
- * (|.| <= 7620), then madd with ones to int32. Then in float
+ * codes (u8) by x8 (s8) for the low and high halves, added in int16
+ * (|.| <= 7620 for 4-bit codes), two levels of int16 hadds across the
+ * chunk's four pairs (|.| <= 30480, no wrap), then madd with ones to
+ * int32 (the exact block sums). Then in float
  *     y += s * dx * dot - s * z * xsb  =  s * dx * sum_k (q_k - z) x8_k,
  * so an outlier slot (q = z) adds exactly 0; the fp16 outlier columns are
  * added as float (fp16 value x float x) to the same accumulators.
@@ -50,8 +62,8 @@
  * float rounding; tests/test_kernels.c checks this bound.
  *
  * Loops. A micro-kernel of NR rows x TB tokens walks the blocks in chunks
- * of 8 (256 columns). Per row and chunk it unpacks the four 32-byte code
- * loads once (nibbles to bytes) and reuses them for the TB tokens; per row,
+ * of 8 (256 columns). Per row and chunk it unpacks the chunk's codes once
+ * (to bytes: four pairs' lo and hi) and reuses them for the TB tokens; per row,
  * token and chunk the four pair sums are reduced by a tree of hadds to one
  * vector whose lane k is block TREE[k], which then takes one convert, one
  * multiply (row scales x token dx, both in tree order) and two FMAs. GEMV
@@ -62,9 +74,12 @@
  * micro-kernel (8 code vectors + 8 accumulators in registers); the last
  * column chunk adds the outliers. Tiled GEMV runs the 4-row micro-kernel
  * over all 16 rows of a tile per chunk (gemv_tile16), so the tile's bytes
- * stream forward. Tuned on a 2-core AVX2 Xeon: about 4.6 cycles per 64
- * weights for GEMV and 3.3-3.9 per 64 weights and token for GEMM (the
- * sizes below). */
+ * stream forward. The sizes below were tuned on a 2-core AVX2 Xeon
+ * (bench/results/). There the kernels are bound by instructions, not
+ * memory, and most of them are per token (the int8 dot and reduction,
+ * the same at every width), so 2- and 3-bit matrices take about the time
+ * of 4-bit ones per weight: fewer bytes, not fewer cycles, until the
+ * weights come from DRAM. */
 #include "cpu/qkernels.h"
 #include "quant/g32.h"
 
@@ -75,10 +90,7 @@
 const spx_qkernels *spx_qkernels_avx2_table(void);
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-
-#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+#include "cpu/qkernels_avx2.h"
 
 enum {
     BLK = 32,        /* columns per activation block */
@@ -97,7 +109,9 @@ enum {
 #define ACC_N 8 /* max(GEMM_TB, 1): inner size of accumulator arrays */
 
 static int fast_group(int group) { return group == 32 || group == 64 || group == 128; }
-static int fast_ok(const spx_qtensor *q) { return q->bits == 4 && fast_group(q->group); }
+static int fast_ok(const spx_qtensor *q) {
+    return fast_group(q->group) && (q->bits == 4 || ((q->bits == 2 || q->bits == 3) && q->layout == SPX_Q_ROWS));
+}
 
 /* ======================================================================
  * Activation layout
@@ -134,20 +148,6 @@ static inline int64_t q8_lo_off(int64_t b) { return 32 * (b & ~(int64_t)1) + 16 
 static inline int64_t q8_hi_off(int64_t b, int64_t nb) {
     if ((nb & 1) && b == nb - 1) return 32 * b + 16;
     return 32 * (b & ~(int64_t)1) + 32 + 16 * (b & 1);
-}
-
-AVX2_INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-AVX2_INLINE float hmax_ps(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
 }
 
 AVX2_INLINE int hsum_epi32(__m256i v) {
@@ -331,13 +331,41 @@ AVX2_INLINE void tiled_row(const uint8_t *c, const uint16_t *s, const uint8_t *z
     *zsh = tiled_zshift(*h);
 }
 
-/* int32 sums of one 32-byte code load (blocks b, b + 1: lanes [4 x b |
- * 4 x b+1]) against x: the low- and high-nibble products added in int16
- * (|sum| <= 2 * 2 * 15 * 127 = 7620), then pairs of int16 in int32. */
+/* int16 sums of one pair's codes (blocks b, b + 1: lanes [8 x b | 8 x
+ * b+1]) against x: the low- and high-half products added in int16
+ * (|sum| <= 2 * 2 * 15 * 127 = 7620 for 4-bit codes, less for 2 and 3). */
 AVX2_INLINE __m256i pair_dot(__m256i lo, __m256i hi, const int8_t *xlo, const int8_t *xhi) {
-    __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xlo)),
-                                   _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)xhi)));
-    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xlo)),
+                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)xhi)));
+}
+
+/* One item of 2- or 3-bit codes (qtensor.h: 4 blocks, 128 codes) at it,
+ * as the code vectors of its two pairs: lo0 / hi0 for blocks 0 and 1
+ * (code vectors V0, V1), lo1 / hi1 for blocks 2 and 3 (V2, V3), one code
+ * per byte in the order the activation pairs want (lane 0 the even block,
+ * lane 1 the odd one). 2 bits: byte p holds V at bits 2V; 3 bits: X[p]
+ * holds V0, V1 and V2's two high bits, the 16-byte Y (broadcast to both
+ * lanes, then shifted by 4 in lane 1 to bring down its high nibbles)
+ * V2's low bit and V3. */
+AVX2_INLINE void unpack_item(const uint8_t *it, const int BITS, __m256i *lo0, __m256i *hi0, __m256i *lo1,
+                             __m256i *hi1) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)it);
+    if (BITS == 2) {
+        const __m256i m3 = _mm256_set1_epi8(3);
+        *lo0 = _mm256_and_si256(x, m3);
+        *hi0 = _mm256_and_si256(_mm256_srli_epi16(x, 2), m3);
+        *lo1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m3);
+        *hi1 = _mm256_and_si256(_mm256_srli_epi16(x, 6), m3);
+    } else {
+        const __m256i m7 = _mm256_set1_epi8(7);
+        const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(it + 32))),
+                                            _mm256_setr_epi64x(0, 0, 4, 4));
+        *lo0 = _mm256_and_si256(x, m7);
+        *hi0 = _mm256_and_si256(_mm256_srli_epi16(x, 3), m7);
+        *lo1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 5), _mm256_set1_epi8(6)),
+                               _mm256_and_si256(y, _mm256_set1_epi8(1)));
+        *hi1 = _mm256_and_si256(_mm256_srli_epi16(y, 1), m7);
+    }
 }
 
 /* One chunk [b0, b0 + nbc) for NR rows x TB tokens. Called with nbc ==
@@ -349,12 +377,17 @@ AVX2_INLINE __m256i pair_dot(__m256i lo, __m256i hi, const int8_t *xlo, const in
  * one multiply and two FMAs per row and token. TL (a constant): the matrix
  * is SPX_Q_TILED (bpg 1); srow, zrow as for tiled_scales, hs[i] = h,
  * zsh[i] = tiled_zshift(h); block b's 16 code bytes are at crow + 1024
- * (b / 4) + 16 (b % 4), so a pair's 32 bytes stay inside one item. */
+ * (b / 4) + 16 (b % 4), so a pair's 32 bytes stay inside one item. BITS
+ * (a constant): 4, or 2 and 3, whose codes come an item (two pairs) at a
+ * time from unpack_item; an odd last block's partner lane holds the
+ * item's padding, whose dot product meets the absent block's dx = 0 and
+ * scale 0 (act and chunk_scales pad with zeros): it adds exactly 0,
+ * whatever the padding holds. */
 AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *srow,
                              const uint8_t *const *zrow, const int *hs, const __m256i *zsh,
                              const int8_t *const *q8,
                              const float *const *dx, const float *const *xs, int64_t b0, int nbc,
-                             const int NR, const int TB, const int bpg, const int TL,
+                             const int NR, const int TB, const int bpg, const int TL, const int BITS,
                              __m256 acc[][ACC_N]) {
     const __m256i mask = _mm256_set1_epi8(0x0f);
     const int np = (nbc + 1) / 2; /* pairs, counting an odd last block (G32) as one */
@@ -364,21 +397,33 @@ AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *
         __m256 sz = _mm256_mul_ps(sv, TL ? tiled_zeros(zrow[i], zsh[i], b0, nbc)
                                          : chunk_zeros(zrow[i], b0, nbc, bpg));
         __m256i lo[CHUNK / 2], hi[CHUNK / 2];
-        #pragma GCC unroll 4
-        for (int p = 0; p < CHUNK / 2; p++) {
-            if (p >= np) {
-                lo[p] = hi[p] = _mm256_setzero_si256();
-                continue;
+        if (BITS != 4) {
+            #pragma GCC unroll 2
+            for (int j = 0; j < CHUNK / 4; j++) {
+                if (2 * j >= np) {
+                    lo[2 * j] = hi[2 * j] = lo[2 * j + 1] = hi[2 * j + 1] = _mm256_setzero_si256();
+                    continue;
+                }
+                unpack_item(crow[i] + 16 * BITS * ((b0 >> 2) + j), BITS, &lo[2 * j], &hi[2 * j], &lo[2 * j + 1],
+                            &hi[2 * j + 1]);
             }
-            /* tiled: blocks b0 + 2p, b0 + 2p + 1 (b0 % 8 == 0) are item
-             * b0 / 4 + p / 2, bytes 32 (p % 2) .. + 32 */
-            const uint8_t *cp = TL ? crow[i] + 256 * b0 + 1024 * (p >> 1) + 32 * (p & 1)
-                                   : crow[i] + 16 * (b0 + 2 * p);
-            /* an odd last block loads 16 bytes: its upper lanes are 0 codes */
-            __m256i c = 2 * p + 1 < nbc ? _mm256_loadu_si256((const __m256i *)cp)
-                                        : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)cp));
-            lo[p] = _mm256_and_si256(c, mask);
-            hi[p] = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
+        } else {
+            #pragma GCC unroll 4
+            for (int p = 0; p < CHUNK / 2; p++) {
+                if (p >= np) {
+                    lo[p] = hi[p] = _mm256_setzero_si256();
+                    continue;
+                }
+                /* tiled: blocks b0 + 2p, b0 + 2p + 1 (b0 % 8 == 0) are item
+                 * b0 / 4 + p / 2, bytes 32 (p % 2) .. + 32 */
+                const uint8_t *cp = TL ? crow[i] + 256 * b0 + 1024 * (p >> 1) + 32 * (p & 1)
+                                       : crow[i] + 16 * (b0 + 2 * p);
+                /* an odd last block loads 16 bytes: its upper lanes are 0 codes */
+                __m256i c = 2 * p + 1 < nbc ? _mm256_loadu_si256((const __m256i *)cp)
+                                            : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)cp));
+                lo[p] = _mm256_and_si256(c, mask);
+                hi[p] = _mm256_and_si256(_mm256_srli_epi16(c, 4), mask);
+            }
         }
         #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
@@ -394,7 +439,13 @@ AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *
                  * it stay inside the token (dx follows) and meet 0 codes */
                 ps[p] = pair_dot(lo[p], hi[p], xq, xq + (2 * p + 1 < nbc ? 32 : 16));
             }
-            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(ps[0], ps[1]), _mm256_hadd_epi32(ps[2], ps[3]));
+            /* two levels of int16 hadds (|.| <= 4 * 7620 = 30480: no wrap)
+             * then int16 pairs to int32: the exact sums a tree of int32
+             * hadds would give, lane k = block TREE[k], in one multiply
+             * instead of four */
+            __m256i h = _mm256_madd_epi16(
+                _mm256_hadd_epi16(_mm256_hadd_epi16(ps[0], ps[1]), _mm256_hadd_epi16(ps[2], ps[3])),
+                _mm256_set1_epi16(1));
             __m256 d = _mm256_mul_ps(sv, _mm256_loadu_ps(dx[t] + b0));
             acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), d, acc[i][t]);
             acc[i][t] = _mm256_fnmadd_ps(sz, _mm256_loadu_ps(xs[t] + b0), acc[i][t]);
@@ -409,7 +460,7 @@ AVX2_INLINE void micro_chunk(const uint8_t *const *crow, const uint16_t *const *
  * ti, zeros + 32 ti (ti = (R / 16) * items). */
 AVX2_INLINE void micro(const kmat *m, int64_t r, const uint8_t *abase, int64_t astride,
                        int64_t cols, int64_t nb8, int64_t kb0, int64_t kb1, const int NR,
-                       const int TB, const int bpg, const int TL, __m256 acc[][ACC_N]) {
+                       const int TB, const int bpg, const int TL, const int BITS, __m256 acc[][ACC_N]) {
     const uint8_t *crow[GEMV_NR], *zrow[GEMV_NR];
     const uint16_t *srow[GEMV_NR];
     int hs[GEMV_NR];
@@ -439,9 +490,9 @@ AVX2_INLINE void micro(const kmat *m, int64_t r, const uint8_t *abase, int64_t a
     }
     int64_t kfull = kb0 + (kb1 - kb0) / CHUNK * CHUNK;
     for (int64_t b0 = kb0; b0 < kfull; b0 += CHUNK)
-        micro_chunk(crow, srow, zrow, hs, zsh, q8, dx, xs, b0, CHUNK, NR, TB, bpg, TL, acc);
+        micro_chunk(crow, srow, zrow, hs, zsh, q8, dx, xs, b0, CHUNK, NR, TB, bpg, TL, BITS, acc);
     if (kfull < kb1)
-        micro_chunk(crow, srow, zrow, hs, zsh, q8, dx, xs, kfull, (int)(kb1 - kfull), NR, TB, bpg, TL, acc);
+        micro_chunk(crow, srow, zrow, hs, zsh, q8, dx, xs, kfull, (int)(kb1 - kfull), NR, TB, bpg, TL, BITS, acc);
 }
 
 /* fp16 p[0..n) as floats, 0 < n < 8, zeros after. When the 16-byte read
@@ -491,11 +542,11 @@ typedef struct kargs {
 #define ACC_T __m256 acc[GEMV_NR][ACC_N] /* [rows][tokens] */
 
 /* NR rows of one token over the whole row, outliers added, y written. */
-AVX2_INLINE void gemv_tile(const kargs *a, int64_t r, const int NR, const int bpg, const int TL) {
+AVX2_INLINE void gemv_tile(const kargs *a, int64_t r, const int NR, const int bpg, const int TL, const int BITS) {
     ACC_T;
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++) acc[i][0] = _mm256_setzero_ps();
-    micro(&a->m, r, a->act, a->l.stride, a->q->cols, a->l.nb8, 0, a->l.nb, NR, 1, bpg, TL, acc);
+    micro(&a->m, r, a->act, a->l.stride, a->q->cols, a->l.nb8, 0, a->l.nb, NR, 1, bpg, TL, BITS, acc);
     int64_t no = a->q->n_outliers;
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++) {
@@ -506,16 +557,16 @@ AVX2_INLINE void gemv_tile(const kargs *a, int64_t r, const int NR, const int bp
     }
 }
 
-AVX2_INLINE void gemv(const kargs *a, int64_t r0, int64_t r1, const int bpg, const int TL) {
+AVX2_INLINE void gemv(const kargs *a, int64_t r0, int64_t r1, const int bpg, const int TL, const int BITS) {
     int64_t no = a->q->n_outliers;
     for (int64_t j = 0; j < no; j++) a->scratch[j] = a->x[a->q->outlier_idx[j]];
     for (int64_t j = no; j < ((no + 7) & ~(int64_t)7); j++) a->scratch[j] = 0.0f;
     int64_t r = r0;
-    for (; r + GEMV_NR <= r1; r += GEMV_NR) gemv_tile(a, r, GEMV_NR, bpg, TL);
+    for (; r + GEMV_NR <= r1; r += GEMV_NR) gemv_tile(a, r, GEMV_NR, bpg, TL, BITS);
     switch (r1 - r) {
-    case 3: gemv_tile(a, r, 3, bpg, TL); break;
-    case 2: gemv_tile(a, r, 2, bpg, TL); break;
-    case 1: gemv_tile(a, r, 1, bpg, TL); break;
+    case 3: gemv_tile(a, r, 3, bpg, TL, BITS); break;
+    case 2: gemv_tile(a, r, 2, bpg, TL, BITS); break;
+    case 1: gemv_tile(a, r, 1, bpg, TL, BITS); break;
     default: break;
     }
 }
@@ -538,7 +589,7 @@ AVX2_INLINE void tile16_chunk(const uint8_t *cb, const uint16_t *sb, const uint8
         #pragma GCC unroll 4
         for (int i = 0; i < GEMV_NR; i++)
             tiled_row(cb + 256 * b0, sb + 16 * b0, zb + 8 * b0, g + i, &crow[i], &srow[i], &zrow[i], &hs[i], &zsh[i]);
-        micro_chunk(crow, srow, zrow, hs, zsh, q8c, dxc, xsc, 0, nbc, GEMV_NR, 1, 1, 1, acc + g);
+        micro_chunk(crow, srow, zrow, hs, zsh, q8c, dxc, xsc, 0, nbc, GEMV_NR, 1, 1, 1, 4, acc + g);
     }
 }
 
@@ -576,14 +627,14 @@ AVX2_INLINE void gemv_tile16(const kargs *a, int64_t T) {
  * also adds the outlier columns (x gathered into scratch, a->xg_stride
  * floats per token) before the horizontal sums. */
 AVX2_INLINE void gemm_tile(const kargs *a, int64_t r, int64_t t0, int64_t kb0, int64_t kb1,
-                           const int NR, const int TB, const int bpg, const int TL) {
+                           const int NR, const int TB, const int bpg, const int TL, const int BITS) {
     ACC_T;
     #pragma GCC unroll 8
     for (int i = 0; i < NR; i++)
         #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) acc[i][t] = _mm256_setzero_ps();
     micro(&a->m, r, a->act + t0 * a->l.stride, a->l.stride, a->q->cols, a->l.nb8, kb0, kb1, NR, TB,
-          bpg, TL, acc);
+          bpg, TL, BITS, acc);
     const int64_t no = a->q->n_outliers;
     if (no && kb1 == a->l.nb) {
         const uint16_t *end = a->q->outlier_val + a->q->rows * no;
@@ -610,29 +661,39 @@ AVX2_INLINE void gemm_tile(const kargs *a, int64_t r, int64_t t0, int64_t kb0, i
     }
 }
 
-/* One function per (tokens, bpg, layout); V names the variant: 1, 2, 4
- * row-major with that bpg, t tiled (bpg 1). */
-#define GEMM_TILE_FN(TB, V, BPG, TL)                                                            \
+/* One function per (tokens, bits, bpg, layout); V names the variant: 1,
+ * 2, 4 row-major 4-bit with that bpg, t tiled (4-bit, bpg 1), 21 .. 34
+ * 2- and 3-bit (first digit) with that bpg. */
+#define GEMM_TILE_FN(TB, V, BPG, TL, BITS)                                                      \
     AVX2_FN __attribute__((noinline)) static void gemm_tile_##TB##_##V(                         \
         const kargs *a, int64_t r, int64_t t0, int64_t kb0, int64_t kb1) {                      \
-        gemm_tile(a, r, t0, kb0, kb1, 1, TB, BPG, TL);                                          \
+        gemm_tile(a, r, t0, kb0, kb1, 1, TB, BPG, TL, BITS);                                    \
     }
-#define GEMM_TILE_FNS(V, BPG, TL)                                                               \
-    GEMM_TILE_FN(1, V, BPG, TL) GEMM_TILE_FN(2, V, BPG, TL) GEMM_TILE_FN(3, V, BPG, TL)         \
-    GEMM_TILE_FN(4, V, BPG, TL) GEMM_TILE_FN(5, V, BPG, TL) GEMM_TILE_FN(6, V, BPG, TL)         \
-    GEMM_TILE_FN(7, V, BPG, TL) GEMM_TILE_FN(8, V, BPG, TL)
-GEMM_TILE_FNS(1, 1, 0)
-GEMM_TILE_FNS(2, 2, 0)
-GEMM_TILE_FNS(4, 4, 0)
-GEMM_TILE_FNS(t, 1, 1)
+#define GEMM_TILE_FNS(V, BPG, TL, BITS)                                                         \
+    GEMM_TILE_FN(1, V, BPG, TL, BITS) GEMM_TILE_FN(2, V, BPG, TL, BITS)                         \
+    GEMM_TILE_FN(3, V, BPG, TL, BITS) GEMM_TILE_FN(4, V, BPG, TL, BITS)                         \
+    GEMM_TILE_FN(5, V, BPG, TL, BITS) GEMM_TILE_FN(6, V, BPG, TL, BITS)                         \
+    GEMM_TILE_FN(7, V, BPG, TL, BITS) GEMM_TILE_FN(8, V, BPG, TL, BITS)
+GEMM_TILE_FNS(1, 1, 0, 4)
+GEMM_TILE_FNS(2, 2, 0, 4)
+GEMM_TILE_FNS(4, 4, 0, 4)
+GEMM_TILE_FNS(t, 1, 1, 4)
+GEMM_TILE_FNS(21, 1, 0, 2)
+GEMM_TILE_FNS(22, 2, 0, 2)
+GEMM_TILE_FNS(24, 4, 0, 2)
+GEMM_TILE_FNS(31, 1, 0, 3)
+GEMM_TILE_FNS(32, 2, 0, 3)
+GEMM_TILE_FNS(34, 4, 0, 3)
 
 typedef void (*gemm_tile_fn)(const kargs *, int64_t, int64_t, int64_t, int64_t);
 #define GEMM_TILE_ROW(V)                                                                        \
     {gemm_tile_1_##V, gemm_tile_2_##V, gemm_tile_3_##V, gemm_tile_4_##V,                        \
      gemm_tile_5_##V, gemm_tile_6_##V, gemm_tile_7_##V, gemm_tile_8_##V}
-/* [variant index: bpg 1, 2, 4, tiled][tokens - 1] */
-static const gemm_tile_fn g_gemm_tiles[4][GEMM_TB] = {GEMM_TILE_ROW(1), GEMM_TILE_ROW(2),
-                                                       GEMM_TILE_ROW(4), GEMM_TILE_ROW(t)};
+/* [variant index: 4-bit bpg 1, 2, 4, tiled, 2-bit bpg 1, 2, 4, 3-bit bpg
+ * 1, 2, 4][tokens - 1] */
+static const gemm_tile_fn g_gemm_tiles[10][GEMM_TB] = {
+    GEMM_TILE_ROW(1),  GEMM_TILE_ROW(2),  GEMM_TILE_ROW(4),  GEMM_TILE_ROW(t),  GEMM_TILE_ROW(21),
+    GEMM_TILE_ROW(22), GEMM_TILE_ROW(24), GEMM_TILE_ROW(31), GEMM_TILE_ROW(32), GEMM_TILE_ROW(34)};
 
 AVX2_FN static void gemm(const kargs *a, int64_t r0, int64_t r1, int bpi) {
     const int64_t nb = a->l.nb, no = a->q->n_outliers;
@@ -655,15 +716,18 @@ AVX2_FN static void gemm(const kargs *a, int64_t r0, int64_t r1, int bpi) {
     }
 }
 
-AVX2_FN __attribute__((noinline)) static void gemv_b1(const kargs *a, int64_t r0, int64_t r1) {
-    gemv(a, r0, r1, 1, 0);
-}
-AVX2_FN __attribute__((noinline)) static void gemv_b2(const kargs *a, int64_t r0, int64_t r1) {
-    gemv(a, r0, r1, 2, 0);
-}
-AVX2_FN __attribute__((noinline)) static void gemv_b4(const kargs *a, int64_t r0, int64_t r1) {
-    gemv(a, r0, r1, 4, 0);
-}
+/* Row-major GEMV, one function per (bits, bpg). */
+#define GEMV_FN(BITS, BPG)                                                                      \
+    AVX2_FN __attribute__((noinline)) static void gemv_##BITS##_##BPG(const kargs *a, int64_t r0, int64_t r1) { \
+        gemv(a, r0, r1, BPG, 0, BITS);                                                          \
+    }
+GEMV_FN(4, 1) GEMV_FN(4, 2) GEMV_FN(4, 4)
+GEMV_FN(2, 1) GEMV_FN(2, 2) GEMV_FN(2, 4)
+GEMV_FN(3, 1) GEMV_FN(3, 2) GEMV_FN(3, 4)
+typedef void (*gemv_fn)(const kargs *, int64_t, int64_t);
+/* [bits 4, 2, 3][bpg 1, 2, 4] */
+static const gemv_fn g_gemv[3][3] = {{gemv_4_1, gemv_4_2, gemv_4_4}, {gemv_2_1, gemv_2_2, gemv_2_4},
+                                     {gemv_3_1, gemv_3_2, gemv_3_4}};
 
 /* Tiled GEMV: whole tiles by gemv_tile16, the rows of partial tiles (a
  * range starting or ending mid-tile, the last tile of the matrix) by the
@@ -672,19 +736,19 @@ AVX2_FN __attribute__((noinline)) static void gemv_tl(const kargs *a, int64_t r0
     const int64_t tr = SPX_Q_TILE_ROWS;
     int64_t t0 = (r0 + tr - 1) / tr, t1 = r1 / tr;
     if (t0 >= t1) {
-        gemv(a, r0, r1, 1, 1);
+        gemv(a, r0, r1, 1, 1, 4);
         return;
     }
-    gemv(a, r0, t0 * tr, 1, 1); /* also gathers the outlier x */
+    gemv(a, r0, t0 * tr, 1, 1, 4); /* also gathers the outlier x */
     for (int64_t T = t0; T < t1; T++) gemv_tile16(a, T);
-    if (t1 * tr < r1) gemv(a, t1 * tr, r1, 1, 1);
+    if (t1 * tr < r1) gemv(a, t1 * tr, r1, 1, 1, 4);
 }
 
 static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
                       int64_t y_stride, int64_t r0, int64_t r1, void *scratch) {
     /* a tiled matrix is always 4-bit G32 with cols % 128 == 0 (the format
      * checks it); anything else tiled takes the scalar table, which reads
-     * through the qtensor.h accessors */
+     * through the qtensor.h accessors; bits 2 and 3 are row-major only */
     int tl = q->layout == SPX_Q_TILED;
     if (!fast_ok(q) || (tl && !spx_q_tiled_ok(q->bits, q->group, q->cols))) {
         spx_qkernels_scalar()->rows(q, act, x, T, y, y_stride, r0, r1, scratch);
@@ -708,236 +772,14 @@ static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int
     a.ys = y_stride;
     a.scratch = (float *)scratch;
     a.xg_stride = (q->n_outliers + 7) & ~(int64_t)7;
-    int bpg = q->group / BLK, bpi = tl ? 3 : bpg == 1 ? 0 : bpg == 2 ? 1 : 2;
+    const int bpg = q->group / BLK, gi = bpg == 1 ? 0 : bpg == 2 ? 1 : 2;
+    const int wi = q->bits == 4 ? 0 : q->bits == 2 ? 1 : 2; /* width index */
     if (T == 1) {
         if (tl) gemv_tl(&a, r0, r1);
-        else if (bpg == 1) gemv_b1(&a, r0, r1);
-        else if (bpg == 2) gemv_b2(&a, r0, r1);
-        else gemv_b4(&a, r0, r1);
+        else g_gemv[wi][gi](&a, r0, r1);
     } else {
-        gemm(&a, r0, r1, bpi);
+        gemm(&a, r0, r1, tl ? 3 : wi == 0 ? gi : 1 + 3 * wi + gi);
     }
-}
-
-/* The fp16 KV cache's attention steps: 8 halves per F16C convert, four
- * FMA chains for the dot (one horizontal sum per row), one FMA per 8 for
- * the axpy; a short tail as the scalar table does it. */
-AVX2_FN static float avx2_dot_f16(const float *q, const uint16_t *h, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t j = 0;
-    for (; j + 32 <= n; j += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j + 8))), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j + 16))), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j + 24))), a3);
-    }
-    for (; j + 8 <= n; j += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))), a0);
-    float d = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; j < n; j++) d += q[j] * _cvtsh_ss(h[j]);
-    return d;
-}
-
-AVX2_FN static void avx2_axpy_f16(float *out, float a, const uint16_t *h, int64_t n) {
-    const __m256 va = _mm256_set1_ps(a);
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))),
-                                                  _mm256_loadu_ps(out + j)));
-    for (; j < n; j++) out[j] += a * _cvtsh_ss(h[j]);
-}
-
-/* The eight lanes of each of a[0..7] summed, in one transposing hadd
- * tree: lane k = ((a_k[0] + a_k[1]) + (a_k[2] + a_k[3])) + ((a_k[4] +
- * a_k[5]) + (a_k[6] + a_k[7])), whatever a_k stands for (a single row's
- * horizontal sum costs as much as its whole dot product at d = 64). */
-AVX2_INLINE __m256 hsum8x8(const __m256 *a) {
-    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    /* u0 = [sums 0-3, lanes 0-3 | sums 0-3, lanes 4-7], u1 the same for 4-7 */
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-/* Scores of up to 4 heads (gc) over rows in pairs: each row's 8 halves
- * converted once for all heads, accumulators a[2 g + r] (head g, row i +
- * r) with each lane's products in column order, then hsum8x8: the same
- * numbers as one head's 8-row blocks. Rows past the last whole block of 8
- * (and every row when d % 8 != 0) go through avx2_dot_f16, as one head's
- * would, so a head's scores do not depend on G. */
-AVX2_FN static void avx2_scores_f16(const float *q, int64_t qs, int G, const uint16_t *h, int64_t stride, int64_t n,
-                                    int64_t d, float scale, float *out, int64_t os) {
-    const int64_t n8 = d % 8 == 0 ? n / 8 * 8 : 0;
-    const __m256 vs = _mm256_set1_ps(scale);
-    for (int g0 = 0; g0 < G; g0 += 4) {
-        const int gc = G - g0 < 4 ? G - g0 : 4;
-        const float *qg = q + g0 * qs;
-        float *og = out + g0 * os;
-        for (int64_t i = 0; i < n8; i += 2) {
-            __m256 a[8];
-            for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
-            const uint16_t *r0 = h + i * stride, *r1 = r0 + stride;
-            for (int64_t j = 0; j < d; j += 8) {
-                const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r0 + j)));
-                const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r1 + j)));
-                #pragma GCC unroll 4
-                for (int g = 0; g < 4; g++) {
-                    if (g >= gc) break;
-                    const __m256 qv = _mm256_loadu_ps(qg + g * qs + j);
-                    a[2 * g] = _mm256_fmadd_ps(qv, k0, a[2 * g]);
-                    a[2 * g + 1] = _mm256_fmadd_ps(qv, k1, a[2 * g + 1]);
-                }
-            }
-            float t[8];
-            _mm256_storeu_ps(t, _mm256_mul_ps(hsum8x8(a), vs));
-            for (int g = 0; g < gc; g++) {
-                og[g * os + i] = t[2 * g];
-                og[g * os + i + 1] = t[2 * g + 1];
-            }
-        }
-        for (int g = 0; g < gc; g++)
-            for (int64_t i = n8; i < n; i++) og[g * os + i] = avx2_dot_f16(qg + g * qs, h + i * stride, d) * scale;
-    }
-}
-
-/* For up to 4 heads at a time: 16 output columns per head held in
- * registers across all rows, each row's 16 halves converted once for the
- * heads; every output's multiply-adds in row order, as one head's
- * 64-column blocks (the columns past the last whole 64, d % 64, go
- * through avx2_axpy_f16 row by row, as one head's), so a head's output
- * does not depend on G. */
-AVX2_FN static void avx2_wv_f16(float *out, int64_t os, const float *p, int64_t ps, int G, const uint16_t *h,
-                                int64_t stride, int64_t n, int64_t d) {
-    const int64_t d64 = d / 64 * 64;
-    for (int g0 = 0; g0 < G; g0 += 4) {
-        const int gc = G - g0 < 4 ? G - g0 : 4;
-        float *og = out + g0 * os;
-        const float *pg = p + g0 * ps;
-        for (int64_t c0 = 0; c0 < d64; c0 += 16) {
-            __m256 a[4][2];
-            for (int g = 0; g < gc; g++) {
-                a[g][0] = _mm256_loadu_ps(og + g * os + c0);
-                a[g][1] = _mm256_loadu_ps(og + g * os + c0 + 8);
-            }
-            for (int64_t i = 0; i < n; i++) {
-                const uint16_t *r = h + i * stride + c0;
-                const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r));
-                const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8)));
-                #pragma GCC unroll 4
-                for (int g = 0; g < 4; g++) {
-                    if (g >= gc) break;
-                    const __m256 pb = _mm256_set1_ps(pg[g * ps + i]);
-                    a[g][0] = _mm256_fmadd_ps(pb, v0, a[g][0]);
-                    a[g][1] = _mm256_fmadd_ps(pb, v1, a[g][1]);
-                }
-            }
-            for (int g = 0; g < gc; g++) {
-                _mm256_storeu_ps(og + g * os + c0, a[g][0]);
-                _mm256_storeu_ps(og + g * os + c0 + 8, a[g][1]);
-            }
-        }
-        if (d64 < d)
-            for (int g = 0; g < gc; g++)
-                for (int64_t i = 0; i < n; i++) avx2_axpy_f16(og + g * os + d64, pg[g * ps + i], h + i * stride + d64, d - d64);
-    }
-}
-
-/* One 4-bit group: its 32 codes as two vectors of bytes (low nibbles:
- * codes 0..15, high: 16..31) widened to four float vectors. */
-AVX2_INLINE void q4g_codes(const uint8_t *cd, __m256 *c0, __m256 *c1, __m256 *c2, __m256 *c3) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)cd), m = _mm_set1_epi8(15);
-    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-    *c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    *c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    *c2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    *c3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-}
-
-/* Per head the one-head arithmetic on codes widened once for all G. */
-AVX2_FN static void avx2_dot_q4g(const float *q, int64_t qs, int G, const uint8_t *cd, float *out) {
-    __m256 c0, c1, c2, c3;
-    q4g_codes(cd, &c0, &c1, &c2, &c3);
-    for (int g = 0; g < G; g++) {
-        const float *qg = q + g * qs;
-        const __m256 a = _mm256_fmadd_ps(c1, _mm256_loadu_ps(qg + 8), _mm256_mul_ps(c0, _mm256_loadu_ps(qg)));
-        const __m256 b = _mm256_fmadd_ps(c3, _mm256_loadu_ps(qg + 24), _mm256_mul_ps(c2, _mm256_loadu_ps(qg + 16)));
-        out[g] = hsum_ps(_mm256_add_ps(a, b));
-    }
-}
-
-AVX2_FN static void avx2_axpy_q4g(float *o, int64_t os, const float *a, int G, int z, const uint8_t *cd) {
-    __m256 c[4];
-    q4g_codes(cd, &c[0], &c[1], &c[2], &c[3]);
-    const __m256 vz = _mm256_set1_ps((float)z);
-    for (int i = 0; i < 4; i++) c[i] = _mm256_sub_ps(c[i], vz);
-    for (int g = 0; g < G; g++) {
-        const __m256 va = _mm256_set1_ps(a[g]);
-        float *og = o + g * os;
-        for (int i = 0; i < 4; i++) _mm256_storeu_ps(og + 8 * i, _mm256_fmadd_ps(va, c[i], _mm256_loadu_ps(og + 8 * i)));
-    }
-}
-
-/* e^x for x <= 0 (attention scores minus their maximum; larger x are
- * clamped to 88.3): Cephes' expf, n = round(x log2 e), r = x - n ln 2 in
- * two parts, a degree-6 polynomial, 2^n through the exponent bits; 0
- * below -87.33 (where expf leaves the normal range: such terms are below
- * 2^-126 of the largest, which is 1). NaN stays NaN. */
-AVX2_INLINE __m256 exp256_nonpos(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    const __m256 x0 = x;
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)); /* NaN in x: min returns the constant; restored below */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    y = _mm256_andnot_ps(under, y);
-    return _mm256_blendv_ps(y, x0, nan);
-}
-
-/* spx_cpu_softmax's steps with exp256_nonpos: the maximum, e^(x - max)
- * summed in double (two 4-lane accumulators), one scale by the float
- * reciprocal; the tail of n % 8 through a zero-padded vector. */
-AVX2_FN static void avx2_softmax(float *x, int64_t n) {
-    if (n <= 0) return;
-    __m256 mv = _mm256_set1_ps(-INFINITY);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-    float mx = hmax_ps(mv);
-    for (int64_t k = i; k < n; k++) mx = x[k] > mx ? x[k] : mx;
-    const __m256 vm = _mm256_set1_ps(mx);
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-    for (i = 0; i + 8 <= n; i += 8) {
-        const __m256 e = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
-        _mm256_storeu_ps(x + i, e);
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    if (i < n) {
-        float t[8];
-        const int r = (int)(n - i);
-        for (int k = 0; k < 8; k++) t[k] = k < r ? x[i + k] - mx : -INFINITY;
-        const __m256 e = exp256_nonpos(_mm256_loadu_ps(t));
-        _mm256_storeu_ps(t, e);
-        for (int k = 0; k < r; k++) x[i + k] = t[k];
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    const __m256d s = _mm256_add_pd(s0, s1);
-    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
-    s2 = _mm_add_sd(s2, _mm_unpackhi_pd(s2, s2));
-    const __m256 inv = _mm256_set1_ps((float)(1.0 / _mm_cvtsd_f64(s2)));
-    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-    for (; i < n; i++) x[i] *= _mm256_cvtss_f32(inv);
 }
 
 static const spx_qkernels g_avx2 = {
@@ -946,11 +788,11 @@ static const spx_qkernels g_avx2 = {
     .scratch_bytes = avx2_scratch_bytes,
     .prepare = avx2_prepare,
     .rows = avx2_rows,
-    .scores_f16 = avx2_scores_f16,
-    .wv_f16 = avx2_wv_f16,
-    .softmax = avx2_softmax,
-    .dot_q4g = avx2_dot_q4g,
-    .axpy_q4g = avx2_axpy_q4g,
+    .scores_f16 = spx_avx2_scores_f16,
+    .wv_f16 = spx_avx2_wv_f16,
+    .softmax = spx_avx2_softmax,
+    .dot_q4g = spx_avx2_dot_q4g,
+    .axpy_q4g = spx_avx2_axpy_q4g,
 };
 
 const spx_qkernels *spx_qkernels_avx2_table(void) { return &g_avx2; }
@@ -960,3 +802,4 @@ const spx_qkernels *spx_qkernels_avx2_table(void) { return &g_avx2; }
 const spx_qkernels *spx_qkernels_avx2_table(void) { return NULL; }
 
 #endif
+

@@ -1,4 +1,5 @@
-/* trdc.c: TRDC4B01 container reader, CRC verifier and streaming writer.
+/* trdc.c: TRDC4B01 container reader and CRC verifier. The streaming
+ * writer is trdc_write.c; what both share, trdc_common.c (trdc_impl.h).
  * Normative spec: docs/trdc.md. Public interface and guarantees: trdc.h.
  *
  * The reader treats the file as hostile. Order of checks: header (size,
@@ -11,50 +12,24 @@
  * [4096, manifest offset), then no two components overlap anywhere, then
  * outlier indices. Only then is a pointer into the file formed. */
 #define _POSIX_C_SOURCE 200809L
-#include "format/trdc.h"
+#include "format/trdc_impl.h"
 
 #include "core/mapfile.h"
 #include "core/util.h"
+#include "quant/g32.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "TRDC payloads are mapped as little-endian data: a little-endian host is required"
-#endif
-
-/* Offsets and sizes are JSON numbers (doubles): integers up to 2^53 are
- * exact, so that is the bound on any offset or size (8 PiB). */
-#define TRDC_MAX_U53 ((uint64_t)1 << 53)
-#define TRDC_CRC_CHUNK ((size_t)1 << 24) /* zlib takes uInt lengths */
-
-static const char *const k_comp_names[SPX_TRDC_C_COUNT] = {
-    "data", "codes", "scales", "zeros", "outlier_idx", "outlier_val"};
-
-const char *spx_trdc_comp_name(spx_trdc_comp c) {
-    return (unsigned)c < SPX_TRDC_C_COUNT ? k_comp_names[c] : "?";
-}
-
-const char *spx_trdc_kind_name(spx_trdc_kind k) {
-    return k == SPX_TRDC_DENSE ? "dense" : k == SPX_TRDC_QUANT ? "quant" : "?";
-}
 
 static uint64_t rd_le64(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
     return v;
-}
-
-static void wr_le64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
 static uint32_t crc_of(const uint8_t *p, uint64_t n) {
@@ -66,168 +41,6 @@ static uint32_t crc_of(const uint8_t *p, uint64_t n) {
         n -= k;
     }
     return (uint32_t)c;
-}
-
-/* ======================================================================
- * Name set: open addressing over caller-owned strings, value = index.
- * ====================================================================== */
-
-typedef struct nameset {
-    const char **keys;
-    size_t *vals;
-    size_t cap, n; /* cap: power of two, 0 before first insert */
-} nameset;
-
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
-static void nameset_free(nameset *s) {
-    free(s->keys);
-    free(s->vals);
-    memset(s, 0, sizeof *s);
-}
-
-/* Returns the slot of key or of the empty slot where it would go. */
-static size_t nameset_slot(const nameset *s, const char *key) {
-    size_t m = s->cap - 1, i = (size_t)fnv1a(key) & m;
-    while (s->keys[i] && strcmp(s->keys[i], key) != 0) i = (i + 1) & m;
-    return i;
-}
-
-static int nameset_find(const nameset *s, const char *key, size_t *val) {
-    if (s->cap == 0) return 0;
-    size_t i = nameset_slot(s, key);
-    if (!s->keys[i]) return 0;
-    *val = s->vals[i];
-    return 1;
-}
-
-/* Inserts key -> val. Returns 1 if inserted, 0 if present (*old set),
- * -1 on out-of-memory. */
-static int nameset_put(nameset *s, const char *key, size_t val, size_t *old) {
-    if ((s->n + 1) * 2 > s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 64;
-        nameset t = {calloc(nc, sizeof *t.keys), calloc(nc, sizeof *t.vals), nc, 0};
-        if (!t.keys || !t.vals) {
-            nameset_free(&t);
-            return -1;
-        }
-        for (size_t i = 0; i < s->cap; i++)
-            if (s->keys[i]) {
-                size_t j = nameset_slot(&t, s->keys[i]);
-                t.keys[j] = s->keys[i];
-                t.vals[j] = s->vals[i];
-                t.n++;
-            }
-        nameset_free(s);
-        *s = t;
-    }
-    size_t i = nameset_slot(s, key);
-    if (s->keys[i]) {
-        if (old) *old = s->vals[i];
-        return 0;
-    }
-    s->keys[i] = key;
-    s->vals[i] = val;
-    s->n++;
-    return 1;
-}
-
-/* ======================================================================
- * Byte-level manifest checks (before any JSON parser runs)
- * ====================================================================== */
-
-/* Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, <= U+10FFFF,
- * and no NUL byte (never valid in JSON text, and it would truncate C
- * strings). Returns the offset of the first bad byte, or len if valid. */
-static size_t utf8_bad_at(const uint8_t *s, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        uint8_t c = s[i];
-        if (c == 0) return i;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        uint32_t cp;
-        if (c >= 0xC2 && c <= 0xDF) {
-            n = 1;
-            cp = c & 0x1F;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 2;
-            cp = c & 0x0F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 3;
-            cp = c & 0x07;
-        } else {
-            return i;
-        }
-        if (len - i <= n) return i;
-        for (size_t k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return i;
-        i += n + 1;
-    }
-    return len;
-}
-
-/* Largest nesting of [ and { outside strings, lexed as JSON does. Stops
- * early (returning a value > limit and *at) once limit is exceeded, so a
- * hostile manifest cannot drive cJSON's recursion deep. */
-static int json_depth(const uint8_t *s, size_t len, int limit, size_t *at) {
-    int d = 0, maxd = 0, in_str = 0;
-    for (size_t i = 0; i < len; i++) {
-        uint8_t c = s[i];
-        if (in_str) {
-            if (c == '\\') i++;
-            else if (c == '"') in_str = 0;
-        } else if (c == '"') {
-            in_str = 1;
-        } else if (c == '[' || c == '{') {
-            if (++d > maxd) maxd = d;
-            if (d > limit) {
-                *at = i;
-                return d;
-            }
-        } else if (c == ']' || c == '}') {
-            if (d > 0) d--;
-        }
-    }
-    return maxd;
-}
-
-/* Checks that text is a JSON object of bounded depth (for writer inputs
- * that will be embedded verbatim into the manifest). */
-static spx_status check_json_object_text(const char *what, const char *path, const char *text,
-                                         int max_depth, spx_err *e) {
-    size_t len = strlen(text), at = 0;
-    size_t bad = utf8_bad_at((const uint8_t *)text, len);
-    if (bad != len)
-        return spx_fail(e, SPX_ERR_ARG, "%s: %s is not valid UTF-8 (byte %zu)", path, what, bad);
-    if (json_depth((const uint8_t *)text, len, max_depth, &at) > max_depth)
-        return spx_fail(e, SPX_ERR_ARG, "%s: %s nests deeper than %d levels (byte %zu)", path,
-                        what, max_depth, at);
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!j)
-        return spx_fail(e, SPX_ERR_ARG, "%s: %s is not valid JSON (near byte %zu)", path, what,
-                        end && end >= text ? (size_t)(end - text) : (size_t)0);
-    int is_obj = cJSON_IsObject(j);
-    cJSON_Delete(j);
-    while (end && *end && strchr(" \t\r\n", *end)) end++;
-    if (end && *end)
-        return spx_fail(e, SPX_ERR_ARG, "%s: %s has trailing bytes after the JSON value (byte %zu)",
-                        path, what, (size_t)(end - text));
-    if (!is_obj) return spx_fail(e, SPX_ERR_ARG, "%s: %s must be a JSON object", path, what);
-    return SPX_OK;
 }
 
 /* ======================================================================
@@ -272,7 +85,6 @@ static int dup_key(const cJSON *obj, const char **which) {
             }
     return 0;
 }
-
 /* ======================================================================
  * Reader
  * ====================================================================== */
@@ -286,9 +98,11 @@ struct spx_trdc {
     cJSON *root;
     const cJSON *config, *quant, *source;
     const char *tok_json, *tok_cfg_json, *generator;
+    spx_trdc_contents_kind contents;
     spx_trdc_tensor *tensors;
     size_t n;
-    nameset names;
+    trdc_nameset names;
+    uint8_t *repacked;      /* version 1-2 files: the 2-/3-bit codes in the current packing */
 };
 
 typedef struct span {
@@ -300,35 +114,6 @@ typedef struct span {
 static int span_cmp(const void *a, const void *b) {
     const span *x = a, *y = b;
     return x->off < y->off ? -1 : x->off > y->off ? 1 : 0;
-}
-
-/* Shape and parameters of a quantized matrix and the exact component
- * sizes implied by qtensor.h. Shared by reader and writer so that they can
- * never disagree. Returns NULL if fine, else a static description. */
-static const char *quant_sizes(int64_t rows, int64_t cols, int64_t bits, int64_t group,
-                               int64_t n_out, int layout, uint64_t sizes[SPX_TRDC_C_COUNT]) {
-    if (rows < 1 || rows > SPX_TRDC_MAX_DIM || cols < 1 || cols > SPX_TRDC_MAX_DIM)
-        return "dimensions must be in [1, 2^31-1]";
-    if (bits != 2 && bits != 3 && bits != 4) return "bits must be 2, 3 or 4";
-    if (group != 32 && group != 64 && group != 128) return "group must be 32, 64 or 128";
-    if (cols % group != 0) return "cols must be a multiple of group";
-    if (n_out < 0 || n_out > cols) return "n_outliers must be in [0, cols]";
-    if (layout != SPX_Q_ROWS && layout != SPX_Q_TILED) return "unknown layout";
-    if (layout == SPX_Q_TILED && !spx_q_tiled_ok((int)bits, (int)group, cols))
-        return "layout \"tile16x128\" needs bits 4, group 32 and cols a multiple of 128";
-    uint64_t r = (uint64_t)rows, n = (uint64_t)n_out;
-    memset(sizes, 0, SPX_TRDC_C_COUNT * sizeof sizes[0]);
-    /* rows, cols < 2^31 (stored rows < 2^31 + 16): none of these products can overflow 64 bits. */
-    sizes[SPX_TRDC_C_CODES] = (uint64_t)spx_q_codes_bytes(rows, cols, (int)bits, layout);
-    sizes[SPX_TRDC_C_SCALES] = (uint64_t)spx_q_scales_bytes(rows, cols, (int)group, layout);
-    sizes[SPX_TRDC_C_ZEROS] = (uint64_t)spx_q_zeros_bytes(rows, cols, (int)group, layout);
-    sizes[SPX_TRDC_C_OUTLIER_IDX] = n * 4;
-    sizes[SPX_TRDC_C_OUTLIER_VAL] = r * n * 2;
-    return NULL;
-}
-
-static int dense_dtype_ok(spx_dtype t) {
-    return t == SPX_DT_F32 || t == SPX_DT_F16 || t == SPX_DT_BF16;
 }
 
 static void shape_str(const spx_trdc_tensor *t, char *buf, size_t n) {
@@ -364,7 +149,7 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
     const char *N = jn->valuestring;
     t->name = N;
     size_t prev = 0;
-    int put = nameset_put(&f->names, N, i, &prev);
+    int put = trdc_nameset_put(&f->names, N, i, &prev);
     if (put < 0) return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory indexing tensor names", L);
     if (put == 0)
         return spx_fail(e, SPX_ERR_FORMAT,
@@ -377,10 +162,15 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
                         N, jdesc(jk, b1, sizeof b1));
     if (!strcmp(jk->valuestring, "dense")) t->kind = SPX_TRDC_DENSE;
     else if (!strcmp(jk->valuestring, "quant")) t->kind = SPX_TRDC_QUANT;
+    else if (!strcmp(jk->valuestring, "refine4")) t->kind = SPX_TRDC_REFINE;
     else
         return spx_fail(e, SPX_ERR_FORMAT,
-                        "%s: tensor '%s': unknown kind '%.60s' (expected \"dense\" or \"quant\")",
+                        "%s: tensor '%s': unknown kind '%.60s' (expected \"dense\", \"quant\" or \"refine4\")",
                         L, N, jk->valuestring);
+    /* refine4 tensors (version 4) are what a .refine holds, and all it holds */
+    if ((t->kind == SPX_TRDC_REFINE) != (f->contents == SPX_TRDC_CONTENTS_REFINE))
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' of kind %s in a file whose contents are %s", L, N,
+                        jk->valuestring, f->contents == SPX_TRDC_CONTENTS_REFINE ? "\"refine\"" : "a model");
 
     /* shape */
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(jt, "shape");
@@ -388,7 +178,8 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
         return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': 'shape' is %s, expected an array", L,
                         N, jdesc(js, b1, sizeof b1));
     int nd = cJSON_GetArraySize(js);
-    int lo = t->kind == SPX_TRDC_QUANT ? 2 : 1, hi = t->kind == SPX_TRDC_QUANT ? 2 : SPX_TRDC_MAX_DIMS;
+    const int mat = t->kind != SPX_TRDC_DENSE;
+    int lo = mat ? 2 : 1, hi = mat ? 2 : SPX_TRDC_MAX_DIMS;
     if (nd < lo || nd > hi)
         return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': shape has %d dims, expected %d..%d for kind %s",
                         L, N, nd, lo, hi, spx_trdc_kind_name(t->kind));
@@ -416,13 +207,33 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
             return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': 'dtype' is %s, expected a string",
                             L, N, jdesc(jd, b1, sizeof b1));
         spx_dtype dt = spx_dtype_from_name(jd->valuestring);
-        if (!dense_dtype_ok(dt))
+        if (!trdc_dense_dtype_ok(dt))
             return spx_fail(e, SPX_ERR_FORMAT,
                             "%s: tensor '%s': dtype '%.20s' is not allowed (expected F32, F16 or BF16)",
                             L, N, jd->valuestring);
         t->dtype = dt;
         if (__builtin_mul_overflow(numel, (uint64_t)spx_dtype_size(dt), &want[SPX_TRDC_C_DATA]))
             return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': byte size overflows", L, N);
+    } else if (t->kind == SPX_TRDC_REFINE) {
+        t->dtype = SPX_DT_COUNT;
+        const int64_t rows = t->shape[0], cols = t->shape[1], cb = (rows + 1) / 2;
+        const cJSON *jcs = cJSON_GetObjectItemCaseSensitive(jt, "col_stride");
+        const cJSON *jbc = cJSON_GetObjectItemCaseSensitive(jt, "base_crc32");
+        int64_t cs, bc;
+        if (!jint(jcs, cb, SPX_TRDC_MAX_DIM, &cs))
+            return spx_fail(e, SPX_ERR_FORMAT,
+                            "%s: tensor '%s': 'col_stride' is %s, expected an integer >= (rows + 1) / 2 = %lld", L, N,
+                            jdesc(jcs, b1, sizeof b1), (long long)cb);
+        if (jbc && !jint(jbc, 0, 0xFFFFFFFFll, &bc))
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': 'base_crc32' is %s, expected an integer in [0, 2^32-1]",
+                            L, N, jdesc(jbc, b1, sizeof b1));
+        if (__builtin_mul_overflow((uint64_t)cols, (uint64_t)cs, &want[SPX_TRDC_C_CODES]) ||
+            want[SPX_TRDC_C_CODES] > TRDC_MAX_U53)
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': byte size overflows", L, N);
+        want[SPX_TRDC_C_SCALES] = (uint64_t)rows * 4;
+        t->refine.col_stride = cs;
+        t->refine.has_base_crc = jbc != NULL;
+        t->refine.base_crc32 = jbc ? (uint32_t)bc : 0;
     } else {
         int64_t bits, group, nout;
         const cJSON *jb = cJSON_GetObjectItemCaseSensitive(jt, "bits");
@@ -457,7 +268,7 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
                                 "%s: tensor '%s': 'layout' is %s, expected \"rows\" or \"tile16x128\"", L, N,
                                 jdesc(jl, b1, sizeof b1));
         }
-        const char *why = quant_sizes(t->shape[0], t->shape[1], bits, group, nout, layout, want);
+        const char *why = trdc_quant_sizes(t->shape[0], t->shape[1], bits, group, nout, layout, f->version, want);
         if (why) return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': %s", L, N, why);
         t->q.layout = layout;
         const char *keys[2] = {"kappa", "r"};
@@ -487,7 +298,7 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
         return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': component '%s' appears twice", L, N, dk);
     for (const cJSON *it = jc->child; it; it = it->next) {
         int c = 0;
-        while (c < SPX_TRDC_C_COUNT && strcmp(it->string, k_comp_names[c]) != 0) c++;
+        while (c < SPX_TRDC_C_COUNT && strcmp(it->string, trdc_comp_names[c]) != 0) c++;
         if (c == SPX_TRDC_C_COUNT || want[c] == 0)
             return spx_fail(e, SPX_ERR_FORMAT,
                             "%s: tensor '%s': unexpected component '%.40s' for kind %s%s", L, N,
@@ -498,7 +309,7 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
     uint64_t total = 0;
     for (int c = 0; c < SPX_TRDC_C_COUNT; c++) {
         if (want[c] == 0) continue;
-        const char *C = k_comp_names[c];
+        const char *C = trdc_comp_names[c];
         const cJSON *jo = cJSON_GetObjectItemCaseSensitive(jc, C);
         if (!cJSON_IsObject(jo))
             return spx_fail(e, SPX_ERR_FORMAT,
@@ -565,6 +376,11 @@ static spx_status bind_tensor(spx_trdc *f, spx_trdc_tensor *t, spx_err *e) {
         t->data = b + t->comp[SPX_TRDC_C_DATA].offset;
         return SPX_OK;
     }
+    if (t->kind == SPX_TRDC_REFINE) { /* components start 4096-aligned: the floats are aligned */
+        t->refine.codes = b + t->comp[SPX_TRDC_C_CODES].offset;
+        t->refine.scales = (const float *)(b + t->comp[SPX_TRDC_C_SCALES].offset);
+        return SPX_OK;
+    }
     t->q.codes = b + t->comp[SPX_TRDC_C_CODES].offset;
     t->q.scales = (const uint16_t *)(b + t->comp[SPX_TRDC_C_SCALES].offset);
     t->q.zeros = b + t->comp[SPX_TRDC_C_ZEROS].offset;
@@ -587,6 +403,36 @@ static spx_status bind_tensor(spx_trdc *f, spx_trdc_tensor *t, spx_err *e) {
     return SPX_OK;
 }
 
+/* Version 1 and 2 files stored 2- and 3-bit codes in the 4-bit group
+ * order (qpack.c, spx_q_repack_legacy_row). Their codes are repacked once,
+ * here, into one block the handle owns, and the views point there, so
+ * every consumer reads one packing; the file itself (and what verify
+ * checks) is unchanged. The only copy the reader makes; a version-3 file
+ * never takes it. */
+static spx_status repack_legacy(spx_trdc *f, spx_err *e) {
+    if (f->version >= 3) return SPX_OK;
+    uint64_t total = 0;
+    for (size_t i = 0; i < f->n; i++) {
+        const spx_qtensor *q = &f->tensors[i].q;
+        if (f->tensors[i].kind == SPX_TRDC_QUANT && q->bits != 4)
+            total += (uint64_t)spx_q_codes_bytes(q->rows, q->cols, q->bits, q->layout);
+    }
+    if (total == 0) return SPX_OK;
+    if (total > SIZE_MAX || !(f->repacked = malloc((size_t)total)))
+        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory repacking %llu bytes of version-%llu 2-/3-bit codes",
+                        f->label, (unsigned long long)total, (unsigned long long)f->version);
+    uint8_t *dst = f->repacked;
+    for (size_t i = 0; i < f->n; i++) {
+        spx_qtensor *q = &f->tensors[i].q;
+        if (f->tensors[i].kind != SPX_TRDC_QUANT || q->bits == 4) continue;
+        const int64_t orb = spx_q_legacy_codes_row_bytes(q->cols, q->bits), nrb = spx_q_codes_row_bytes(q->cols, q->bits);
+        for (int64_t r = 0; r < q->rows; r++) spx_q_repack_legacy_row(q->codes + r * orb, q->cols, q->bits, q->group, dst + r * nrb);
+        q->codes = dst;
+        dst += q->rows * nrb;
+    }
+    return SPX_OK;
+}
+
 static spx_status check_overlaps(spx_trdc *f, spx_err *e) {
     size_t ns = 0;
     for (size_t i = 0; i < f->n; i++)
@@ -606,10 +452,10 @@ static spx_status check_overlaps(spx_trdc *f, spx_err *e) {
             st = spx_fail(e, SPX_ERR_FORMAT,
                           "%s: components overlap: tensor '%s' '%s' [%llu, %llu) and tensor '%s' "
                           "'%s' at offset %llu",
-                          f->label, f->tensors[s[j - 1].tensor].name, k_comp_names[s[j - 1].comp],
+                          f->label, f->tensors[s[j - 1].tensor].name, trdc_comp_names[s[j - 1].comp],
                           (unsigned long long)s[j - 1].off,
                           (unsigned long long)(s[j - 1].off + s[j - 1].size),
-                          f->tensors[s[j].tensor].name, k_comp_names[s[j].comp],
+                          f->tensors[s[j].tensor].name, trdc_comp_names[s[j].comp],
                           (unsigned long long)s[j].off);
             break;
         }
@@ -623,12 +469,12 @@ static spx_status parse_manifest(spx_trdc *f, spx_err *e) {
     const uint8_t *m = f->base + f->man_off;
     size_t len = (size_t)f->man_len, at = 0;
 
-    size_t bad = utf8_bad_at(m, len);
+    size_t bad = trdc_utf8_bad_at(m, len);
     if (bad != len)
         return spx_fail(e, SPX_ERR_FORMAT,
                         "%s: manifest is not valid UTF-8 (bad byte 0x%02x at manifest byte %zu)", L,
                         m[bad], bad);
-    if (json_depth(m, len, SPX_TRDC_MAX_DEPTH, &at) > SPX_TRDC_MAX_DEPTH)
+    if (trdc_json_depth(m, len, SPX_TRDC_MAX_DEPTH, &at) > SPX_TRDC_MAX_DEPTH)
         return spx_fail(e, SPX_ERR_FORMAT,
                         "%s: manifest JSON nests deeper than %d levels (at manifest byte %zu)", L,
                         SPX_TRDC_MAX_DEPTH, at);
@@ -676,6 +522,15 @@ static spx_status parse_manifest(spx_trdc *f, spx_err *e) {
         return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest 'generator' is %s, expected a string", L,
                         jdesc(jg, b1, sizeof b1));
     f->generator = jg ? jg->valuestring : "";
+    const cJSON *jct = cJSON_GetObjectItemCaseSensitive(r, "contents");
+    f->contents = SPX_TRDC_CONTENTS_MODEL;
+    if (jct) {
+        if (f->version < 4 || !cJSON_IsString(jct) ||
+            (strcmp(jct->valuestring, "refine") != 0 && strcmp(jct->valuestring, "model") != 0))
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest 'contents' is %s, expected \"model\" or \"refine\" (version 4)",
+                            L, jdesc(jct, b1, sizeof b1));
+        if (!strcmp(jct->valuestring, "refine")) f->contents = SPX_TRDC_CONTENTS_REFINE;
+    }
     f->config = cJSON_GetObjectItemCaseSensitive(r, "config");
     if (!cJSON_IsObject(f->config))
         return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest 'config' is %s, expected an object", L,
@@ -726,7 +581,7 @@ static spx_status parse_manifest(spx_trdc *f, spx_err *e) {
     f->n = n;
     SPX_TRY(check_overlaps(f, e));
     for (i = 0; i < n; i++) SPX_TRY(bind_tensor(f, &f->tensors[i], e));
-    return SPX_OK;
+    return repack_legacy(f, e);
 }
 
 static spx_status trdc_validate(spx_trdc *f, spx_err *e) {
@@ -822,7 +677,8 @@ void spx_trdc_close(spx_trdc *f) {
     if (!f) return;
     cJSON_Delete(f->root);
     free(f->tensors);
-    nameset_free(&f->names);
+    free(f->repacked);
+    trdc_nameset_free(&f->names);
     spx_map_close(&f->map);
     free(f->label);
     free(f);
@@ -841,7 +697,7 @@ const spx_trdc_tensor *spx_trdc_at(const spx_trdc *f, size_t i) {
 
 const spx_trdc_tensor *spx_trdc_find(const spx_trdc *f, const char *name) {
     size_t i;
-    return name && nameset_find(&f->names, name, &i) ? &f->tensors[i] : NULL;
+    return name && trdc_nameset_find(&f->names, name, &i) ? &f->tensors[i] : NULL;
 }
 
 const struct cJSON *spx_trdc_config(const spx_trdc *f) { return f->config; }
@@ -851,6 +707,7 @@ char *spx_trdc_config_json(const spx_trdc *f) { return cJSON_PrintUnformatted(f-
 const char *spx_trdc_tokenizer_json(const spx_trdc *f) { return f->tok_json; }
 const char *spx_trdc_tokenizer_config_json(const spx_trdc *f) { return f->tok_cfg_json; }
 const char *spx_trdc_generator(const spx_trdc *f) { return f->generator; }
+spx_trdc_contents_kind spx_trdc_contents(const spx_trdc *f) { return f->contents; }
 
 int64_t spx_trdc_source_bytes(const spx_trdc *f) {
     int64_t v;
@@ -898,422 +755,7 @@ spx_status spx_trdc_verify(const spx_trdc *f, spx_trdc_progress_fn progress,
         return spx_fail(e, SPX_ERR_CRC,
                         "%s: tensor '%s' component '%s': crc32 is 0x%08x, expected 0x%08x "
                         "(%zu of %zu components mismatch; the file is corrupt)",
-                        f->label, bad_t->name, k_comp_names[bad_c], bad_got, bad_want,
+                        f->label, bad_t->name, trdc_comp_names[bad_c], bad_got, bad_want,
                         rep.n_mismatches, rep.n_components);
     return SPX_OK;
-}
-
-/* ======================================================================
- * Writer
- * ====================================================================== */
-
-struct spx_trdc_writer {
-    char *path, *tmp;
-    int fd;              /* -1 once closed */
-    int dead;            /* an error happened: temp removed, only abort/finish */
-    uint64_t pos;        /* bytes written so far */
-    cJSON *tensors;      /* manifest "tensors" array, built as we go */
-    nameset names;       /* keys: name strings inside `tensors` */
-    int any_tiled;       /* a tiled matrix was added: the file is version 2, else 1 */
-};
-
-/* The version a file gets: 1 (readable by every reader) unless a matrix
- * uses a layout that came with version 2. */
-static unsigned writer_version(const spx_trdc_writer *w) { return w->any_tiled ? 2u : 1u; }
-
-static const uint8_t k_zeros[SPX_TRDC_ALIGN];
-
-/* Marks the writer dead: closes and deletes the temp file. */
-static void writer_kill(spx_trdc_writer *w) {
-    if (w->fd >= 0) close(w->fd);
-    w->fd = -1;
-    if (w->tmp) unlink(w->tmp);
-    w->dead = 1;
-}
-
-static spx_status writer_io_fail(spx_trdc_writer *w, const char *what, int err, spx_err *e) {
-    char at[48] = "";
-    if (!strcmp(what, "writing")) snprintf(at, sizeof at, " at byte %llu", (unsigned long long)w->pos);
-    spx_fail(e, SPX_ERR_IO, "%s: %s temp file %s%s failed: %s%s", w->path, what, w->tmp, at,
-             strerror(err),
-             err == ENOSPC || err == EDQUOT ? " (the disk is full; the partial file was removed)"
-                                            : " (the partial file was removed)");
-    writer_kill(w);
-    return SPX_ERR_IO;
-}
-
-static spx_status writer_arg_fail(spx_trdc_writer *w, spx_err *e, const char *fmt, ...)
-    SPX_PRINTF(3, 4);
-static spx_status writer_arg_fail(spx_trdc_writer *w, spx_err *e, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    spx_vfail(e, SPX_ERR_ARG, fmt, ap);
-    va_end(ap);
-    writer_kill(w);
-    return SPX_ERR_ARG;
-}
-
-static spx_status writer_write(spx_trdc_writer *w, const void *data, size_t n, uLong *crc,
-                               spx_err *e) {
-    const uint8_t *p = data;
-    while (n > 0) {
-        size_t k = n < TRDC_CRC_CHUNK ? n : TRDC_CRC_CHUNK;
-        if (crc) *crc = crc32(*crc, p, (uInt)k);
-        size_t done = 0;
-        while (done < k) {
-            ssize_t r = write(w->fd, p + done, k - done);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) return writer_io_fail(w, "writing", r < 0 ? errno : EIO, e);
-            done += (size_t)r;
-            w->pos += (uint64_t)r;
-        }
-        p += k;
-        n -= k;
-    }
-    return SPX_OK;
-}
-
-spx_status spx_trdc_writer_open(const char *path, spx_trdc_writer **out, spx_err *e) {
-    if (!out || !path || !*path) return spx_fail(e, SPX_ERR_ARG, "spx_trdc_writer_open: no path");
-    *out = NULL;
-    spx_trdc_writer *w = calloc(1, sizeof *w);
-    size_t tl = strlen(path) + 32;
-    if (!w || !(w->path = spx_strdup(path)) || !(w->tmp = malloc(tl)) ||
-        !(w->tensors = cJSON_CreateArray())) {
-        if (w) {
-            free(w->path);
-            free(w->tmp);
-            free(w);
-        }
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", path);
-    }
-    w->fd = -1;
-    snprintf(w->tmp, tl, "%s.tmp.%ld", path, (long)getpid());
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (w->fd < 0) {
-        spx_fail(e, SPX_ERR_IO, "%s: cannot create temp file %s: %s", path, w->tmp, strerror(errno));
-        cJSON_Delete(w->tensors);
-        free(w->path);
-        free(w->tmp);
-        free(w);
-        return SPX_ERR_IO;
-    }
-    uint8_t h[SPX_TRDC_HEADER_SIZE];
-    memcpy(h, SPX_TRDC_MAGIC, 8);
-    wr_le64(h + 8, SPX_TRDC_VERSION);
-    wr_le64(h + 16, 0); /* placeholder: rewritten by finish */
-    spx_status st = writer_write(w, h, sizeof h, NULL, e);
-    if (st != SPX_OK) {
-        spx_trdc_writer_abort(w);
-        return st;
-    }
-    *out = w;
-    return SPX_OK;
-}
-
-uint64_t spx_trdc_writer_bytes(const spx_trdc_writer *w) { return w->pos; }
-
-/* Starts a manifest entry: checks the name and creates the object. */
-static spx_status writer_begin(spx_trdc_writer *w, const char *name, const char *kind,
-                               cJSON **jt, spx_err *e) {
-    if (w->dead)
-        return spx_fail(e, SPX_ERR_ARG, "%s: the writer failed earlier and cannot be used", w->path);
-    size_t nl = name ? strlen(name) : 0;
-    if (nl == 0 || nl > SPX_TRDC_MAX_NAME)
-        return writer_arg_fail(w, e, "%s: tensor name must be 1..%d bytes (got %zu)", w->path,
-                               SPX_TRDC_MAX_NAME, nl);
-    if (utf8_bad_at((const uint8_t *)name, nl) != nl)
-        return writer_arg_fail(w, e, "%s: tensor name '%s' is not valid UTF-8", w->path, name);
-    size_t dummy;
-    if (nameset_find(&w->names, name, &dummy))
-        return writer_arg_fail(w, e, "%s: tensor '%s' added twice", w->path, name);
-    if (w->names.n >= SPX_TRDC_MAX_TENSORS)
-        return writer_arg_fail(w, e, "%s: more than %u tensors", w->path, SPX_TRDC_MAX_TENSORS);
-    cJSON *o = cJSON_CreateObject();
-    cJSON *jn = o ? cJSON_AddStringToObject(o, "name", name) : NULL;
-    if (!jn || !cJSON_AddStringToObject(o, "kind", kind)) {
-        cJSON_Delete(o);
-        writer_kill(w);
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-    }
-    *jt = o;
-    return SPX_OK;
-}
-
-/* Writes one component at the next aligned offset and records it. */
-static spx_status writer_component(spx_trdc_writer *w, cJSON *jcomps, spx_trdc_comp c,
-                                   const void *data, uint64_t size, spx_err *e) {
-    uint64_t pad = (SPX_TRDC_ALIGN - w->pos % SPX_TRDC_ALIGN) % SPX_TRDC_ALIGN;
-    if (w->pos + pad + size > TRDC_MAX_U53)
-        return writer_arg_fail(w, e, "%s: file would exceed 2^53 bytes", w->path);
-    SPX_TRY(writer_write(w, k_zeros, (size_t)pad, NULL, e));
-    uint64_t off = w->pos;
-    uLong crc = crc32(0L, Z_NULL, 0);
-    SPX_TRY(writer_write(w, data, (size_t)size, &crc, e));
-    cJSON *o = cJSON_AddObjectToObject(jcomps, k_comp_names[c]);
-    if (!o || !cJSON_AddNumberToObject(o, "offset", (double)off) ||
-        !cJSON_AddNumberToObject(o, "size", (double)size) ||
-        !cJSON_AddNumberToObject(o, "crc32", (double)(uint32_t)crc)) {
-        writer_kill(w);
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-    }
-    return SPX_OK;
-}
-
-/* Adds the finished entry to the manifest and indexes its name. */
-static spx_status writer_commit(spx_trdc_writer *w, cJSON *jt, spx_err *e) {
-    cJSON_AddItemToArray(w->tensors, jt);
-    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(jt, "name");
-    if (nameset_put(&w->names, jn->valuestring, w->names.n, NULL) < 0) {
-        writer_kill(w);
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-    }
-    return SPX_OK;
-}
-
-static cJSON *shape_json(int ndim, const int64_t *shape) {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; a && i < ndim; i++) {
-        cJSON *v = cJSON_CreateNumber((double)shape[i]);
-        if (!v) {
-            cJSON_Delete(a);
-            return NULL;
-        }
-        cJSON_AddItemToArray(a, v);
-    }
-    return a;
-}
-
-spx_status spx_trdc_writer_add_dense(spx_trdc_writer *w, const char *name, spx_dtype dtype,
-                                     int ndim, const int64_t *shape, const void *data,
-                                     size_t nbytes, spx_err *e) {
-    if (!w) return spx_fail(e, SPX_ERR_ARG, "spx_trdc_writer_add_dense: writer is NULL");
-    cJSON *jt;
-    SPX_TRY(writer_begin(w, name, "dense", &jt, e));
-    spx_status st = SPX_OK;
-    uint64_t numel = 1, want = 0;
-    if (!dense_dtype_ok(dtype)) {
-        st = writer_arg_fail(w, e, "%s: tensor '%s': dtype %s not allowed (F32, F16 or BF16)",
-                             w->path, name, spx_dtype_name(dtype));
-        goto out;
-    }
-    if (ndim < 1 || ndim > SPX_TRDC_MAX_DIMS || !shape) {
-        st = writer_arg_fail(w, e, "%s: tensor '%s': ndim %d, expected 1..%d", w->path, name, ndim,
-                             SPX_TRDC_MAX_DIMS);
-        goto out;
-    }
-    for (int i = 0; i < ndim; i++)
-        if (shape[i] < 1 || shape[i] > SPX_TRDC_MAX_DIM ||
-            __builtin_mul_overflow(numel, (uint64_t)shape[i], &numel) || numel > (uint64_t)INT64_MAX) {
-            st = writer_arg_fail(w, e, "%s: tensor '%s': shape[%d] = %lld out of range or overflowing",
-                                 w->path, name, i, (long long)shape[i]);
-            goto out;
-        }
-    if (__builtin_mul_overflow(numel, (uint64_t)spx_dtype_size(dtype), &want) || want != nbytes ||
-        !data) {
-        st = writer_arg_fail(w, e, "%s: tensor '%s': %zu bytes given, expected %llu for its shape and %s",
-                             w->path, name, nbytes, (unsigned long long)want, spx_dtype_name(dtype));
-        goto out;
-    }
-    cJSON *js = shape_json(ndim, shape), *jc = NULL;
-    if (!js || !cJSON_AddStringToObject(jt, "dtype", spx_dtype_name(dtype)) ||
-        !cJSON_AddItemToObject(jt, "shape", js) || !(jc = cJSON_AddObjectToObject(jt, "components"))) {
-        if (js && !cJSON_GetObjectItemCaseSensitive(jt, "shape")) cJSON_Delete(js);
-        writer_kill(w);
-        st = spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-        goto out;
-    }
-    st = writer_component(w, jc, SPX_TRDC_C_DATA, data, nbytes, e);
-    if (st == SPX_OK) return writer_commit(w, jt, e);
-out:
-    cJSON_Delete(jt);
-    return st;
-}
-
-spx_status spx_trdc_writer_add_quant(spx_trdc_writer *w, const char *name, const spx_qtensor *q,
-                                     double kappa, double r, spx_err *e) {
-    if (!w) return spx_fail(e, SPX_ERR_ARG, "spx_trdc_writer_add_quant: writer is NULL");
-    cJSON *jt;
-    SPX_TRY(writer_begin(w, name, "quant", &jt, e));
-    spx_status st = SPX_OK;
-    uint64_t sz[SPX_TRDC_C_COUNT];
-    const char *why = q ? quant_sizes(q->rows, q->cols, q->bits, q->group, q->n_outliers, q->layout, sz)
-                        : "no tensor given";
-    if (why) {
-        st = writer_arg_fail(w, e, "%s: tensor '%s': %s", w->path, name, why);
-        goto out;
-    }
-    const void *buf[SPX_TRDC_C_COUNT] = {NULL, q->codes, q->scales, q->zeros, q->outlier_idx,
-                                         q->outlier_val};
-    for (int c = 1; c < SPX_TRDC_C_COUNT; c++)
-        if (sz[c] && !buf[c]) {
-            st = writer_arg_fail(w, e, "%s: tensor '%s': component %s is NULL", w->path, name,
-                                 k_comp_names[c]);
-            goto out;
-        }
-    for (int64_t j = 0; j < q->n_outliers; j++)
-        if (q->outlier_idx[j] < 0 || q->outlier_idx[j] >= q->cols ||
-            (j > 0 && q->outlier_idx[j] <= q->outlier_idx[j - 1])) {
-            st = writer_arg_fail(w, e,
-                                 "%s: tensor '%s': outlier_idx[%lld] = %d: indices must be strictly "
-                                 "increasing and < cols %lld",
-                                 w->path, name, (long long)j, q->outlier_idx[j], (long long)q->cols);
-            goto out;
-        }
-    int64_t shp[2] = {q->rows, q->cols};
-    cJSON *js = shape_json(2, shp), *jc = NULL;
-    int ok = js && cJSON_AddItemToObject(jt, "shape", js);
-    if (!ok) cJSON_Delete(js);
-    ok = ok && (q->layout != SPX_Q_TILED || cJSON_AddStringToObject(jt, "layout", "tile16x128")) &&
-         cJSON_AddNumberToObject(jt, "bits", q->bits) &&
-         cJSON_AddNumberToObject(jt, "group", q->group) &&
-         cJSON_AddNumberToObject(jt, "n_outliers", (double)q->n_outliers) &&
-         (isfinite(kappa) ? cJSON_AddNumberToObject(jt, "kappa", kappa) != NULL
-                          : cJSON_AddNullToObject(jt, "kappa") != NULL) &&
-         (isfinite(r) ? cJSON_AddNumberToObject(jt, "r", r) != NULL
-                      : cJSON_AddNullToObject(jt, "r") != NULL) &&
-         (jc = cJSON_AddObjectToObject(jt, "components")) != NULL;
-    if (!ok) {
-        writer_kill(w);
-        st = spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-        goto out;
-    }
-    for (int c = 1; c < SPX_TRDC_C_COUNT && st == SPX_OK; c++)
-        if (sz[c]) st = writer_component(w, jc, (spx_trdc_comp)c, buf[c], sz[c], e);
-    if (st == SPX_OK) {
-        if (q->layout == SPX_Q_TILED) w->any_tiled = 1;
-        return writer_commit(w, jt, e);
-    }
-out:
-    cJSON_Delete(jt);
-    return st;
-}
-
-static void writer_free(spx_trdc_writer *w) {
-    cJSON_Delete(w->tensors);
-    nameset_free(&w->names);
-    free(w->path);
-    free(w->tmp);
-    free(w);
-}
-
-void spx_trdc_writer_abort(spx_trdc_writer *w) {
-    if (!w) return;
-    writer_kill(w);
-    writer_free(w);
-}
-
-/* fsync of the directory holding path, so the rename itself is durable.
- * Best effort: some filesystems refuse fsync on directories. */
-static void fsync_parent(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : spx_strdup(".");
-    if (!dir) return;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(dir);
-}
-
-/* Adds verbatim JSON object text (checked) under key. */
-static spx_status add_raw_object(spx_trdc_writer *w, cJSON *root, const char *key,
-                                 const char *text, spx_err *e) {
-    char what[64];
-    snprintf(what, sizeof what, "the %s JSON", key);
-    /* A byte order mark would be skipped by a parser at the start of a
-     * document but is invalid inside the manifest: drop it. */
-    if (!strncmp(text, "\xEF\xBB\xBF", 3)) text += 3;
-    /* -2: the manifest root and this key's object add levels around it */
-    SPX_TRY(check_json_object_text(what, w->path, text, SPX_TRDC_MAX_DEPTH - 2, e));
-    if (!cJSON_AddItemToObject(root, key, cJSON_CreateRaw(text)))
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-    return SPX_OK;
-}
-
-static spx_status writer_build_manifest(spx_trdc_writer *w, const char *config_json,
-                                        const char *tok_json, const char *tok_cfg_json,
-                                        const char *quant_json, const char *source_json,
-                                        char **out, spx_err *e) {
-    *out = NULL;
-    if (!config_json)
-        return spx_fail(e, SPX_ERR_ARG, "%s: no config JSON given (it is required)", w->path);
-    cJSON *root = cJSON_CreateObject();
-    if (!root || !cJSON_AddStringToObject(root, "format", SPX_TRDC_MAGIC) ||
-        !cJSON_AddNumberToObject(root, "version", writer_version(w)) ||
-        !cJSON_AddStringToObject(root, "generator", "spectra")) {
-        cJSON_Delete(root);
-        return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-    }
-    spx_status st = add_raw_object(w, root, "config", config_json, e);
-    if (st == SPX_OK && (tok_json || tok_cfg_json)) {
-        cJSON *jt = cJSON_AddObjectToObject(root, "tokenizer");
-        const char *keys[2] = {"tokenizer.json", "tokenizer_config.json"};
-        const char *vals[2] = {tok_json, tok_cfg_json};
-        if (!jt) st = spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-        for (int k = 0; k < 2 && st == SPX_OK; k++) {
-            if (!vals[k]) continue;
-            size_t n = strlen(vals[k]), bad = utf8_bad_at((const uint8_t *)vals[k], n);
-            if (bad != n)
-                st = spx_fail(e, SPX_ERR_ARG, "%s: %s is not valid UTF-8 (byte %zu)", w->path,
-                              keys[k], bad);
-            else if (!cJSON_AddStringToObject(jt, keys[k], vals[k]))
-                st = spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
-        }
-    }
-    if (st == SPX_OK) st = add_raw_object(w, root, "quantization", quant_json ? quant_json : "{}", e);
-    if (st == SPX_OK && source_json) st = add_raw_object(w, root, "source", source_json, e);
-    if (st == SPX_OK) {
-        cJSON_AddItemToObject(root, "tensors", w->tensors);
-        w->tensors = NULL; /* owned by root now */
-        *out = cJSON_PrintUnformatted(root);
-        if (!*out) st = spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory printing the manifest", w->path);
-    }
-    cJSON_Delete(root);
-    return st;
-}
-
-spx_status spx_trdc_writer_finish(spx_trdc_writer *w, const char *config_json,
-                                  const char *tokenizer_json, const char *tokenizer_config_json,
-                                  const char *quant_settings_json, const char *source_info_json,
-                                  spx_err *e) {
-    if (!w) return spx_fail(e, SPX_ERR_ARG, "spx_trdc_writer_finish: writer is NULL");
-    if (w->dead) {
-        spx_status st = spx_fail(e, SPX_ERR_ARG, "%s: the writer failed earlier; nothing was written",
-                                 w->path);
-        spx_trdc_writer_abort(w);
-        return st;
-    }
-    char *man = NULL;
-    spx_status st = writer_build_manifest(w, config_json, tokenizer_json, tokenizer_config_json,
-                                          quant_settings_json, source_info_json, &man, e);
-    size_t mlen = man ? strlen(man) : 0;
-    if (st == SPX_OK && mlen > SPX_TRDC_MAX_MANIFEST)
-        st = spx_fail(e, SPX_ERR_RANGE, "%s: manifest is %zu bytes, above the %llu-byte limit",
-                      w->path, mlen, (unsigned long long)SPX_TRDC_MAX_MANIFEST);
-    if (st == SPX_OK) st = writer_write(w, man, mlen, NULL, e);
-    free(man);
-    if (st == SPX_OK) {
-        uint8_t h[SPX_TRDC_HEADER_SIZE];
-        memcpy(h, SPX_TRDC_MAGIC, 8);
-        wr_le64(h + 8, writer_version(w));
-        wr_le64(h + 16, (uint64_t)mlen);
-        ssize_t r;
-        do r = pwrite(w->fd, h, sizeof h, 0);
-        while (r < 0 && errno == EINTR);
-        if (r != (ssize_t)sizeof h) st = writer_io_fail(w, "rewriting the header of", r < 0 ? errno : EIO, e);
-    }
-    if (st == SPX_OK && fsync(w->fd) != 0) st = writer_io_fail(w, "flushing", errno, e);
-    if (st == SPX_OK) {
-        int rc = close(w->fd);
-        w->fd = -1;
-        if (rc != 0) st = writer_io_fail(w, "closing", errno, e);
-    }
-    if (st == SPX_OK && rename(w->tmp, w->path) != 0)
-        st = writer_io_fail(w, "renaming", errno, e);
-    if (st == SPX_OK) fsync_parent(w->path);
-    if (st == SPX_OK) writer_free(w);
-    else spx_trdc_writer_abort(w);
-    return st;
 }

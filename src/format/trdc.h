@@ -1,8 +1,9 @@
-/* trdc.h: the TRDC4B01 container (.trdc): reader, verifier and streaming
- * writer. The normative format is docs/trdc.md; this header is its C face.
+/* trdc.h: the TRDC4B01 container (.trdc): reader and verifier (trdc.c),
+ * streaming writer (trdc_write.c), what they share (trdc_common.c). The
+ * normative format is docs/trdc.md; this header is its C face.
  *
  * Layout (all integers little-endian):
- *   [0, 24)            header: "TRDC4B01", u64 version (2; 1 is read), u64 manifest_len
+ *   [0, 24)            header: "TRDC4B01", u64 version (1, 2 or 3), u64 manifest_len
  *   [4096, ...)        payload: every tensor component at a 4096-aligned
  *                      offset, zero padding between components
  *   [file_size - manifest_len, file_size)
@@ -14,13 +15,19 @@
  * pointer is handed out (header, manifest size/UTF-8/depth/JSON, every
  * field's type and range, shapes with overflow checks, component sizes
  * equal to those implied by src/quant/qtensor.h, alignment, bounds, no
- * overlaps, outlier indices strictly increasing and < cols). After a
- * successful open the handle is immutable: it may be shared by threads.
+ * overlaps, outlier indices strictly increasing and < cols). Tensor data
+ * are views into the map, with one exception: the 2- and 3-bit codes of a
+ * version 1 or 2 file, which the open repacks once into memory the handle
+ * owns (the packing changed in version 3; docs/trdc.md section 8), so
+ * every consumer sees the current packing. After a successful open the
+ * handle is immutable: it may be shared by threads.
  * CRCs are not checked at open (that reads the whole file); call
  * spx_trdc_verify() for that.
  *
  * Writer: streams tensors in any order to "<path>.tmp.<pid>", computing
- * CRC32 while writing, and renames to <path> only in finish(). Memory is
+ * CRC32 while writing, and renames to <path> only in finish(). The file
+ * gets the lowest version that holds its tensors: 3 when a matrix has 2-
+ * or 3-bit codes, else 2 when one is tiled, else 1. Memory is
  * bounded by the manifest (no payload is buffered). One writer is used by
  * one thread at a time. After any failed call the writer is dead: its temp
  * file is already removed and the only remaining calls are finish() (which
@@ -39,8 +46,8 @@
 struct cJSON;
 
 #define SPX_TRDC_MAGIC "TRDC4B01"
-#define SPX_TRDC_VERSION 2u             /* written; read: SPX_TRDC_VERSION_MIN..this */
-#define SPX_TRDC_VERSION_MIN 1u         /* version 1: row-major matrices only */
+#define SPX_TRDC_VERSION 4u             /* newest; read: SPX_TRDC_VERSION_MIN..this */
+#define SPX_TRDC_VERSION_MIN 1u         /* 1: row-major matrices; 2: + tiled; 3: + 2-/3-bit item packing; 4: + refine4 */
 #define SPX_TRDC_HEADER_SIZE 24u
 #define SPX_TRDC_ALIGN 4096u            /* component offset alignment */
 #define SPX_TRDC_MAX_MANIFEST (1ull << 30) /* 1 GiB */
@@ -52,8 +59,14 @@ struct cJSON;
 
 typedef enum spx_trdc_kind {
     SPX_TRDC_DENSE = 0, /* "dense": F32/F16/BF16 array, any rank 1..8 */
-    SPX_TRDC_QUANT = 1  /* "quant": group-quantized matrix (qtensor.h) */
+    SPX_TRDC_QUANT = 1, /* "quant": group-quantized matrix (qtensor.h) */
+    SPX_TRDC_REFINE = 2 /* "refine4" (version 4, .refine files): a matrix's 4-bit residual columns
+                         * (refine/refine.h): codes cols * col_stride bytes, scales rows float32 */
 } spx_trdc_kind;
+
+/* What a file holds (the manifest's "contents"): a model, or the weight
+ * refinement of one (a .refine: refine4 tensors only). */
+typedef enum spx_trdc_contents_kind { SPX_TRDC_CONTENTS_MODEL = 0, SPX_TRDC_CONTENTS_REFINE = 1 } spx_trdc_contents_kind;
 
 /* Component ids (frozen: appended, never reused). */
 typedef enum spx_trdc_comp {
@@ -82,8 +95,16 @@ typedef struct spx_trdc_tensor {
     int64_t numel;             /* product of shape */
     const void *data;          /* dense: into the map (4096-aligned in a file) */
     size_t nbytes;             /* dense: numel * dtype size; quant: sum of components */
-    spx_qtensor q;             /* quant: pointers into the map; zeroed for dense */
+    spx_qtensor q;             /* quant: pointers into the map (the repacked codes of a version
+                                * 1-2 file's 2-/3-bit matrix: owned by the handle); zeroed for dense */
     double kappa, r;           /* quant: saliency kurtosis, outlier ratio; NaN if absent */
+    struct {                   /* refine4: views into the map */
+        const uint8_t *codes;  /* [cols][col_stride] */
+        const float *scales;   /* [rows] */
+        int64_t col_stride;    /* >= (rows + 1) / 2 */
+        uint32_t base_crc32;   /* the base matrix's codes checksum it was made against */
+        int has_base_crc;
+    } refine;
     spx_trdc_component comp[SPX_TRDC_C_COUNT];
 } spx_trdc_tensor;
 
@@ -123,6 +144,7 @@ char *spx_trdc_config_json(const spx_trdc *f);
 const char *spx_trdc_tokenizer_json(const spx_trdc *f);
 const char *spx_trdc_tokenizer_config_json(const spx_trdc *f);
 const char *spx_trdc_generator(const spx_trdc *f); /* "" if absent */
+spx_trdc_contents_kind spx_trdc_contents(const spx_trdc *f);
 /* "source": {"bytes": N} as an integer, -1 if absent or not an integer. */
 int64_t spx_trdc_source_bytes(const spx_trdc *f);
 
@@ -174,6 +196,16 @@ spx_status spx_trdc_writer_add_dense(spx_trdc_writer *w, const char *name, spx_d
 spx_status spx_trdc_writer_add_quant(spx_trdc_writer *w, const char *name,
                                      const spx_qtensor *q, double kappa, double r,
                                      spx_err *e);
+
+/* A refine4 tensor (a .refine file: once one is added, the file's
+ * contents are "refine" and it may hold only refine4 tensors): the
+ * residual of the base matrix `name` [rows, cols], its codes column by
+ * column (cols * col_stride bytes, col_stride >= (rows + 1) / 2) and one
+ * float32 scale per row; base_crc32: the checksum of the base matrix's
+ * codes component, recorded so a mismatched pair is refused. */
+spx_status spx_trdc_writer_add_refine(spx_trdc_writer *w, const char *name, int64_t rows, int64_t cols,
+                                      int64_t col_stride, const uint8_t *codes, const float *scales,
+                                      uint32_t base_crc32, spx_err *e);
 
 /* Appends the manifest, rewrites the header, fsyncs and renames the temp
  * file to the final path; frees w in every case (success or not).

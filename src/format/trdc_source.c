@@ -9,6 +9,9 @@
 
 spx_status spx_trdc_source_open(spx_model *m, const char *path, spx_err *e) {
     SPX_TRY(spx_trdc_open(path, &m->trdc, e));
+    if (spx_trdc_contents(m->trdc) != SPX_TRDC_CONTENTS_MODEL)
+        return spx_fail(e, SPX_ERR_ARG, "%s is a .refine file (weight refinement), not a model: give the model with -m "
+                                        "and this file with --refine", path);
     char *cfg = spx_trdc_config_json(m->trdc);
     if (!cfg) return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", path);
     char label[1100];

@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "quant/g32.h"
 #include "quant/saliency.h"
+#include "refine/refine_write.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #define TEXT_MAX ((size_t)256 << 20) /* config / tokenizer files */
 
@@ -128,8 +130,8 @@ static void importance(const spx_config *cfg, const spx_st *st, const spx_st_ten
 }
 
 static spx_status quantize_tensor(const spx_compress_opts *o, const spx_config *cfg, const spx_st *st,
-                                  const spx_st_tensor *t, workspace *w, spx_trdc_writer *wr, int64_t *n_out,
-                                  spx_err *e) {
+                                  const spx_st_tensor *t, workspace *w, spx_trdc_writer *wr, spx_trdc_writer *rw,
+                                  int64_t *n_out, spx_compress_stats *stats, spx_err *e) {
     int64_t rows = t->shape[0], cols = t->shape[1];
     SPX_TRY(ws_reserve(w, cols, e));
     int nth = spx_pool_size(w->pool);
@@ -170,6 +172,24 @@ static spx_status quantize_tensor(const spx_compress_opts *o, const spx_config *
     void *mem;
     spx_status s = spx_q_as_layout(&qb.q, o->row_major, &lq, &mem, e);
     if (s == SPX_OK) s = spx_trdc_writer_add_quant(wr, t->name, &lq, kappa, r, e);
+    if (s == SPX_OK) { /* what the file holds for it, layout padding included */
+        stats->quant_codes_bytes += (uint64_t)spx_q_codes_bytes(rows, cols, lq.bits, lq.layout);
+        stats->quant_scales_bytes += (uint64_t)spx_q_scales_bytes(rows, cols, lq.group, lq.layout);
+        stats->quant_zeros_bytes += (uint64_t)spx_q_zeros_bytes(rows, cols, lq.group, lq.layout);
+        stats->quant_outlier_bytes += (uint64_t)n * (4 + 2 * (uint64_t)rows);
+    }
+    /* the residual of a layer matrix (the embedding is a gather and the LM
+     * head runs once per token unrefined), against the codes as written */
+    if (s == SPX_OK && rw && strcmp(t->name, spx_arch_embed_name(cfg)) && strcmp(t->name, spx_arch_lm_head_name(cfg))) {
+        const size_t cb = (size_t)spx_q_codes_bytes(rows, cols, lq.bits, lq.layout);
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (size_t off = 0; off < cb; off += (size_t)1 << 24) { /* zlib takes uInt lengths */
+            const size_t k = cb - off < ((size_t)1 << 24) ? cb - off : ((size_t)1 << 24);
+            crc = crc32(crc, lq.codes + off, (uInt)k);
+        }
+        s = spx_refine_write_tensor(rw, w->pool, t, &qb.q, (uint32_t)crc, &stats->refine_bytes, e);
+        if (s == SPX_OK) stats->n_refine++;
+    }
     free(mem);
     spx_qbuf_free(&qb);
     *n_out = n;
@@ -195,7 +215,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
     char *cfg_text = NULL, *tok = NULL, *tokcfg = NULL;
     spx_config cfg;
     spx_st *st = NULL;
-    spx_trdc_writer *wr = NULL;
+    spx_trdc_writer *wr = NULL, *rw = NULL;
     workspace w = {0};
     w.bad = NULL;
     spx_status s;
@@ -211,6 +231,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
     if (s == SPX_OK && !(w.bad = calloc((size_t)spx_pool_size(w.pool), sizeof(int))))
         s = spx_fail(e, SPX_ERR_NOMEM, "out of memory");
     if (s == SPX_OK) s = spx_trdc_writer_open(o->out_path, &wr, e);
+    if (s == SPX_OK && o->refine_path) s = spx_trdc_writer_open(o->refine_path, &rw, e);
     if (s != SPX_OK) goto done;
 
     size_t n = spx_st_count(st);
@@ -225,7 +246,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
             if (strstr(t->name, o->keep[k])) quant = 0;
         if (quant) {
             int64_t no = 0;
-            s = quantize_tensor(o, &cfg, st, t, &w, wr, &no, e);
+            s = quantize_tensor(o, &cfg, st, t, &w, wr, rw, &no, stats, e);
             stats->n_quant++;
             stats->params_quant += t->numel;
             stats->n_outlier_cols += no;
@@ -260,7 +281,16 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
     cJSON_Delete(sj);
     free(real);
     if (!src) { s = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); goto done; }
-    s = spx_trdc_writer_finish(wr, cfg_text, tok, tokcfg, qs, src, e);
+    /* the .refine first: a failure there leaves no model file that looks paired with a missing one */
+    if (rw) {
+        char rs[768];
+        snprintf(rs, sizeof rs, "{\"refine\": {\"bits\": 4, \"layout\": \"column\", \"scales\": \"float32 per row\", "
+                                "\"base\": %s}}", qs);
+        s = spx_trdc_writer_finish(rw, cfg_text, NULL, NULL, rs, src, e);
+        rw = NULL;
+    }
+    if (s == SPX_OK) s = spx_trdc_writer_finish(wr, cfg_text, tok, tokcfg, qs, src, e);
+    else spx_trdc_writer_abort(wr);
     free(src);
     wr = NULL;
     if (s == SPX_OK) {
@@ -274,6 +304,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
     }
 done:
     if (wr) spx_trdc_writer_abort(wr);
+    if (rw) spx_trdc_writer_abort(rw);
     spx_st_free(st);
     spx_pool_free(w.pool);
     free(w.acc); free(w.rowbuf); free(w.S); free(w.gamma); free(w.imp); free(w.idx); free(w.elemw); free(w.bad);

@@ -35,6 +35,8 @@ typedef struct spx_compress_opts {
     int n_threads;           /* 0: all CPUs */
     int row_major;           /* 1: every matrix row-major (a version 1 .trdc); 0 (default): 4-bit G32
                               * matrices with cols % 128 == 0 tiled (SPX_Q_TILED, version 2) */
+    const char *refine_path; /* NULL, or a .refine to write in the same pass: every quantized layer
+                              * matrix's 4-bit residual (refine/refine.h; not the embedding or LM head) */
     const char *keep[8];     /* tensors whose name contains one of these stay at source precision */
     int n_keep;
     /* progress: called after each tensor (may be NULL) */
@@ -48,6 +50,12 @@ typedef struct spx_compress_stats {
     int64_t params, params_quant;
     uint64_t source_bytes, out_bytes;
     int64_t n_outlier_cols;
+    /* bytes stored for the quantized tensors, by component: codes, fp16
+     * scales, zero points, outliers (indices and values); their sum over
+     * params_quant is the quantized tensors' honest bits per weight */
+    uint64_t quant_codes_bytes, quant_scales_bytes, quant_zeros_bytes, quant_outlier_bytes;
+    int64_t n_refine;        /* residuals written to the .refine */
+    uint64_t refine_bytes;   /* their bytes (codes and scales) */
     double seconds;
 } spx_compress_stats;
 

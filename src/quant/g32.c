@@ -24,6 +24,10 @@ spx_status spx_q_check_params(int bits, int group, int64_t cols, spx_err *e) {
                         group);
     if (group > SPX_Q_GROUP_MAX)
         return spx_fail(e, SPX_ERR_ARG, "quantization group %d: at most %d", group, SPX_Q_GROUP_MAX);
+    if (bits < 4 && group % 32 != 0)
+        return spx_fail(e, SPX_ERR_ARG,
+                        "quantization group %d: %d-bit codes are packed in blocks of 32, so the group must be "
+                        "a multiple of 32", group, bits);
     if (cols <= 0 || cols % group != 0)
         return spx_fail(e, SPX_ERR_ARG,
                         "quantization: %lld columns is not a positive multiple of the group size %d",
@@ -33,7 +37,7 @@ spx_status spx_q_check_params(int bits, int group, int64_t cols, spx_err *e) {
 
 static int params_ok(int bits, int group, int64_t cols) {
     return bits >= 2 && bits <= 4 && group >= 8 && group % 8 == 0 && group <= SPX_Q_GROUP_MAX &&
-           cols > 0 && cols % group == 0;
+           (bits == 4 || group % 32 == 0) && cols > 0 && cols % group == 0;
 }
 
 /* fp16 bits of a positive float32 scale, kept in (0, 65504]. */
@@ -75,57 +79,6 @@ double spx_q_prop2_slack(int bits, float s32, uint16_t s_f16) {
      * roundings); the float32 evaluation of w/s + z is within 3 * 2^-20. */
     double shrink = (double)s32 * (1.0 + 0x1p-22) / s - 1.0;
     return (shrink > 0 ? n * shrink : 0.0) + 0x1p-18;
-}
-
-/* ======================================================================
- * Packing
- * ==================================================================== */
-
-int spx_q_code_get(const uint8_t *codes_row, int64_t col, int bits, int group) {
-    int cpb = spx_q_codes_per_byte(bits), w = 8 / cpb, B = group / cpb;
-    int64_t g = col / group;
-    int k = (int)(col % group);
-    uint8_t byte = codes_row[g * B + k % B];
-    return (byte >> ((k / B) * w)) & ((1 << w) - 1);
-}
-
-void spx_q_code_set(uint8_t *codes_row, int64_t col, int bits, int group, int q) {
-    int cpb = spx_q_codes_per_byte(bits), w = 8 / cpb, B = group / cpb;
-    int64_t g = col / group;
-    int k = (int)(col % group), sh = (k / B) * w;
-    uint8_t *p = &codes_row[g * B + k % B];
-    uint8_t mask = (uint8_t)(((1 << w) - 1) << sh);
-    *p = (uint8_t)((*p & ~mask) | ((q << sh) & mask));
-}
-
-void spx_q_unpack_group(const uint8_t *gcodes, int bits, int group, uint8_t *q) {
-    if (bits > 2) {
-        int B = group / 2;
-        for (int k = 0; k < B; k++) {
-            q[k] = gcodes[k] & 0xf;
-            q[k + B] = gcodes[k] >> 4;
-        }
-    } else {
-        int B = group / 4;
-        for (int k = 0; k < B; k++) {
-            uint8_t c = gcodes[k];
-            q[k] = c & 3;
-            q[k + B] = (c >> 2) & 3;
-            q[k + 2 * B] = (c >> 4) & 3;
-            q[k + 3 * B] = c >> 6;
-        }
-    }
-}
-
-static void pack_group(const uint8_t *q, int bits, int group, uint8_t *gcodes) {
-    if (bits > 2) {
-        int B = group / 2;
-        for (int k = 0; k < B; k++) gcodes[k] = (uint8_t)(q[k] | (q[k + B] << 4));
-    } else {
-        int B = group / 4;
-        for (int k = 0; k < B; k++)
-            gcodes[k] = (uint8_t)(q[k] | (q[k + B] << 2) | (q[k + 2 * B] << 4) | (q[k + 3 * B] << 6));
-    }
 }
 
 /* ======================================================================
@@ -216,21 +169,25 @@ static float mse_refit(const mse_search *m, float s, int z) {
     return D > 0 && N > 0 ? N / D : 0.0f;
 }
 
-/* Search grid: scale factors f = 1.2, 1.17, ..., 0.75 (MSE_GRID of them)
- * times the zero-including range / n, each with z0 = round(-f lo / s) and
- * its two neighbours (asymmetric clipping); then least-squares refits of
- * s from the best (z fixed, and z +- 1) while they improve. f > 1 matters:
- * with an integer z a slightly wider step often aligns the grid with both
- * ends better. On N(0,1) groups of 32 (4-bit) this reaches within 0.1% of
- * an exhaustive search over every fp16 s and z (7.652% vs 7.643% relative
- * error; MINMAX 8.081%) at ~10x MINMAX's cost. */
+/* Search grid: scale factors f = 1.2, 1.17, ..., 0.75 (MSE_GRID of them;
+ * down to 0.45 for 2 bits, MSE_GRID_2BIT, whose best step clips much
+ * more of a group's range) times the zero-including range / n, each with
+ * z0 = round(-f lo / s) and its two neighbours (asymmetric clipping);
+ * then least-squares refits of s from the best (z fixed, and z +- 1)
+ * while they improve. f > 1 matters: with an integer z a slightly wider
+ * step often aligns the grid with both ends better. On N(0,1) groups of
+ * 32 and 128 this reaches an exhaustive search over every fp16 s and z to
+ * within 0.1% of relative error at every width (bench/results/
+ * 2026-12-02-lowbit-formats.md) at ~10x MINMAX's cost. */
 #define MSE_GRID 16
+#define MSE_GRID_2BIT 26
 #define MSE_F_HI 1.2f
 #define MSE_F_STEP 0.03f
 #define MSE_LOCAL_ITERS 4
 
 static void mse_search_run(mse_search *m, float lo, float hi) {
-    for (int i = 0; i < MSE_GRID; i++) {
+    const int grid = m->n == 3 ? MSE_GRID_2BIT : MSE_GRID;
+    for (int i = 0; i < grid; i++) {
         float f = MSE_F_HI - (float)i * MSE_F_STEP;
         uint16_t s_h = scale_to_f16(f * (hi - lo) / (float)m->n);
         int z0 = round_clamp(-(f * lo) / spx_f16_to_f32(s_h), m->n);
@@ -313,15 +270,15 @@ spx_status spx_q_quantize_row_imp(const float *w, int64_t cols, const uint8_t *i
     if (!params_ok(bits, group, cols) || (method != SPX_Q_MINMAX && method != SPX_Q_MSE))
         return SPX_ERR_ARG;
     int64_t ng = cols / group;
-    int B = group / spx_q_codes_per_byte(bits);
     uint8_t q[GROUP_MAX];
     memset(zeros, 0, (size_t)spx_q_zeros_row_bytes(cols, group));
+    if (bits != 4) memset(codes, 0, (size_t)spx_q_codes_row_bytes(cols, bits)); /* item padding: code 0 */
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * group;
         int z;
         quantize_group(w + c0, is_outlier ? is_outlier + c0 : NULL, imp ? imp + c0 : NULL, group,
                        bits, method, q, &scales[g], &z);
-        pack_group(q, bits, group, codes + g * B);
+        spx_q_pack_group(codes, g, bits, group, q);
         zeros[g >> 1] |= (uint8_t)(z << ((g & 1) * 4));
     }
     return SPX_OK;
@@ -338,140 +295,56 @@ spx_status spx_q_quantize_row(const float *w, int64_t cols, const uint8_t *is_ou
  * Dequantization and dot products
  * ==================================================================== */
 
-/* Group g's codes (B = group / cpb bytes at gc) minus z, times s, into o
- * (o[k] for code k). No buffer, so any group size is safe here. */
-static void dequant_group(const uint8_t *gc, int bits, int group, int z, float s, float *o) {
-    if (bits > 2) {
+/* Group g of a row (codes_row) minus z, times s, into o (o[k] for code
+ * k). 4-bit reads its bytes in place; bits 2 and 3 unpack the group first
+ * (group <= SPX_Q_GROUP_MAX, checked wherever a matrix is made). */
+static void dequant_group(const uint8_t *codes_row, int64_t g, int bits, int group, int z, float s, float *o) {
+    if (bits == 4) {
+        const uint8_t *gc = codes_row + g * (group / 2);
         int B = group / 2;
         for (int k = 0; k < B; k++) {
             o[k] = (float)((gc[k] & 0xf) - z) * s;
             o[k + B] = (float)((gc[k] >> 4) - z) * s;
         }
-    } else {
-        int B = group / 4;
-        for (int k = 0; k < B; k++)
-            for (int j = 0; j < 4; j++) o[k + j * B] = (float)(((gc[k] >> (2 * j)) & 3) - z) * s;
+        return;
     }
+    uint8_t q[GROUP_MAX];
+    spx_q_unpack_group(codes_row, g, bits, group, q);
+    for (int k = 0; k < group; k++) o[k] = (float)(q[k] - z) * s;
 }
 
 void spx_q_dequantize_row(const uint8_t *codes, const uint16_t *scales, const uint8_t *zeros,
                           int64_t cols, int bits, int group, float *out) {
-    int B = group / spx_q_codes_per_byte(bits);
     for (int64_t g = 0; g < cols / group; g++)
-        dequant_group(codes + g * B, bits, group, spx_q_zero_get(zeros, g),
-                      spx_f16_to_f32(scales[g]), out + g * group);
-}
-
-spx_status spx_q_tile(const spx_qtensor *src, uint8_t *codes, uint16_t *scales, uint8_t *zeros,
-                      spx_qtensor *dst, spx_err *e) {
-    if (src->layout != SPX_Q_ROWS || !spx_q_tiled_ok(src->bits, src->group, src->cols) || src->rows < 1)
-        return spx_fail(e, SPX_ERR_ARG,
-                        "spx_q_tile: a [%lld, %lld] matrix of %d-bit codes in groups of %d (layout %d) cannot be "
-                        "tiled (needs 4 bits, groups of 32, cols a multiple of 128, row-major)",
-                        (long long)src->rows, (long long)src->cols, (int)src->bits, (int)src->group,
-                        (int)src->layout);
-    int64_t sr = spx_q_stored_rows(src->rows, SPX_Q_TILED), ng = spx_q_groups(src->cols, 32);
-    *dst = *src;
-    dst->codes = codes;
-    dst->scales = scales;
-    dst->zeros = zeros;
-    dst->layout = SPX_Q_TILED;
-    memset(zeros, 0, (size_t)spx_q_zeros_bytes(src->rows, src->cols, 32, SPX_Q_TILED));
-    for (int64_t r = 0; r < sr; r++)
-        for (int64_t g = 0; g < ng; g++) {
-            /* the accessors name each slot; dst's arrays are the caller's (writable) */
-            uint8_t *gc = (uint8_t *)spx_q_group_codes(dst, r, g);
-            int64_t slot = spx_q__tiled_slot(dst, r, g);
-            if (r < src->rows) {
-                memcpy(gc, spx_q_group_codes(src, r, g), 16);
-                scales[2 * slot + ((r >> 3) & 1)] = spx_q_group_scale(src, r, g);
-                zeros[slot] |= (uint8_t)(spx_q_group_zero(src, r, g) << ((r & 8) >> 1));
-            } else {
-                memset(gc, 0, 16);
-                scales[2 * slot + ((r >> 3) & 1)] = 0;
-            }
-        }
-    return SPX_OK;
-}
-
-spx_status spx_q_tile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e) {
-    *mem = NULL;
-    if (src->layout != SPX_Q_ROWS || !spx_q_tiled_ok(src->bits, src->group, src->cols) || src->rows < 1)
-        return spx_q_tile(src, NULL, NULL, NULL, dst, e); /* its message */
-    size_t cb = (size_t)spx_q_codes_bytes(src->rows, src->cols, 4, SPX_Q_TILED);
-    size_t sb = (size_t)spx_q_scales_bytes(src->rows, src->cols, 32, SPX_Q_TILED);
-    size_t zb = (size_t)spx_q_zeros_bytes(src->rows, src->cols, 32, SPX_Q_TILED);
-    uint8_t *m = malloc(cb + sb + zb);
-    if (!m)
-        return spx_fail(e, SPX_ERR_NOMEM, "out of memory tiling a [%lld, %lld] matrix (%zu bytes)",
-                        (long long)src->rows, (long long)src->cols, cb + sb + zb);
-    spx_status st = spx_q_tile(src, m, (uint16_t *)(m + cb), m + cb + sb, dst, e);
-    if (st != SPX_OK) {
-        free(m);
-        return st;
-    }
-    *mem = m;
-    return SPX_OK;
-}
-
-spx_status spx_q_untile_alloc(const spx_qtensor *src, spx_qtensor *dst, void **mem, spx_err *e) {
-    *mem = NULL;
-    if (src->layout != SPX_Q_TILED || !spx_q_tiled_ok(src->bits, src->group, src->cols) || src->rows < 1)
-        return spx_fail(e, SPX_ERR_ARG, "spx_q_untile_alloc: the [%lld, %lld] matrix is not tiled",
-                        (long long)src->rows, (long long)src->cols);
-    size_t cb = (size_t)spx_q_codes_bytes(src->rows, src->cols, 4, SPX_Q_ROWS);
-    size_t sb = (size_t)spx_q_scales_bytes(src->rows, src->cols, 32, SPX_Q_ROWS);
-    size_t zb = (size_t)spx_q_zeros_bytes(src->rows, src->cols, 32, SPX_Q_ROWS);
-    uint8_t *m = calloc(1, cb + sb + zb); /* zeroed: the zero nibbles are or-ed in */
-    if (!m)
-        return spx_fail(e, SPX_ERR_NOMEM, "out of memory untiling a [%lld, %lld] matrix (%zu bytes)",
-                        (long long)src->rows, (long long)src->cols, cb + sb + zb);
-    *dst = *src;
-    dst->codes = m;
-    dst->scales = (const uint16_t *)(m + cb);
-    dst->zeros = m + cb + sb;
-    dst->layout = SPX_Q_ROWS;
-    int64_t ng = spx_q_groups(src->cols, 32), zrb = spx_q_zeros_row_bytes(src->cols, 32);
-    for (int64_t r = 0; r < src->rows; r++)
-        for (int64_t g = 0; g < ng; g++) {
-            memcpy(m + r * (src->cols / 2) + g * 16, spx_q_group_codes(src, r, g), 16);
-            ((uint16_t *)(m + cb))[r * ng + g] = spx_q_group_scale(src, r, g);
-            m[cb + sb + r * zrb + (g >> 1)] |= (uint8_t)(spx_q_group_zero(src, r, g) << ((g & 1) * 4));
-        }
-    *mem = m;
-    return SPX_OK;
-}
-
-spx_status spx_q_as_layout(const spx_qtensor *src, int row_major, spx_qtensor *dst, void **mem, spx_err *e) {
-    if (!row_major && src->layout == SPX_Q_ROWS && spx_q_tiled_ok(src->bits, src->group, src->cols))
-        return spx_q_tile_alloc(src, dst, mem, e);
-    if (row_major && src->layout == SPX_Q_TILED) return spx_q_untile_alloc(src, dst, mem, e);
-    *dst = *src;
-    *mem = NULL;
-    return SPX_OK;
+        dequant_group(codes, g, bits, group, spx_q_zero_get(zeros, g), spx_f16_to_f32(scales[g]),
+                      out + g * group);
 }
 
 void spx_q_dequant_row_f32(const spx_qtensor *q, int64_t row, float *out) {
-    for (int64_t g = 0; g < q->cols / q->group; g++)
-        dequant_group(spx_q_group_codes(q, row, g), q->bits, q->group, spx_q_group_zero(q, row, g),
+    for (int64_t g = 0; g < q->cols / q->group; g++) {
+        /* a tiled matrix is 4-bit: its group's 16 bytes read as group 0 of a row */
+        const uint8_t *base = q->layout == SPX_Q_TILED ? spx_q_group_codes(q, row, g) : spx_q_row_codes(q, row);
+        dequant_group(base, q->layout == SPX_Q_TILED ? 0 : g, q->bits, q->group, spx_q_group_zero(q, row, g),
                       spx_f16_to_f32(spx_q_group_scale(q, row, g)), out + g * q->group);
+    }
     const uint16_t *ov = q->outlier_val + row * q->n_outliers;
     for (int64_t j = 0; j < q->n_outliers; j++) out[q->outlier_idx[j]] += spx_f16_to_f32(ov[j]);
 }
 
 float spx_q_dot_row(const spx_qtensor *q, int64_t row, const float *x) {
-    int group = q->group, bits = q->bits, B = group / spx_q_codes_per_byte(bits);
+    int group = q->group, bits = q->bits, B = group / 2;
+    uint8_t qs[GROUP_MAX];
     double acc = 0;
     for (int64_t g = 0; g < q->cols / group; g++) {
         float z = (float)spx_q_group_zero(q, row, g), a = 0;
-        const uint8_t *gc = spx_q_group_codes(q, row, g);
         const float *xg = x + g * group;
-        if (bits > 2) {
+        if (bits == 4) { /* in place: byte k holds codes k and k + G/2 */
+            const uint8_t *gc = spx_q_group_codes(q, row, g);
             for (int k = 0; k < B; k++)
                 a += ((float)(gc[k] & 0xf) - z) * xg[k] + ((float)(gc[k] >> 4) - z) * xg[k + B];
-        } else {
-            for (int k = 0; k < B; k++)
-                for (int j = 0; j < 4; j++) a += ((float)((gc[k] >> (2 * j)) & 3) - z) * xg[k + j * B];
+        } else { /* the same order: codes k and k + G/2 */
+            spx_q_unpack_group(spx_q_row_codes(q, row), g, bits, group, qs);
+            for (int k = 0; k < B; k++) a += ((float)qs[k] - z) * xg[k] + ((float)qs[k + B] - z) * xg[k + B];
         }
         acc += (double)spx_f16_to_f32(spx_q_group_scale(q, row, g)) * a;
     }

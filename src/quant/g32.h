@@ -33,16 +33,17 @@
  * + z. When fp16 rounds s up (delta = 0) the bound is 1/2 + eps. See
  * spx_q_prop2_slack().
  *
- * Packing (normative; see qtensor.h): a group of `group` codes takes
- * group / cpb bytes, cpb = spx_q_codes_per_byte(bits) (2 for bits 3 and 4,
- * 4 for bits 2). With B = group / cpb, code k of the group lives in byte
- * k % B, slot k / B, at bit offset slot * (8 / cpb). For bits = 4, G = 32:
- * byte k holds code k (low nibble) and code k + 16 (high nibble). 3-bit
- * codes use a whole nibble, like 4-bit. Zero points are nibbles for every
- * bit width: group 2i in the low nibble, 2i + 1 in the high nibble of byte
- * i; the unused high nibble of an odd count is written 0.
+ * Packing (normative; qtensor.h and docs/trdc.md): 4-bit codes by group,
+ * G/2 bytes each, code k in the low nibble of byte k % (G/2) for k < G/2
+ * and the high nibble otherwise (G32: codes k and k + 16 in byte k); bits
+ * 2 and 3 in items of 128 columns (4 blocks of 32), 32 or 48 bytes each,
+ * the last item padded with code 0. Zero points are nibbles for every bit
+ * width: group 2i in the low nibble, 2i + 1 in the high nibble of byte i;
+ * the unused high nibble of an odd count is written 0. The functions in
+ * src/quant/qpack.c are the one definition every consumer uses.
  *
- * Limits: bits in {2, 3, 4}; group a multiple of 8 dividing cols, at most
+ * Limits: bits in {2, 3, 4}; group a multiple of 8 (of 32 for bits 2 and
+ * 3: their packing is in blocks of 32) dividing cols, at most
  * SPX_Q_GROUP_MAX for quantization. The TRDC format stores 32, 64 and 128
  * (spx_q_group_stored_ok); other sizes, e.g. one group per row, are for
  * experiments. Dequantization and the dot products trust the qtensor's
@@ -52,7 +53,8 @@
  * Rounding of a stored 0.5 tie uses half away from zero, i.e. half up, as
  * u >= 0 after the clamp. Nothing here allocates except spx_qbuf.
  *
- * Cost (one core, scalar): MINMAX ~5 ns per weight, MSE ~55 ns. */
+ * Cost (one core, scalar): MSE is about 10x MINMAX (2 bits a little more:
+ * its grid is longer). */
 #ifndef SPX_G32_H
 #define SPX_G32_H
 
@@ -101,14 +103,28 @@ spx_status spx_q_quantize_row_imp(const float *w, int64_t cols, const uint8_t *i
                                   const float *imp, int bits, int group, int method,
                                   uint8_t *codes, uint16_t *scales, uint8_t *zeros);
 
-/* Packed-code access (for tests and tools; kernels unpack whole groups). */
+/* ---- Packing (qpack.c) --------------------------------------------------
+ * Code `col` of one row's codes (spx_q_codes_row_bytes(cols, bits) bytes,
+ * SPX_Q_ROWS), for tests, tools and references; kernels unpack whole
+ * groups or items. code_set changes only that code's bits. */
 int spx_q_code_get(const uint8_t *codes_row, int64_t col, int bits, int group);
 void spx_q_code_set(uint8_t *codes_row, int64_t col, int bits, int group, int q);
 static inline int spx_q_zero_get(const uint8_t *zeros_row, int64_t g) {
     return (zeros_row[g >> 1] >> ((g & 1) * 4)) & 0xf;
 }
-/* Unpacks the group's codes: q[group] from group / cpb bytes. */
-void spx_q_unpack_group(const uint8_t *gcodes, int bits, int group, uint8_t *q);
+/* Group g of a row: its codes to q[group] (unpack) or from q (pack; only
+ * the group's own bits change, so a row of bits 2 or 3 is zeroed first
+ * for its padding). */
+void spx_q_unpack_group(const uint8_t *codes_row, int64_t g, int bits, int group, uint8_t *q);
+void spx_q_pack_group(uint8_t *codes_row, int64_t g, int bits, int group, const uint8_t *q);
+
+/* The 2- and 3-bit packing of .trdc versions 1 and 2 (group order: 4 and
+ * 2 codes per byte, code k of a group in byte k % B, slot k / B, B = group
+ * / codes per byte): its bytes per row, and one row of it repacked into
+ * the current packing (row[spx_q_codes_row_bytes]: every code, padding
+ * zeroed; a 3-bit nibble's unused top bit is dropped). */
+int64_t spx_q_legacy_codes_row_bytes(int64_t cols, int bits);
+void spx_q_repack_legacy_row(const uint8_t *old_row, int64_t cols, int bits, int group, uint8_t *row);
 
 /* Repacks src (SPX_Q_ROWS, spx_q_tiled_ok) into the SPX_Q_TILED arrays
  * codes[spx_q_codes_bytes], scales[.. / 2], zeros[..] (the caller's;

@@ -1,7 +1,9 @@
 /* attach.c: a model's weight refinement (attach.h). */
 #include "refine/attach.h"
 #include "engine/backend.h"
+#include "format/trdc.h"
 #include "model/arch.h"
+#include "refine/tier.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,8 @@ void spx_refine_detach(spx_model *m) {
     free(rm->f32s);
     free(rm->q4s);
     free(rm->mats);
+    spx_tier_close(rm->rt.tier);
+    spx_trdc_close(rm->file);
     free(rm);
     m->refine = NULL;
 }

@@ -14,6 +14,8 @@ typedef struct spx_refine_model {
     int64_t n_mats;
     spx_refine_f32 *f32s;  /* owned residuals of spx_refine_build (exact) */
     spx_refine_q4buf *q4s; /* owned residuals of spx_refine_build (4-bit) */
+    struct spx_trdc *file; /* the .refine file (spx_model_refine), mapped */
+    uint64_t residual_bytes; /* of the file's columns */
 } spx_refine_model;
 
 /* The model's runtime (for the CPU matmul), or NULL without refinement. */

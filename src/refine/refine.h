@@ -81,7 +81,8 @@
  * avx2 apply about 20 KiB. The f32 variant's apply sums in double (it is
  * the exactness reference, not a kernel).
  *
- * Not here yet: the .refine container, the tier cache and loader, the
+ * Elsewhere: the .refine container (format/trdc.h refine4), the tier
+ * (tier.h), the engine's use (rmat.h, attach.h). Not built yet: the
  * neuron-wise MLP refinement (eq. 6) beyond selecting the k_n largest
  * |h_j| (spx_refine_topk on h), refinement fitting (eqs. 3-4). */
 #ifndef SPX_REFINE_H

@@ -37,7 +37,7 @@ static void usage(FILE *f) {
                "                  copy and compute times are measured after the runs\n"
                "  --telemetry     sample RSS, CPU time, GPU memory, clocks, power and temperature every\n"
                "                  100 ms during the benchmark (a \"telemetry\" array in the JSON)\n"
-               "  --json          print one JSON object (on one line)\n");
+               "  --json          print one JSON object (on one line)\n" CLI_REFINE_USAGE);
 }
 
 static int cmp(const void *a, const void *b) {
@@ -83,9 +83,13 @@ int cmd_bench(int argc, char **argv) {
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     int json = 0, telemetry = 0;
+    spx_refine_params rp;
+    cli_refine_defaults(&rp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int rr = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--telemetry")) telemetry = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
@@ -105,11 +109,13 @@ int cmd_bench(int argc, char **argv) {
         cli_error("bench: --ctx %lld is shorter than -p %lld + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng);
         return 2;
     }
+    if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;
     spx_model *m = cli_open_planned(model, &po, &plan);
     if (!m) return 1;
+    if (!cli_apply_refine(m, &rp)) { spx_model_free(m); return 1; }
     int rc = 1;
     int64_t V = spx_model_vocab_size(m);
     spx_session *s = NULL;
@@ -217,6 +223,18 @@ int cmd_bench(int argc, char **argv) {
         jnum("overlap_of_possible", ovl, off.measured && off.uniform);
         jnum("pcie_bound_tps", bound, bound > 0);
         jnum("tg_of_pcie_bound", bound > 0 ? tgm / bound : 0, bound > 0 && ng > 0);
+        spx_refine_info ri;
+        spx_model_refine_info(m, &ri);
+        if (ri.active)
+            printf(", \"refine\": {\"k\": [%lld, %lld, %lld, %lld], \"matrices\": %lld, \"residual_bytes\": %llu, "
+                   "\"on_disk\": %s, \"direct\": %s, \"cache_bytes\": %llu, \"launches\": %llu, \"selected\": %llu, "
+                   "\"applied\": %llu, \"requests\": %llu, \"hits\": %llu, \"bytes_read\": %llu, \"waits\": %llu, "
+                   "\"wait_s\": %.6f}",
+                   (long long)ri.k[0], (long long)ri.k[1], (long long)ri.k[2], (long long)ri.k[3], (long long)ri.n_mats,
+                   (unsigned long long)ri.residual_bytes, ri.on_disk ? "true" : "false", ri.direct ? "true" : "false",
+                   (unsigned long long)ri.cache_bytes, (unsigned long long)ri.launches, (unsigned long long)ri.selected,
+                   (unsigned long long)ri.applied, (unsigned long long)ri.requests, (unsigned long long)ri.hits,
+                   (unsigned long long)ri.bytes_read, (unsigned long long)ri.waits, ri.wait_s);
         printf(", \"plan\": %s", plan_json);
         printf(", \"tuning\": %s", tune_json);
         if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");
@@ -241,6 +259,7 @@ int cmd_bench(int argc, char **argv) {
                        100 * off.hidden_share, 100 * ovl, bound, bound > 0 ? 100 * tgm / bound : 0);
         }
         if (telemetry) print_telemetry_summary(samples, n_samples);
+        cli_refine_summary(stdout, m);
     }
     rc = 0;
 done:

@@ -28,8 +28,10 @@ static void usage(FILE *f) {
                "                       (repeatable, up to 8; e.g. --keep lm_head)\n"
                "  --layout L           matrix storage: tiled (default: 4-bit G32 matrices whose width is a\n"
                "                       multiple of 128 in 16x128 tiles, read fastest by the CUDA GEMV;\n"
-               "                       a version 2 .trdc) or rows (row-major only: a version 1 .trdc\n"
+               "                       a version 2 .trdc) or rows (row-major only: a version 1 .trdc for 4-bit\n"
                "                       that older spectra builds read)\n"
+               "  --refine OUT.refine  also write the weight refinement of this compression: every layer\n"
+               "                       matrix's residual in 4 bits (run, bench, perplexity, kl --refine)\n"
                "  --threads N          worker threads (int, 1..1024; default: all CPUs)\n"
                "  -q, --quiet          no progress bar\n");
 }
@@ -64,6 +66,7 @@ int cmd_compress(int argc, char **argv) {
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.src_dir = v;
         else if (!strcmp(a, "-o")) o.out_path = v;
+        else if (!strcmp(a, "--refine")) o.refine_path = v;
         else if (!strcmp(a, "--bits")) {
             if (!cli_int(a, v, 2, 4, &iv)) return 2;
             o.bits = (int)iv;
@@ -120,5 +123,15 @@ int cmd_compress(int argc, char **argv) {
             (double)st.source_bytes / 1e6, (double)st.out_bytes / 1e6,
             st.out_bytes ? (double)st.source_bytes / (double)st.out_bytes : 0, bpw, st.seconds,
             (double)spx_peak_rss() / (1 << 20));
+    /* the quantized tensors alone, every stored byte counted */
+    const double qp = st.params_quant ? (double)st.params_quant / 8.0 : 1.0;
+    const uint64_t qb = st.quant_codes_bytes + st.quant_scales_bytes + st.quant_zeros_bytes + st.quant_outlier_bytes;
+    fprintf(stderr, "  quantized tensors: %lld params at %.3f bits/weight (codes %.3f + scales %.3f + zero points %.3f + "
+                    "outliers %.3f)\n",
+            (long long)st.params_quant, (double)qb / qp, (double)st.quant_codes_bytes / qp,
+            (double)st.quant_scales_bytes / qp, (double)st.quant_zeros_bytes / qp, (double)st.quant_outlier_bytes / qp);
+    if (o.refine_path)
+        fprintf(stderr, "%s: %lld residuals, %.2f MB (4-bit columns + float32 row scales)\n", o.refine_path,
+                (long long)st.n_refine, (double)st.refine_bytes / 1e6);
     return 0;
 }

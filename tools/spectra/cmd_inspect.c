@@ -6,8 +6,10 @@
  * overall and for quantized tensors only, file size and the compression
  * ratio against the source size recorded in the manifest. Bits per weight
  * count every stored byte of a tensor (codes, scales, zero points,
- * outliers), not only its codes. The file is fully validated on open; CRCs
- * are checked by `spectra verify`, not here. */
+ * outliers), not only its codes, as stored in the file; a table by code
+ * width and group splits the quantized tensors' bits per weight into its
+ * components. The file is fully validated on open; CRCs are checked by
+ * `spectra verify`, not here. */
 #include "cli.h"
 #include "common.h"
 #include "format/trdc.h"
@@ -71,6 +73,34 @@ static totals sum_up(const spx_trdc *f) {
 
 static double bpw(uint64_t bytes, uint64_t params) { return params ? 8.0 * (double)bytes / (double)params : 0.0; }
 
+/* The quantized tensors of one (bits, group): stored bytes by component. */
+typedef struct width_sum {
+    int bits, group;
+    size_t n;
+    uint64_t params, codes, scales, zeros, outliers;
+} width_sum;
+
+/* Sums by (bits, group), in order of bits then group, into ws[12]; the count. */
+static int sum_widths(const spx_trdc *f, width_sum *ws) {
+    int n = 0;
+    for (int b = 2; b <= 4; b++)
+        for (int gi = 0; gi < 3; gi++) {
+            width_sum w = {b, 32 << gi, 0, 0, 0, 0, 0, 0};
+            for (size_t i = 0; i < spx_trdc_count(f); i++) {
+                const spx_trdc_tensor *t = spx_trdc_at(f, i);
+                if (t->kind != SPX_TRDC_QUANT || t->q.bits != w.bits || t->q.group != w.group) continue;
+                w.n++;
+                w.params += (uint64_t)t->numel;
+                w.codes += t->comp[SPX_TRDC_C_CODES].size;
+                w.scales += t->comp[SPX_TRDC_C_SCALES].size;
+                w.zeros += t->comp[SPX_TRDC_C_ZEROS].size;
+                w.outliers += t->comp[SPX_TRDC_C_OUTLIER_IDX].size + t->comp[SPX_TRDC_C_OUTLIER_VAL].size;
+            }
+            if (w.n) ws[n++] = w;
+        }
+    return n;
+}
+
 static const char *model_type(const spx_trdc *f) {
     const cJSON *c = spx_trdc_config(f);
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
@@ -119,6 +149,8 @@ static void print_table(const spx_trdc *f) {
             snprintf(outl, sizeof outl, "%lld", (long long)t->q.n_outliers);
             if (!isnan(t->r)) snprintf(rr, sizeof rr, "%.2f%%", 100.0 * t->r);
             if (!isnan(t->kappa)) snprintf(kap, sizeof kap, "%.2f", t->kappa);
+        } else if (t->kind == SPX_TRDC_REFINE) {
+            snprintf(type, sizeof type, "4/col"); /* residual columns (refine/refine.h) */
         } else {
             snprintf(type, sizeof type, "%s", spx_dtype_name(t->dtype));
         }
@@ -136,6 +168,16 @@ static void print_table(const spx_trdc *f) {
            grp(s.q_params, b1, sizeof b1), grp(s.q_bytes, b2, sizeof b2), bpw(s.q_bytes, s.q_params));
     printf("  dense only        %s params in %s bytes (%.3f bits per weight)\n",
            grp(s.d_params, b1, sizeof b1), grp(s.d_bytes, b2, sizeof b2), bpw(s.d_bytes, s.d_params));
+    width_sum ws[12];
+    const int nw = sum_widths(f, ws);
+    for (int i = 0; i < nw; i++) {
+        const width_sum *ww = &ws[i];
+        printf("  %d-bit g%-3d        %zu matrices, %s params: %.3f bits per weight = codes %.3f + scales %.3f + "
+               "zero points %.3f + outliers %.3f\n",
+               ww->bits, ww->group, ww->n, grp(ww->params, b1, sizeof b1),
+               bpw(ww->codes + ww->scales + ww->zeros + ww->outliers, ww->params), bpw(ww->codes, ww->params),
+               bpw(ww->scales, ww->params), bpw(ww->zeros, ww->params), bpw(ww->outliers, ww->params));
+    }
     printf("  file size         %s bytes (manifest %s, padding and header %s)\n", grp(fsz, b1, sizeof b1),
            grp(spx_trdc_manifest_size(f), b2, sizeof b2),
            grp(fsz - spx_trdc_manifest_size(f) - s.bytes, b3, sizeof b3));
@@ -175,6 +217,10 @@ static int print_json(const spx_trdc *f) {
         cJSON_AddItemToObject(o, "shape", sh);
         if (t->kind == SPX_TRDC_DENSE) {
             cJSON_AddStringToObject(o, "dtype", spx_dtype_name(t->dtype));
+        } else if (t->kind == SPX_TRDC_REFINE) {
+            cJSON_AddNumberToObject(o, "bits", 4);
+            cJSON_AddNumberToObject(o, "col_stride", (double)t->refine.col_stride);
+            if (t->refine.has_base_crc) cJSON_AddNumberToObject(o, "base_crc32", (double)t->refine.base_crc32);
         } else {
             cJSON_AddStringToObject(o, "layout", t->q.layout == SPX_Q_TILED ? "tile16x128" : "rows");
             cJSON_AddNumberToObject(o, "bits", t->q.bits);
@@ -208,6 +254,23 @@ static int print_json(const spx_trdc *f) {
     cJSON_AddNumberToObject(tot, "quant_params", (double)s.q_params);
     cJSON_AddNumberToObject(tot, "quant_bytes", (double)s.q_bytes);
     cJSON_AddNumberToObject(tot, "quant_bpw", bpw(s.q_bytes, s.q_params));
+    width_sum ws[12];
+    const int nw = sum_widths(f, ws);
+    cJSON *bw = cJSON_AddArrayToObject(tot, "by_width");
+    for (int i = 0; bw && i < nw; i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o) goto oom;
+        cJSON_AddItemToArray(bw, o);
+        cJSON_AddNumberToObject(o, "bits", ws[i].bits);
+        cJSON_AddNumberToObject(o, "group", ws[i].group);
+        cJSON_AddNumberToObject(o, "matrices", (double)ws[i].n);
+        cJSON_AddNumberToObject(o, "params", (double)ws[i].params);
+        cJSON_AddNumberToObject(o, "bpw", bpw(ws[i].codes + ws[i].scales + ws[i].zeros + ws[i].outliers, ws[i].params));
+        cJSON_AddNumberToObject(o, "codes_bpw", bpw(ws[i].codes, ws[i].params));
+        cJSON_AddNumberToObject(o, "scales_bpw", bpw(ws[i].scales, ws[i].params));
+        cJSON_AddNumberToObject(o, "zeros_bpw", bpw(ws[i].zeros, ws[i].params));
+        cJSON_AddNumberToObject(o, "outliers_bpw", bpw(ws[i].outliers, ws[i].params));
+    }
     cJSON_AddNumberToObject(tot, "dense_params", (double)s.d_params);
     cJSON_AddNumberToObject(tot, "dense_bytes", (double)s.d_bytes);
     cJSON_AddNumberToObject(tot, "file_bytes", (double)fsz);

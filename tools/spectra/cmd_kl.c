@@ -25,7 +25,9 @@ static void usage(FILE *f) {
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     for the models under test (the reference runs on cpu): cpu, cuda or auto\n"
                "                  (auto: cuda if built in and a GPU is present; default cpu)\n"
-               "  --json          print the result as JSON\n");
+               "  --json          print the result as JSON\n"
+               "refinement options apply to the -m before them (the same file may be given twice, with and\n"
+               "without, to compare in one run):\n" CLI_REFINE_USAGE);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -44,6 +46,8 @@ static int32_t argmax(const float *x, int64_t n) {
 
 typedef struct {
     const char *path;
+    spx_refine_params refine;
+    char label[160];
     spx_model *m;
     spx_session *s;
     float *logits;
@@ -61,14 +65,21 @@ int cmd_kl(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        const int r = cli_eval_opt(argc, argv, &i, &o);
+        int r = cli_eval_opt(argc, argv, &i, &o);
+        if (!r && !strncmp(a, "--refine", 8)) {
+            if (nm == 0) { cli_error("kl: %s comes after the -m it applies to", a); return 2; }
+            r = cli_refine_opt(argc, argv, &i, &ms[nm - 1].refine);
+        }
         if (r < 0) return 2;
         if (r) continue;
         if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ref")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!strcmp(a, "--ref")) ref = v;
             else if (nm == KL_MAX_MODELS) { cli_error("kl: at most %d models", KL_MAX_MODELS); return 2; }
-            else ms[nm++].path = v;
+            else {
+                cli_refine_defaults(&ms[nm].refine);
+                ms[nm++].path = v;
+            }
         } else { cli_error("kl: unknown option '%s'", a); usage(stderr); return 2; }
     }
     const char *file = o.file, *backend = o.backend;
@@ -87,6 +98,13 @@ int cmd_kl(int argc, char **argv) {
     int64_t V = spx_model_vocab_size(mr);
     for (int k = 0; k < nm; k++) {
         if (!(ms[k].m = cli_open_model_on(ms[k].path, threads, backend))) goto done;
+        if (!cli_apply_refine(ms[k].m, &ms[k].refine)) goto done;
+        spx_refine_info ri;
+        spx_model_refine_info(ms[k].m, &ri);
+        if (ri.active)
+            snprintf(ms[k].label, sizeof ms[k].label, "%s +refine k %lld,%lld,%lld,%lld%s", ms[k].path, (long long)ri.k[0],
+                     (long long)ri.k[1], (long long)ri.k[2], (long long)ri.k[3], ri.on_disk ? " disk" : "");
+        else snprintf(ms[k].label, sizeof ms[k].label, "%s", ms[k].path);
         if (spx_model_vocab_size(ms[k].m) != V) {
             cli_error("kl: vocabularies differ (%s: %lld, %s: %lld)", ref, (long long)V, ms[k].path,
                       (long long)spx_model_vocab_size(ms[k].m));
@@ -117,8 +135,7 @@ int cmd_kl(int argc, char **argv) {
         spx_session_reset(sr);
         if (spx_session_eval(sr, in, (size_t)ctx, lr, 1) != SPX_OK) { cli_error("%s", spx_session_error(sr)); goto done; }
         for (int k = 0; k < nm; k++) {
-            spx_session_reset(ms[k].s);
-            if (spx_session_eval(ms[k].s, in, (size_t)ctx, ms[k].logits, 1) != SPX_OK) {
+            if (eval_window(ms[k].s, ms[k].m, in, ctx, ms[k].logits) != SPX_OK) {
                 cli_error("%s", spx_session_error(ms[k].s));
                 goto done;
             }
@@ -151,7 +168,7 @@ int cmd_kl(int argc, char **argv) {
                      ref, exp(nll_r / (double)scored), (long long)scored, (long long)ctx, (long long)w.chunks,
                      compat ? "true" : "false", secs);
     else printf("reference %s: PPL %.4f over %lld scored tokens (%lld windows of %lld%s), %.1f s\n"
-                "%-40s %10s %10s %10s %10s %8s\n", ref, exp(nll_r / (double)scored), (long long)scored,
+                "%-64s %10s %10s %10s %10s %8s\n", ref, exp(nll_r / (double)scored), (long long)scored,
                 (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "", secs,
                 "model", "PPL", "mean KL", "median KL", "p99 KL", "top-1 %");
     for (int k = 0; k < nm; k++) {
@@ -161,10 +178,10 @@ int cmd_kl(int argc, char **argv) {
         double ppl = exp(ms[k].nll / (double)scored);
         if (json)
             printf("%s{\"model\": \"%s\", \"ppl\": %.6f, \"kl_mean\": %.6f, \"kl_median\": %.6f, \"kl_p99\": %.6f, "
-                   "\"kl_max\": %.6f, \"top1\": %.6f}", k ? ", " : "", ms[k].path, ppl, mean, med, p99,
+                   "\"kl_max\": %.6f, \"top1\": %.6f}", k ? ", " : "", ms[k].label, ppl, mean, med, p99,
                    ms[k].kls[scored - 1], top1);
         else
-            printf("%-40.40s %10.4f %10.6f %10.6f %10.6f %8.2f\n", ms[k].path, ppl, mean, med, p99, 100 * top1);
+            printf("%-64.64s %10.4f %10.6f %10.6f %10.6f %8.2f\n", ms[k].label, ppl, mean, med, p99, 100 * top1);
     }
     if (json) printf("]}\n");
     rc = 0;

@@ -20,16 +20,20 @@ static void usage(FILE *f) {
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
-               "  --json          print the result as JSON\n");
+               "  --json          print the result as JSON\n" CLI_REFINE_USAGE
+               "                  (with refinement, each window is fed one token per step, as generation runs)\n");
 }
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL;
     cli_eval_opts o = CLI_EVAL_OPTS_DEFAULT;
+    spx_refine_params rp;
+    cli_refine_defaults(&rp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        const int r = cli_eval_opt(argc, argv, &i, &o);
+        int r = cli_eval_opt(argc, argv, &i, &o);
+        if (!r) r = cli_refine_opt(argc, argv, &i, &rp);
         if (r < 0) return 2;
         if (r) continue;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
@@ -44,6 +48,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!file) { cli_error("perplexity: -f TEXT is required"); usage(stderr); return 2; }
     spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) return 1;
+    if (!cli_apply_refine(m, &rp)) { spx_model_free(m); return 1; }
     eval_windows w;
     if (!eval_windows_init(&w, m, file, ctx, chunks, compat)) { spx_model_free(m); return 1; }
     int64_t V = spx_model_vocab_size(m);
@@ -59,8 +64,7 @@ int cmd_perplexity(int argc, char **argv) {
     for (int64_t k = 0; k < w.chunks; k++) {
         int64_t first, count;
         eval_windows_get(&w, k, in, &first, &count, tg);
-        spx_session_reset(s);
-        if (spx_session_eval(s, in, (size_t)ctx, logits, 1) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+        if (eval_window(s, m, in, ctx, logits) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
         for (int64_t i = 0; i < count; i++) nll -= eval_logprob(logits + (first + i) * V, V, tg[i], NULL);
         scored += count;
         if (!json) {
@@ -76,6 +80,7 @@ int cmd_perplexity(int argc, char **argv) {
     else
         printf("\nPPL = %.4f over %lld scored tokens (%lld windows of %lld%s) in %.1f s\n", ppl, (long long)scored,
                (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "", secs);
+    if (!json) cli_refine_summary(stderr, m);
     rc = 0;
 done:
     free(logits);

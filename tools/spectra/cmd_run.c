@@ -32,7 +32,8 @@ static void usage(FILE *f) {
             "                  it: cuda for a .trdc when built in and a GPU is present, else cpu)\n"
             "  --vram-budget MiB  device memory the model may use (int >= 1; default: free - 512 MiB);\n"
             "                  layers that do not fit stream from pinned host memory (ping-pong)\n"
-            "  -q, --quiet     no prompt echo, no plan and no statistics\n");
+            "  -q, --quiet     no prompt echo, no plan and no statistics\n" CLI_REFINE_USAGE
+            "                  (--refine picks the cpu backend unless --backend says otherwise)\n");
 }
 
 int cmd_run(int argc, char **argv) {
@@ -41,10 +42,13 @@ int cmd_run(int argc, char **argv) {
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     double temp = 0.8, top_p = 0.95;
-    int ignore_eos = 0, quiet = 0;
+    int ignore_eos = 0, quiet = 0, rr = 0;
+    spx_refine_params rp;
+    cli_refine_defaults(&rp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!(prompt = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-f")) { if (!(file = cli_value(argc, argv, &i))) return 2; }
@@ -69,11 +73,13 @@ int cmd_run(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .vram_budget_mb = vram, .kv = kv,
                          .quiet = quiet};
     spx_plan plan;
     spx_model *m = cli_open_planned(model, &po, &plan);
     if (!m) return 1;
+    if (!cli_apply_refine(m, &rp)) { spx_model_free(m); return 1; }
     int rc = 1;
     int32_t *ids = NULL;
     size_t n_prompt = 0;
@@ -157,6 +163,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "generate: %lld tokens in %.3f s (%.1f tokens/s), %d threads, peak RSS %.1f MiB\n",
                 (long long)n_done, t2 - t1, decoded > 0 ? (double)decoded / (t2 - t1) : 0.0, spx_pool_size(m->pool),
                 (double)spx_peak_rss() / (1 << 20));
+        cli_refine_summary(stderr, m);
     }
     rc = 0;
 done:

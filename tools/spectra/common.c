@@ -209,3 +209,84 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
     } else return cli_int(a, v, 1, 1024, &o->threads) ? 1 : -1;
     return 1;
 }
+
+/* ---- weight refinement options -------------------------------------------- */
+
+void cli_refine_defaults(spx_refine_params *p) {
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < 4; i++) p->k[i] = -1;
+}
+
+/* "K" (every set) or "Kqkv,Ko,Kgateup,Kdown" */
+static int refine_ks(const char *flag, const char *v, int64_t k[4]) {
+    int64_t t[4];
+    int n = 0;
+    const char *s = v;
+    while (n < 4) {
+        char *end;
+        long long x = strtoll(s, &end, 10);
+        if (end == s || x < 0 || x > (1 << 20)) break;
+        t[n++] = x;
+        if (*end == 0) {
+            s = end;
+            break;
+        }
+        if (*end != ',') { n = -1; break; }
+        s = end + 1;
+    }
+    if (*s != 0 || (n != 1 && n != 4)) {
+        cli_error("%s '%s': expected channels per 1024 (int >= 0) for every set, or four of them: q/k/v,o,gate/up,down",
+                  flag, v);
+        return 0;
+    }
+    for (int i = 0; i < 4; i++) k[i] = t[n == 1 ? 0 : i];
+    return 1;
+}
+
+int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
+    const char *a = argv[*i], *v;
+    static const char *const valued[] = {"--refine", "--refine-k", "--refine-cache", "--refine-miss", "--refine-loaders"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+    if (!known) return 0;
+    if (!(v = cli_value(argc, argv, i))) return -1;
+    if (!strcmp(a, "--refine")) p->path = v;
+    else if (!strcmp(a, "--refine-k")) return refine_ks(a, v, p->k) ? 1 : -1;
+    else if (!strcmp(a, "--refine-cache")) return cli_int(a, v, 0, (int64_t)1 << 30, &p->cache_mb) ? 1 : -1;
+    else if (!strcmp(a, "--refine-loaders")) {
+        int64_t n;
+        if (!cli_int(a, v, 1, 64, &n)) return -1;
+        p->n_loaders = (int32_t)n;
+    } else if (!strcmp(v, "skip") || !strcmp(v, "wait")) p->miss_wait = !strcmp(v, "wait");
+    else {
+        cli_error("--refine-miss '%s': expected skip or wait", v);
+        return -1;
+    }
+    return 1;
+}
+
+int cli_apply_refine(spx_model *m, const spx_refine_params *p) {
+    if (!p->path) return 1;
+    if (spx_model_refine(m, p) != SPX_OK) {
+        cli_error("%s", spx_model_error(m));
+        return 0;
+    }
+    return 1;
+}
+
+void cli_refine_summary(FILE *f, const spx_model *m) {
+    spx_refine_info r;
+    spx_model_refine_info(m, &r);
+    if (!r.active) return;
+    fprintf(f, "refinement: %lld matrices, %.1f MiB of residual columns %s; k per 1024 q/k/v %lld o %lld gate/up %lld "
+               "down %lld; %llu launches, %.1f%% of selected columns applied",
+            (long long)r.n_mats, (double)r.residual_bytes / 1048576.0, r.on_disk ? "on disk" : "mapped in RAM",
+            (long long)r.k[0], (long long)r.k[1], (long long)r.k[2], (long long)r.k[3], (unsigned long long)r.launches,
+            r.selected ? 100.0 * (double)r.applied / (double)r.selected : 0.0);
+    if (r.on_disk)
+        fprintf(f, "; cache %.0f MiB, hit rate %.1f%%, %.1f MiB read (%s), %llu waits %.3f s",
+                (double)r.cache_bytes / 1048576.0, r.requests ? 100.0 * (double)r.hits / (double)r.requests : 0.0,
+                (double)r.bytes_read / 1048576.0, r.direct ? "O_DIRECT" : "buffered", (unsigned long long)r.waits,
+                r.wait_s);
+    fputc('\n', f);
+}

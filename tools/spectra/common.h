@@ -57,4 +57,20 @@ typedef struct cli_eval_opts {
  * a bad or missing value: -1 (message printed). */
 int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
 
+/* Weight refinement flags (--refine FILE, --refine-k K | Kqkv,Ko,Kgu,Kdown,
+ * --refine-cache MiB, --refine-miss skip|wait, --refine-loaders N), as
+ * cli_eval_opt; cli_apply_refine attaches them (1: done or nothing to do;
+ * 0: failed, message printed); cli_refine_summary prints one line. */
+#define CLI_REFINE_USAGE                                                                                              \
+    "  --refine FILE   weight refinement from FILE (spectra compress --refine; cpu backend)\n"                        \
+    "  --refine-k K    channels per 1024 refined per decode step: one number, or four for q/k/v,o,gate/up,down\n"   \
+    "                  (default 32; 0: off; 1024: every channel)\n"                                                 \
+    "  --refine-cache MiB  read the residual from disk into an LRU cache of MiB (default 0: mapped in RAM)\n"       \
+    "  --refine-miss M skip (default: a miss uses the resident weights, loaded in the background) or wait\n"     \
+    "  --refine-loaders N  disk loader threads (default 2)\n"
+void cli_refine_defaults(spx_refine_params *p);
+int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p);
+int cli_apply_refine(spx_model *m, const spx_refine_params *p);
+void cli_refine_summary(FILE *f, const spx_model *m);
+
 #endif

@@ -79,3 +79,16 @@ double eval_logprob(const float *logits, int64_t vocab, int32_t target, double *
         for (int64_t i = 0; i < vocab; i++) logp[i] = (double)logits[i] - lse;
     return (double)logits[target] - lse;
 }
+
+spx_status eval_window(spx_session *s, const spx_model *m, const int32_t *in, int64_t ctx, float *logits) {
+    spx_refine_info r;
+    spx_model_refine_info(m, &r);
+    spx_session_reset(s);
+    if (!r.active) return spx_session_eval(s, in, (size_t)ctx, logits, 1);
+    const int64_t V = spx_model_vocab_size(m);
+    for (int64_t t = 0; t < ctx; t++) {
+        spx_status st = spx_session_eval(s, in + t, 1, logits + t * V, 0);
+        if (st != SPX_OK) return st;
+    }
+    return SPX_OK;
+}

@@ -34,6 +34,11 @@ void eval_windows_free(eval_windows *w);
  * targets[i] is the token predicted at position first+i. */
 void eval_windows_get(const eval_windows *w, int64_t k, int32_t *in, int64_t *first, int64_t *count,
                       int32_t *targets);
+/* Feeds window in[ctx] to a reset session, logits of every position into
+ * logits[ctx, V]: as one prompt, or, when the model has weight refinement
+ * (which decode steps apply and prompts do not), one token per step, so
+ * the scores are those of generation. The library's status. */
+spx_status eval_window(spx_session *s, const spx_model *m, const int32_t *in, int64_t ctx, float *logits);
 /* log-softmax helper: returns log p(target) for a logits row. Also writes
  * the row's log-probabilities to logp (if non-NULL), in double. */
 double eval_logprob(const float *logits, int64_t vocab, int32_t target, double *logp);

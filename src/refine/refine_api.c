@@ -1,0 +1,140 @@
+/* refine_api.c: spx_model_refine / spx_model_refine_info (spectra.h): a
+ * .refine file (docs/trdc.md, "refine4" tensors) bound to the model's
+ * layer matrices by name, mapped in RAM or read through the tier. */
+#include "engine/backend.h"
+#include "format/trdc.h"
+#include "model/arch.h"
+#include "refine/attach.h"
+#include "refine/tier.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_LOADERS 2
+
+static spx_status fail_m(spx_model *m, spx_err *e) {
+    m->err = *e;
+    return e->code;
+}
+
+/* The base matrix's codes checksum, as the .refine's writer recorded it
+ * (0 and no check when the model was not opened from a .trdc). */
+static int base_crc(const spx_model *m, const char *name, uint32_t *crc) {
+    const spx_trdc_tensor *t = m->trdc ? spx_trdc_find(m->trdc, name) : NULL;
+    if (!t || t->kind != SPX_TRDC_QUANT || !t->comp[SPX_TRDC_C_CODES].present) return 0;
+    *crc = t->comp[SPX_TRDC_C_CODES].crc32;
+    return 1;
+}
+
+static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
+    spx_trdc *f = NULL;
+    SPX_TRY(spx_trdc_open(p->path, &f, e));
+    if (spx_trdc_contents(f) != SPX_TRDC_CONTENTS_REFINE) {
+        spx_trdc_close(f);
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: not a .refine file (a model file? make one with spectra compress "
+                                           "--refine)", p->path);
+    }
+    spx_refine_model *rm = calloc(1, sizeof *rm);
+    int64_t n = 0;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++) n += spx_slots[s].mat && m->layers[l].w[s].kind == SPX_WM_QUANT;
+    if (rm) rm->mats = calloc((size_t)(n ? n : 1), sizeof *rm->mats);
+    if (!rm || !rm->mats) {
+        free(rm);
+        spx_trdc_close(f);
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    }
+    rm->file = f;
+    rm->rt.kern = spx_refine_kernels_best();
+    m->refine = rm;
+    char name[256];
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            spx_wmat *w = &m->layers[l].w[s];
+            if (!spx_slots[s].mat || w->kind != SPX_WM_QUANT || !w->rows) continue;
+            spx_slot_tensor_name(&m->cfg, l, (spx_slot)s, name, sizeof name);
+            const spx_trdc_tensor *t = spx_trdc_find(f, name);
+            if (!t) continue; /* a matrix the writer left out runs unrefined */
+            if (t->kind != SPX_TRDC_REFINE)
+                return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' is not a refine4 residual", p->path, name);
+            if (t->shape[0] != w->rows || t->shape[1] != w->cols)
+                return spx_fail(e, SPX_ERR_FORMAT, "%s: '%s' is [%lld, %lld]; the model's matrix is [%lld, %lld]",
+                                p->path, name, (long long)t->shape[0], (long long)t->shape[1], (long long)w->rows,
+                                (long long)w->cols);
+            uint32_t crc;
+            if (base_crc(m, name, &crc) && t->refine.has_base_crc && crc != t->refine.base_crc32)
+                return spx_fail(e, SPX_ERR_FORMAT,
+                                "%s: '%s' was made for another compression of this model (base codes checksum %08x, "
+                                "the model's %08x): compress with --refine again",
+                                p->path, name, t->refine.base_crc32, crc);
+            spx_wmat_refine *r = &rm->mats[rm->n_mats++];
+            r->set = spx_slots[s].rset;
+            r->q4 = (spx_refine_q4){w->rows, w->cols, spx_refine_col_bytes(w->rows), t->refine.col_stride,
+                                    p->cache_mb > 0 ? NULL : t->refine.codes, t->refine.scales};
+            r->file_off = t->comp[SPX_TRDC_C_CODES].offset;
+            w->ref = r;
+            rm->residual_bytes += t->comp[SPX_TRDC_C_CODES].size;
+        }
+    if (rm->n_mats == 0)
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: no residual matches a matrix of %s", p->path, m->path);
+    if (p->cache_mb > 0) {
+        const int loaders = p->n_loaders > 0 ? p->n_loaders : DEFAULT_LOADERS;
+        SPX_TRY(spx_tier_open(p->path, (uint64_t)p->cache_mb << 20, p->miss_wait ? SPX_TIER_WAIT : SPX_TIER_SKIP,
+                              loaders, &rm->rt.tier, e));
+    }
+    for (int i = 0; i < SPX_RSET_COUNT; i++) rm->rt.k[i] = p->k[i] < 0 ? SPX_REFINE_K_DEFAULT : p->k[i];
+    return SPX_OK;
+}
+
+spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
+    spx_err e;
+    spx_err_clear(&e);
+    spx_refine_detach(m);
+    if (!p || !p->path) return SPX_OK;
+    if (m->be && m->be->device) {
+        spx_fail(&e, SPX_ERR_UNSUPPORTED,
+                 "%s: weight refinement runs on the CPU backend (--backend cpu); the %s backend's path is not built "
+                 "yet", p->path, m->be->name);
+        return fail_m(m, &e);
+    }
+    for (int i = 0; i < 4; i++)
+        if (p->k[i] < -1) {
+            spx_fail(&e, SPX_ERR_ARG, "refinement budget %lld: expected >= 0 (or -1: the default)", (long long)p->k[i]);
+            return fail_m(m, &e);
+        }
+    if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS) {
+        spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders: out of range", (long long)p->cache_mb,
+                 (int)p->n_loaders);
+        return fail_m(m, &e);
+    }
+    if (bind(m, p, &e) != SPX_OK) {
+        spx_refine_detach(m);
+        return fail_m(m, &e);
+    }
+    return SPX_OK;
+}
+
+void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
+    memset(out, 0, sizeof *out);
+    const spx_refine_model *rm = m ? m->refine : NULL;
+    if (!rm) return;
+    out->active = 1;
+    for (int i = 0; i < 4; i++) out->k[i] = rm->rt.k[i];
+    out->n_mats = rm->n_mats;
+    out->residual_bytes = rm->residual_bytes;
+    out->launches = rm->rt.st.launches;
+    out->selected = rm->rt.st.selected;
+    out->applied = rm->rt.st.applied;
+    if (rm->rt.tier) {
+        spx_tier_stats ts;
+        spx_tier_stats_get(rm->rt.tier, &ts);
+        out->on_disk = 1;
+        out->direct = ts.direct;
+        out->cache_bytes = ts.budget;
+        out->requests = ts.requests;
+        out->hits = ts.hits;
+        out->bytes_read = ts.bytes_read;
+        out->waits = ts.waits;
+        out->wait_s = ts.wait_s;
+    }
+}
