@@ -95,7 +95,7 @@ static spx_status attention(spx_session *s, const spx_layer *L, int64_t n, int64
 }
 
 /* LFM2 short convolution: proj[t] = [B | C | u], each H wide. */
-static spx_status shortconv(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
+static spx_status shortconv(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
     const spx_config *c = &s->m->cfg;
     int64_t H = c->hidden_size, R = 3 * H;
     float *proj = s->proj;
@@ -117,7 +117,7 @@ static spx_status shortconv(spx_session *s, const spx_layer *L, int64_t n, spx_e
 /* Mamba-2: proj[t] = [z (di) | x B C (cd) | dt (heads)]; the conv state
  * [cd, K-1] comes first in the layer's state, the SSM state [heads, P, N]
  * after it. */
-static spx_status mamba2(spx_session *s, const spx_layer *L, int64_t n, spx_err *e) {
+static spx_status mamba2(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
     const spx_config *c = &s->m->cfg;
     int64_t di = spx_ssm_d_inner(c), cd = spx_ssm_conv_dim(c), R = spx_ssm_in_rows(c);
     int64_t GN = c->ssm_groups * c->ssm_state;
@@ -204,27 +204,18 @@ static spx_status b_embed(void *ctx, spx_err *e) {
 }
 
 #define LAYER(p, l) (&(p)->s->m->layers[l])
-static spx_status b_attention(void *ctx, int64_t l, int first, spx_err *e) {
-    const pass *p = ctx;
+/* a mixer block: h += r * mixer(rmsnorm(h) * mix_norm) (the recurrent
+ * mixers ignore pos0: their position is their state) */
+typedef spx_status (*mixer_fn)(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e);
+static spx_status b_mixer(const pass *p, int64_t l, mixer_fn f, spx_err *e) {
     norm_in(p, LAYER(p, l)->v[SPX_SL_MIX_NORM]);
-    SPX_TRY(attention(p->s, LAYER(p, l), p->n, p->pos0, e));
+    SPX_TRY(f(p->s, LAYER(p, l), p->n, p->pos0, e));
     add_out(p);
     return SPX_OK;
 }
-static spx_status b_shortconv(void *ctx, int64_t l, int first, spx_err *e) {
-    const pass *p = ctx;
-    norm_in(p, LAYER(p, l)->v[SPX_SL_MIX_NORM]);
-    SPX_TRY(shortconv(p->s, LAYER(p, l), p->n, e));
-    add_out(p);
-    return SPX_OK;
-}
-static spx_status b_mamba2(void *ctx, int64_t l, int first, spx_err *e) {
-    const pass *p = ctx;
-    norm_in(p, LAYER(p, l)->v[SPX_SL_MIX_NORM]);
-    SPX_TRY(mamba2(p->s, LAYER(p, l), p->n, e));
-    add_out(p);
-    return SPX_OK;
-}
+static spx_status b_attention(void *ctx, int64_t l, int first, spx_err *e) { return b_mixer(ctx, l, attention, e); }
+static spx_status b_shortconv(void *ctx, int64_t l, int first, spx_err *e) { return b_mixer(ctx, l, shortconv, e); }
+static spx_status b_mamba2(void *ctx, int64_t l, int first, spx_err *e) { return b_mixer(ctx, l, mamba2, e); }
 static spx_status b_ffn(const pass *p, int64_t l, int kind, spx_err *e) {
     norm_in(p, LAYER(p, l)->v[SPX_SL_FFN_NORM]);
     SPX_TRY(ffn(p->s, LAYER(p, l), kind, p->n, e));
