@@ -18,6 +18,7 @@
 #            interleaved rounds so that drift on the shared machine hits
 #            every variant alike; the table gives each variant's median and
 #            its ratio to the base's median of the same width.
+# KL=0 skips the quality part (an earlier run's kl_*.txt files are kept).
 # Writes OUT_DIR/{kl_BITS.txt, bench.jsonl, table.md}; needs build/spectra.
 set -u
 OUT=${1:-/tmp/spx-refine}
@@ -42,6 +43,7 @@ mkdir -p "$OUT" || exit 1
 for b in $BITS; do
     [ -f "$OUT/m$b.trdc" ] && [ -f "$OUT/m$b.refine" ] ||
         "$BIN" compress -m "$MODEL" -o "$OUT/m$b.trdc" --refine "$OUT/m$b.refine" --bits "$b" -q 2>> "$OUT/compress.log" || exit 1
+    [ "${KL:-1}" = 0 ] && continue
     args="-m $OUT/m$b.trdc"
     for k in $KS; do args="$args -m $OUT/m$b.trdc --refine $OUT/m$b.refine --refine-k $k"; done
     "$BIN" kl --ref "$MODEL" -f "$MODEL/eval.txt" --llama-compat --chunks "$CHUNKS" --threads "$THREADS" $args \
