@@ -185,6 +185,7 @@ typedef struct spx_refine_info {
     int64_t k[4];
     int64_t n_mats;               /* matrices with a residual */
     uint64_t residual_bytes;      /* of their columns (the tier) */
+    uint64_t bytes_per_token;     /* columns the budgets select per decoded token, every matrix */
     uint64_t launches, selected, applied; /* refined launches; channels selected; columns applied */
     int32_t on_disk, direct;      /* the tier reads from disk (with O_DIRECT) */
     uint64_t cache_bytes, requests, hits, bytes_read, waits;

@@ -114,6 +114,28 @@ int main(void) {
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 16 -n 8 -r 2 --json", tmp);
     expect(a, 0, "tg_tps_median");
 
+    /* weight refinement: compress --refine, then every command that takes it */
+    snprintf(a, sizeof a, "compress -m %s -o %s/q.trdc --refine %s/q.refine -q", tl_shared("models/tiny-qwen3"), tmp, tmp);
+    expect(a, 0, "residuals");
+    snprintf(a, sizeof a, "inspect %s/q.refine", tmp);
+    expect(a, 0, "refine4");
+    snprintf(a, sizeof a, "verify %s/q.refine", tmp);
+    expect(a, 0, "OK");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-k 64 --ids 1,2,3 -n 4 --temp 0", tmp, tmp);
+    expect(a, 0, "refinement:");
+    snprintf(a, sizeof a, "bench -m %s/q.trdc --refine %s/q.refine --refine-cache 1 -p 0 -n 8 -r 1 --json", tmp, tmp);
+    expect(a, 0, "\"on_disk\": true");
+    snprintf(a, sizeof a, "plan -m %s/q.trdc --refine %s/q.refine --refine-k 8,16,32,64", tmp, tmp);
+    expect(a, 0, "k per 1024 8,16,32,64");
+    snprintf(a, sizeof a, "run -m %s/q.refine -p x", tmp);
+    expect(a, 1, "is a .refine file");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.trdc -p x", tmp, tmp);
+    expect(a, 1, "not a .refine file");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-k 1,2 -p x", tmp, tmp);
+    expect(a, 2, "--refine-k '1,2'");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-miss later -p x", tmp, tmp);
+    expect(a, 2, "expected skip or wait");
+
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
      * row-major with --layout rows; both give the same greedy tokens */
     snprintf(a, sizeof a, "compress -m %s -o %s/t.trdc -q", tl_shared("models/tiny-qwen3"), tmp);

@@ -125,6 +125,12 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
     out->launches = rm->rt.st.launches;
     out->selected = rm->rt.st.selected;
     out->applied = rm->rt.st.applied;
+    for (int64_t i = 0; i < rm->n_mats; i++) {
+        const spx_wmat_refine *r = &rm->mats[i];
+        const int64_t k = rm->rt.k[r->set];
+        if (k > 0)
+            out->bytes_per_token += (uint64_t)spx_refine_topk_max(r->q4.cols, SPX_REFINE_CHUNK, k) * (uint64_t)r->q4.col_bytes;
+    }
     if (rm->rt.tier) {
         spx_tier_stats ts;
         spx_tier_stats_get(rm->rt.tier, &ts);

@@ -132,7 +132,7 @@ static void plan_usage(FILE *f) {
                "  --backend NAME      cpu, cuda or auto (default auto)\n"
                "  --gpu N             GPU index, as NVML numbers them (int >= 0; default 0)\n"
                "  --threads N         worker threads (int 1..1024; default: one per physical core)\n"
-               "  --json              print one JSON object {\"hw\", \"model\", \"plan\", \"tuning\"}\n"
+               "  --json              print one JSON object {\"hw\", \"model\", \"plan\", \"tuning\"}\n" CLI_REFINE_USAGE
                "  -h, --help          this help\n");
 }
 
@@ -140,10 +140,13 @@ int cmd_plan(int argc, char **argv) {
     const char *model = NULL;
     spx_plan_request req = {0};
     int64_t v64;
-    int json = 0;
+    int json = 0, rr = 0;
+    spx_refine_params rp;
+    cli_refine_defaults(&rp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { plan_usage(stdout); return 0; }
+        else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
@@ -162,6 +165,9 @@ int cmd_plan(int argc, char **argv) {
     if (spx_hw_probe(&hw, &e) != SPX_OK) return cli_fail(&e);
     spx_model *m = cli_open_model(model, 1);
     if (!m) return 1;
+    if (!cli_apply_refine(m, &rp)) { spx_model_free(m); return 1; }
+    spx_refine_info ri;
+    spx_model_refine_info(m, &ri);
     spx_plan p;
     spx_status st = spx_plan_make(&hw, m, &req, &p, &e);
     const spx_config *c = &m->cfg;
@@ -191,6 +197,20 @@ int cmd_plan(int argc, char **argv) {
             cJSON_AddNumberToObject(mo, "tiled_matrices", (double)n_tiled);
             cJSON_AddNumberToObject(mo, "row_major_tileable_matrices", (double)n_could);
         }
+        if (o && ri.active) {
+            cJSON *ro = cJSON_AddObjectToObject(o, "refine");
+            if (ro) {
+                cJSON_AddStringToObject(ro, "path", rp.path);
+                cJSON_AddStringToObject(ro, "tier", ri.on_disk ? "disk" : "ram");
+                cJSON_AddNumberToObject(ro, "cache_bytes", (double)ri.cache_bytes);
+                cJSON_AddStringToObject(ro, "miss", rp.miss_wait ? "wait" : "skip");
+                cJSON_AddNumberToObject(ro, "matrices", (double)ri.n_mats);
+                cJSON_AddNumberToObject(ro, "residual_bytes", (double)ri.residual_bytes);
+                cJSON_AddNumberToObject(ro, "bytes_per_token", (double)ri.bytes_per_token);
+                cJSON *k = cJSON_AddArrayToObject(ro, "k");
+                for (int i = 0; k && i < 4; i++) cJSON_AddItemToArray(k, cJSON_CreateNumber((double)ri.k[i]));
+            }
+        }
         if (o && st == SPX_OK) cJSON_AddItemToObject(o, "plan", spx_plan_json(&p));
         else if (o) cJSON_AddStringToObject(o, "error", e.msg);
         if (o) cJSON_AddItemToObject(o, "tuning", spx_tuning_json(spx_tuning_get())); /* the SPECTRA_* settings */
@@ -218,6 +238,19 @@ int cmd_plan(int argc, char **argv) {
             printf("  threads    %-12d %s\n", (int)p.n_threads, p.why_threads);
             printf("  memory     %.1f MiB planned of a %.1f MiB budget (KV %.1f, scratch %.1f)\n", mib(p.planned_bytes),
                    mib(p.budget), mib(p.kv_bytes), mib(p.scratch_bytes));
+            if (ri.active) {
+                printf("  refinement %-12s %lld matrices, %.1f MiB of residual columns in %s; k per 1024 %lld,%lld,%lld,%lld: "
+                       "%.2f MiB per token (%.1f%% beside the weights' %.1f MiB)\n",
+                       ri.on_disk ? "disk" : "ram", (long long)ri.n_mats, mib(ri.residual_bytes), rp.path,
+                       (long long)ri.k[0], (long long)ri.k[1], (long long)ri.k[2], (long long)ri.k[3],
+                       mib(ri.bytes_per_token), 100.0 * (double)ri.bytes_per_token / (double)p.read_bytes_per_token,
+                       mib(p.read_bytes_per_token));
+                if (ri.on_disk)
+                    printf("             read from disk into a %.0f MiB LRU cache, a miss %s\n", mib(ri.cache_bytes),
+                           rp.miss_wait ? "waited for" : "skipped (loaded in the background)");
+                if (strcmp(p.backend, "cpu"))
+                    printf("             (refinement runs on the cpu backend: run and bench pick it with --refine)\n");
+            }
         }
         char tune[1024]; /* the SPECTRA_* settings that are not at their defaults (engine/tuning.h) */
         printf("\ntuning    %s\n", spx_tuning_summary(spx_tuning_get(), tune, sizeof tune));
