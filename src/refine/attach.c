@@ -32,7 +32,7 @@ static int refinable(const spx_wmat *w) { return w->rows > 0 && w->kind == SPX_W
 
 /* Refinement runs in the CPU backend's matmul; a device backend's passes
  * would ignore it. */
-static spx_status host_backend(const spx_model *m, spx_err *e) {
+spx_status spx_refine_host_check(const spx_model *m, spx_err *e) {
     if (m->be && m->be->device)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
                         "%s: weight refinement runs on the CPU backend (--backend cpu); the %s backend's path is not "
@@ -42,7 +42,7 @@ static spx_status host_backend(const spx_model *m, spx_err *e) {
 
 spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_err *e) {
     spx_refine_detach(m);
-    SPX_TRY(host_backend(m, e));
+    SPX_TRY(spx_refine_host_check(m, e));
     if (!m->layers || !src->layers || m->cfg.n_layers != src->cfg.n_layers)
         return spx_fail(e, SPX_ERR_ARG, "refine: the model and its source have different layer counts");
     int64_t n = 0;

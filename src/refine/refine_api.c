@@ -91,12 +91,7 @@ spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
     spx_err_clear(&e);
     spx_refine_detach(m);
     if (!p || !p->path) return SPX_OK;
-    if (m->be && m->be->device) {
-        spx_fail(&e, SPX_ERR_UNSUPPORTED,
-                 "%s: weight refinement runs on the CPU backend (--backend cpu); the %s backend's path is not built "
-                 "yet", p->path, m->be->name);
-        return fail_m(m, &e);
-    }
+    if (spx_refine_host_check(m, &e) != SPX_OK) return fail_m(m, &e);
     for (int i = 0; i < 4; i++)
         if (p->k[i] < -1) {
             spx_fail(&e, SPX_ERR_ARG, "refinement budget %lld: expected >= 0 (or -1: the default)", (long long)p->k[i]);
