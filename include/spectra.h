@@ -163,7 +163,8 @@ spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_s
  * per projection, the selected input channels' share of the quantization
  * residual, read from a .refine file (spectra compress --refine) that
  * stays mapped in RAM or is read from disk into a bounded cache. Prompts
- * run the base weights; the CPU backend only, for now. */
+ * run the base weights. On the cuda backend the file is held in pinned host
+ * memory and read by the GPU (no disk tier there). */
 typedef struct spx_refine_params {
     const char *path;   /* the .refine file made from the same compression of the same model */
     /* channels per 1,024 input channels for each projection set: 0 q/k/v
@@ -174,6 +175,8 @@ typedef struct spx_refine_params {
     int64_t cache_mb;   /* 0: the file mapped in RAM; > 0: read from disk into an LRU cache of this many MiB */
     int32_t miss_wait;  /* disk: 1 a miss waits for its columns; 0 it is skipped and loaded in the background */
     int32_t n_loaders;  /* disk: loader threads, 0: 2 */
+    int32_t cuda_blocks; /* cuda: thread blocks of the refinement kernel beside each GEMV, 0: 16 */
+    int32_t cuda_lag;    /* cuda: fetch lag of the o / down refinement in half-blocks, 0..4 (s = 0 .. 2 blocks) */
 } spx_refine_params;
 #define SPX_REFINE_K_DEFAULT 32
 /* Attaches (or, path NULL, detaches) refinement. Fails naming the file

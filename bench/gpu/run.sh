@@ -58,6 +58,23 @@
 #                                memory and occupancy sections (ncu_gemv.txt),
 #                                and its SASS by cuobjdump (sass.txt; SASS_FUN:
 #                                the mangled name).
+#   sh bench/gpu/run.sh pack-refine  here: a staging folder of its own for the
+#                                refine mode ($D, default .dev/gpur: the 64 MiB
+#                                carry holds no more): spectra, test_cuda_refine,
+#                                bench_refine (stripped), tiny-llama3 and
+#                                docllama-58m compressed with --refine.
+#   sh bench/gpu/run.sh refine   (SPX_GPU_DIR=.dev/gpur) test_cuda_refine on the
+#                                two models, bench_refine (the kernels alone,
+#                                host GB/s), then a synthetic RSHAPE (default
+#                                llama3-8b) .trdc with a .refine of random
+#                                residuals (spectra synth --refine): tg128 without and with refinement at
+#                                each k of RKS (default "1 2 4 8 16 32") and
+#                                RBLOCKS thread blocks (default 16), each fetch
+#                                lag of RLAGS (blocks; default "0"), ROUNDS
+#                                interleaved rounds; with DOCLLAMA_HF (a folder
+#                                holding docllama-58m's HF files, carried
+#                                separately) also its KL on eval.txt windows,
+#                                refined on cpu and on cuda (kl.txt).
 # CHECKS=0 skips the checks (a staging folder without models).
 # Logs and the table go to $OUT (the device tool's folder) or /tmp/spx-gpu.
 # SPX_GPU_DIR (default .dev/gpu) names the staging folder, here and there.
@@ -65,6 +82,22 @@ set -u
 D=${SPX_GPU_DIR:-.dev/gpu}
 BUILD=${BUILD:-build-cuda}
 SHARED=${SHARED:-../shared}
+if [ "${1:-}" = pack-refine ]; then
+    D=${SPX_GPU_DIR:-.dev/gpur}
+    make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
+    mkdir -p $D/bin $D/lib $D/models
+    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda_refine "$BUILD"/bench/gpu/bench_refine $D/bin/ && strip $D/bin/* || exit 1
+    cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
+    for m in tiny-llama3 docllama-58m; do
+        [ $D/models/$m.refine -nt "$BUILD"/spectra ] ||
+            "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc --refine $D/models/$m.refine -q || exit 1
+    done
+    cp "$SHARED/models/docllama-58m/eval.txt" $D/models/ || exit 1
+    git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
+    du -sh $D
+    exit 0
+fi
+
 if [ "${1:-}" = pack ]; then
     make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
     mkdir -p $D/bin $D/lib $D/models
@@ -184,7 +217,7 @@ if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; the
 fi
 
 echo "== GEMV" | tee /dev/fd/3
-timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
+[ ! -x $B/bench_gemv ] || timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
 
 # llama.cpp CUDA (built outside this repository, carried xz-compressed in $D/peer) ready in $T, and the
 # Q4_0 GGUFs of the shapes in $W; sets CUDA_LIBS (llama.cpp's cuBLAS); false without $D/peer
@@ -250,6 +283,46 @@ elif [ "$MODE" = ab ]; then
                         sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (kv $kv, ${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
                         { echo "bench $s $kv $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
                 done
+            done
+        done
+    done
+elif [ "$MODE" = refine ]; then
+  if [ "${RTESTS:-1}" != 0 ]; then
+    echo "== test_cuda_refine" | tee /dev/fd/3
+    pairs=""
+    for m in tiny-llama3 docllama-58m; do [ -f $D/models/$m.refine ] && pairs="$pairs $D/models/$m.trdc $D/models/$m.refine"; done
+    timeout 300 $B/test_cuda_refine $pairs > "$OUT/test_refine.log" 2>&1
+    echo "test_cuda_refine exit $?" >> "$OUT/test_refine.log"
+    { grep -v '^FAIL' "$OUT/test_refine.log" | tail -n 8; grep '^FAIL' "$OUT/test_refine.log" | head -n 20; } | tee /dev/fd/3
+    echo "== bench_refine" | tee /dev/fd/3
+    timeout 300 $B/bench_refine > "$OUT/bench_refine.txt" 2>&1 || tail -n 5 "$OUT/bench_refine.txt" | tee /dev/fd/3
+  fi
+    if [ -n "${DOCLLAMA_HF:-}" ] && [ -f "$DOCLLAMA_HF/config.json" ]; then
+        echo "== docllama-58m KL (eval.txt, llama-compat, ${KL_CHUNKS:=4} windows), refined on cpu and on cuda" | tee /dev/fd/3
+        for be in cpu cuda; do
+            timeout 600 $B/spectra kl --ref "$DOCLLAMA_HF" -f $D/models/eval.txt --llama-compat --chunks $KL_CHUNKS --backend $be \
+                -m $D/models/docllama-58m.trdc -m $D/models/docllama-58m.trdc --refine $D/models/docllama-58m.refine --refine-k 32 \
+                -m $D/models/docllama-58m.trdc --refine $D/models/docllama-58m.refine --refine-k 128 > $T/kl_$be.txt 2>&1
+            { echo "-- backend $be"; cat $T/kl_$be.txt; } | tee -a "$OUT/kl.txt" | tee /dev/fd/3
+        done
+    fi
+    RS=${RSHAPE:-llama3-8b} RKS=${RKS:-1 2 4 8 16 32} RBLOCKS=${RBLOCKS:-16}
+    echo "== $RS synthetic with a .refine: tg128, k in $RKS, $RBLOCKS blocks" | tee /dev/fd/3
+    if [ ! -f $W/r-$RS.refine ]; then
+        t0=$(date +%s)
+        $B/spectra synth --shape $RS -o $W/r-$RS.trdc --refine $W/r-$RS.refine > $T/rsynth.log 2>&1 ||
+            { echo "synth failed:"; tail -n 5 $T/rsynth.log; } | tee /dev/fd/3
+        echo "made $RS .trdc + .refine in $(( $(date +%s) - t0 )) s: $(ls -la $W/r-$RS.trdc $W/r-$RS.refine | awk '{print $5, $9}' | tr '\n' ' ')" | tee /dev/fd/3
+    fi
+    : > "$OUT/bench.jsonl"
+    for round in $(seq 1 "${ROUNDS:-3}"); do
+        for k in 0 $RKS; do
+            for lag in ${RLAGS:-0}; do
+                [ "$k" = 0 ] && [ "$lag" != "$(echo ${RLAGS:-0} | cut -d' ' -f1)" ] && continue
+                a=""; [ "$k" = 0 ] || a="--refine $W/r-$RS.refine --refine-k $k --refine-blocks $RBLOCKS --refine-lag $lag"
+                timeout 120 $B/spectra bench -m $W/r-$RS.trdc --backend cuda -p 0 -n 128 -r 3 --json $a 2> $T/rb.err |
+                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (refine k $k, blocks $RBLOCKS, lag $lag, round $round)\"/" >> "$OUT/bench.jsonl" ||
+                    { echo "bench k $k lag $lag failed:"; cat $T/rb.err; } | tee /dev/fd/3
             done
         done
     done

@@ -78,6 +78,22 @@ struct cu_layer {
     float *v[SPX_SL_COUNT];
 };
 
+/* Weight refinement (cu_refine.cu): one refined matrix, by layer and slot. */
+struct cu_rmat {
+    const uint8_t *codes;  /* device address of its columns in the pinned tier, or NULL: no residual */
+    const float *scales;   /* [rows], device */
+    const uint8_t *skip;   /* [cols] device outlier flags of this slot's matrix, or NULL */
+    int64_t rows, cols, col_stride;
+    int set;               /* SPX_RSET_* */
+};
+struct cu_refine {
+    uint8_t *host, *host_d;   /* pinned, mapped: every residual's columns (host and device addresses) */
+    size_t host_bytes;
+    void *dev;                /* scales and skip flags */
+    cu_rmat *mats;            /* [n_layers * SPX_SL_COUNT] */
+    int64_t max_cols;
+};
+
 struct cu_model {
     int dev, n_sm;
     bool pdl;                 /* decode kernels use programmatic dependent launch */
@@ -98,6 +114,7 @@ struct cu_model {
     size_t *img_off, *img_bytes; /* [n_layers]; set for streamed layers */
     size_t slot_bytes;        /* largest streamed image, rounded up to 256 */
     uint64_t stream_bytes;    /* sum of the streamed images: copied per forward pass */
+    cu_refine *ref;           /* weight refinement, or NULL (cu_refine.cu) */
 };
 
 /* Two passes over the weights: the first (dry) sizes the arena, the second
@@ -118,6 +135,43 @@ struct cu_pp {
     cudaEvent_t copied[2];        /* slot i holds the layer its last copy brought */
     cudaEvent_t used[2];          /* the last kernel reading slot i finished */
     int no_copy;                  /* measurement: compute from the slots as they are (streamed layers 0, 1), no copies */
+};
+
+/* A session's refinement state (cu_refine.cu): the side stream, its fork
+ * and join events, the selection and the deltas of the current launch. */
+#define CU_RF_LAG_SLOTS 8 /* lagged deltas in flight: at most 2 per half-block of the longest lag (4) */
+struct cu_rf_sess {
+    cudaStream_t rs, rs_lag; /* the side streams: joined at once, and lagged (so that a lagged refinement
+                              * does not hold up the next launch's on rs) */
+    cudaEvent_t fork, join;
+    void *buf;
+    int32_t *sel;
+    float *selx, *delta;
+    int *cnt;
+    float *d[3];         /* the current launch's delta per matrix, NULL: none */
+    uint64_t epoch;      /* the model's refine_epoch its graphs were captured with */
+    /* fetch lag: output projections whose refinement is added to h some
+     * half-blocks later; slot i's delta at lag_delta + i * lag_rows, done
+     * when lag_ev[i] is */
+    float *lag_delta;
+    int32_t *lag_sel;               /* per slot: the selection (SPX_RF_MAX_COLS entries) and counts */
+    float *lag_selx;
+    int *lag_cnt;
+    int64_t lag_rows;
+    cudaEvent_t lag_ev[CU_RF_LAG_SLOTS];
+    int lag_due[CU_RF_LAG_SLOTS];   /* half-block after which it is added; -1: free */
+    float lag_mult[CU_RF_LAG_SLOTS];
+    int lag_next;
+};
+
+/* One decode launch's refinement: layer, the matrices' slots (in launch
+ * order) and its input (x; rmsnorm(x) * gain with gain; x * x2 with x2). */
+struct cu_rf_launch {
+    int64_t l;
+    int n;
+    int slot[3];
+    const float *x, *gain, *x2;
+    float eps;
 };
 
 struct cu_sess {
@@ -161,6 +215,7 @@ struct cu_sess {
     void *allocs[32];                /* every cudaMalloc above, freed in session_free */
     int n_allocs;
     cu_pp pp;                        /* ping-pong offload (see the top of this file) */
+    cu_rf_sess rf;                   /* weight refinement */
 };
 
 static inline double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -187,5 +242,35 @@ spx_status cu_pp_end(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_er
 spx_status cu_pp_layer_begin(const cu_model *cm, cu_sess *cs, int64_t l, cu_layer *out, spx_err *e);
 spx_status cu_pp_layer_end(const spx_model *m, const cu_model *cm, cu_sess *cs, int64_t l, spx_err *e);
 int cu_splits_for(const cu_model *cm, const spx_config *c, int n_tok, int64_t max_keys);
+/* Weight refinement (cu_refine.cu). attach/detach: the backend table's. */
+extern "C" spx_status cu_refine_attach(spx_model *m, spx_err *e);
+extern "C" void cu_refine_detach(spx_model *m);
+void cu_refine_free(cu_model *cm);
+void cu_rf_session_free(cu_sess *cs);
+/* Before enqueueing passes: session buffers for the model's refinement,
+ * and the captured graphs dropped when its budgets changed. */
+spx_status cu_rf_prepare(spx_session *s, cu_sess *cs, spx_err *e);
+/* Starts a decode launch's refinement on the side stream after what st has
+ * enqueued (the launch's input); *on: whether it did (the set's budget > 0
+ * and some matrix of the launch has a residual). */
+spx_status cu_rf_fork(const spx_model *m, const cu_model *cm, cu_sess *cs, const cu_rf_launch &L, cudaStream_t st,
+                      bool *on, spx_err *e, int lag_slot = -1);
+/* Fetch lag of an output projection (o, down, out_proj: one matrix into
+ * h): the half-blocks its refinement is deferred by (spx_refine_rt
+ * cuda_lag), and the slot to fork it into (-1: none free, or no lag).
+ * cu_rf_lag_push registers the forked slot as due after half-block due;
+ * cu_rf_flush adds (st waits for them) every pending delta due at or
+ * before hb, or all with hb < 0 (the end of the pass: nothing may stay
+ * forked past a graph capture). */
+int cu_rf_lag_of(const spx_model *m);
+int cu_rf_lag_slot(cu_sess *cs);
+void cu_rf_lag_push(cu_sess *cs, int slot, int due, float mult);
+spx_status cu_rf_flush(cu_sess *cs, float *h, int64_t H, int hb, cudaStream_t st, spx_err *e);
+/* After the launch's base GEMV: st waits for the refinement and adds
+ * mult * delta to y[i] (rows[i]) for each refined matrix i (y[i] NULL: skipped). */
+spx_status cu_rf_join(cu_sess *cs, const cu_rf_launch &L, float *const *y, const int64_t *rows, float mult,
+                      cudaStream_t st, spx_err *e);
+/* A gate/up launch stored raw: gate = silu(gate + dg) * (up + du). */
+spx_status cu_rf_join_swiglu(cu_sess *cs, float *gate, const float *up, int64_t n, cudaStream_t st, spx_err *e);
 
 #endif

@@ -4,6 +4,11 @@
 #include "cuda/cu_backend.cuh"
 #include "cuda/ssm.cuh"
 
+/* Weight refinement (cu_refine.cu) runs beside the decode launches: each
+ * refined launch forks the side stream before its GEMV and joins it after,
+ * adding the selected columns' contribution to the raw outputs. A refined
+ * gate/up launch stores gate and up raw (its SwiGLU moves to the join). */
+
 /* ---- the forward pass ---------------------------------------------------- */
 
 /* --kv q4: layer l's K and V caches (kvq4.cuh) and the Hadamard block; with
@@ -105,6 +110,8 @@ struct fwd {
      * layer (its streamed copy in ls when it is streamed) and whether its
      * first kernel may use PDL (not after a ping-pong wait) */
     int lmode;
+    int64_t l;
+    int hb; /* half-blocks (a layer's mixer, then its MLP) done so far: fetch lag counts them */
     const cu_layer *L;
     cu_layer ls;
     bool streamed, pdl0;
@@ -119,14 +126,19 @@ static spx_gemv_args dec(const fwd &f, spx_gemv_args g) {
 /* A block's input projection y[n, w.rows] = rmsnorm(h, gain) W^T (+ bias):
  * one token through the GEMV (norm fused into its prologue), a prompt
  * through the GEMM on the fp16 normed rows. */
-static spx_status in_proj(const fwd &f, const spx_dqmat &w, const float *gain, const float *bias, float *y, bool pdl,
+static spx_status in_proj(const fwd &f, int slot, const float *gain, const float *bias, float *y, bool pdl,
                           spx_err *e) {
     const int64_t H = f.c->hidden_size;
+    const spx_dqmat &w = f.L->w[slot];
     if (f.n == 1) {
+        const cu_rf_launch rl = {f.l, 1, {slot, 0, 0}, f.cs->h, gain, NULL, f.eps};
+        bool on;
+        SPX_TRY(cu_rf_fork(f.m, f.cm, f.cs, rl, f.st, &on, e));
         spx_gemv_args g = gemv_one(w, f.cs->h, y, bias, SPX_GEMV_STORE);
         g.gain = gain;
         g.eps = f.eps;
-        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl));
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl && !on));
+        if (on) SPX_TRY(cu_rf_join(f.cs, rl, &y, &w.rows, 1.0f, f.st, e));
     } else {
         SPX_CUDA_TRY(e, spx_rmsnorm(f.cs->h, gain, f.eps, f.n, H, NULL, f.cs->x16, f.st));
         SPX_CUDA_TRY(e, run_gemm(f.cm, f.cs, gemm_one(f.cs, w, f.cs->x16, H, y, w.rows, bias, f.n, 0), f.nsm, f.st));
@@ -139,16 +151,32 @@ static spx_status in_proj(const fwd &f, const spx_dqmat &w, const float *gain, c
  * else stored and added by spx_cu_axpy. x2: the decode GEMV's input is x *
  * x2 (tiled gate/up stored apart). have16: a prompt's input is already in
  * cs->x16 as fp16 (the SwiGLU kernel wrote it there). */
-static spx_status out_proj(const fwd &f, const spx_dqmat &w, const float *bias, const float *x, const float *x2,
+static spx_status out_proj(const fwd &f, int slot, const float *bias, const float *x, const float *x2,
                            bool have16, spx_err *e) {
     const int64_t H = f.c->hidden_size;
     const float r = f.c->residual_mult;
     cu_sess *cs = f.cs;
+    const spx_dqmat &w = f.L->w[slot];
     float *y = r == 1.0f ? cs->h : cs->x;
     if (f.n == 1) {
+        const cu_rf_launch rl = {f.l, 1, {slot, 0, 0}, x, NULL, x2, f.eps};
+        bool on;
+        const int lag = cu_rf_lag_of(f.m), lslot = lag > 0 ? cu_rf_lag_slot(cs) : -1;
+        SPX_TRY(cu_rf_fork(f.m, f.cm, cs, rl, f.st, &on, e, lslot));
+        if (on && lslot >= 0) { /* fetch lag: added after the lag-th following half-block */
+            spx_gemv_args g = gemv_one(w, x, y, bias, r == 1.0f ? SPX_GEMV_ADD : SPX_GEMV_STORE);
+            g.x2 = x2;
+            SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, f.pdl));
+            if (r != 1.0f) SPX_CUDA_TRY(e, spx_cu_axpy(cs->h, cs->x, H, r, f.st));
+            cu_rf_lag_push(cs, lslot, f.hb + lag, r);
+            return SPX_OK;
+        }
         spx_gemv_args g = gemv_one(w, x, y, bias, r == 1.0f ? SPX_GEMV_ADD : SPX_GEMV_STORE);
         g.x2 = x2;
-        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, f.pdl));
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, f.pdl && !on));
+        if (r != 1.0f) SPX_CUDA_TRY(e, spx_cu_axpy(cs->h, cs->x, H, r, f.st));
+        if (on) SPX_TRY(cu_rf_join(cs, rl, &cs->h, &H, r, f.st, e)); /* h += r (W^ x + bias + delta) */
+        return SPX_OK;
     } else {
         if (!have16) SPX_CUDA_TRY(e, spx_to_half(x, (int64_t)f.n * w.cols, cs->x16, f.st));
         SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, w, cs->x16, w.cols, y, H, bias, f.n, r == 1.0f), f.nsm, f.st));
@@ -169,8 +197,14 @@ static spx_status blk_attention(const fwd &f, const cu_layer *L, int64_t l, bool
     __half *kc = cs->kc + (size_t)kvi * (size_t)s->n_ctx * (size_t)kvd;
     __half *vc = cs->vc + (size_t)kvi * (size_t)s->n_ctx * (size_t)kvd;
     if (f.n == 1) {
+        const cu_rf_launch rl = {l, 3, {SPX_SL_Q, SPX_SL_K, SPX_SL_V}, cs->h, L->v[SPX_SL_MIX_NORM], NULL, f.eps};
+        bool on;
+        SPX_TRY(cu_rf_fork(f.m, f.cm, cs, rl, f.st, &on, e));
         spx_gemv_args g = gemv_qkv(L, cs, f.eps);
-        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl0));
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl0 && !on));
+        float *y[3] = {cs->q, cs->k, cs->v};
+        const int64_t rows[3] = {L->w[SPX_SL_Q].rows, L->w[SPX_SL_K].rows, L->w[SPX_SL_V].rows};
+        if (on) SPX_TRY(cu_rf_join(cs, rl, y, rows, 1.0f, f.st, e));
     } else {
         SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_MIX_NORM], f.eps, f.n, H, NULL, cs->x16, f.st));
         const spx_dqmat *w[3] = {&L->w[SPX_SL_Q], &L->w[SPX_SL_K], &L->w[SPX_SL_V]};
@@ -223,7 +257,7 @@ static spx_status blk_attention(const fwd &f, const cu_layer *L, int64_t l, bool
         aa.eps = f.eps;
     }
     SPX_CUDA_TRY(e, spx_attention(aa, f.st, f.pdl));
-    return out_proj(f, L->w[SPX_SL_O], L->v[SPX_SL_BO], cs->att, NULL, false, e);
+    return out_proj(f, SPX_SL_O, L->v[SPX_SL_BO], cs->att, NULL, false, e);
 }
 
 /* SwiGLU, separate gate and up: the decode path's fused launches (see
@@ -233,15 +267,26 @@ static spx_status blk_swiglu(const fwd &f, const cu_layer *L, bool pdl1, spx_err
     cu_sess *cs = f.cs;
     const int64_t H = c->hidden_size, I = c->intermediate_size;
     if (c->gate_up_fused) { /* one [2I, H] matrix: gate rows then up rows */
-        SPX_TRY(in_proj(f, L->w[SPX_SL_GATE_UP], L->v[SPX_SL_FFN_NORM], NULL, cs->gate, pdl1, e));
+        SPX_TRY(in_proj(f, SPX_SL_GATE_UP, L->v[SPX_SL_FFN_NORM], NULL, cs->gate, pdl1, e));
         SPX_CUDA_TRY(e, spx_cu_swiglu_fused(cs->gate, f.n, (int)I, cs->up, f.st));
-        return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->up, NULL, false, e);
+        return out_proj(f, SPX_SL_DOWN, L->v[SPX_SL_B_DOWN], cs->up, NULL, false, e);
     }
     if (f.n == 1) {
-        const bool pair = f.cm->gemv_pair != 0;
-        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, gemv_gate_up(L, cs, f.eps, pair)), f.nsm, f.st, pdl1));
-        const bool apart = L->w[SPX_SL_GATE].tiled && !pair;
-        return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->gate, apart ? cs->up : NULL, false, e);
+        const cu_rf_launch rl = {f.l, 2, {SPX_SL_GATE, SPX_SL_UP, 0}, cs->h, L->v[SPX_SL_FFN_NORM], NULL, f.eps};
+        bool on;
+        SPX_TRY(cu_rf_fork(f.m, f.cm, cs, rl, f.st, &on, e));
+        const bool pair = f.cm->gemv_pair != 0 && !on;
+        spx_gemv_args g = gemv_gate_up(L, cs, f.eps, pair);
+        if (on) { /* raw gate and up: the join adds the refinement, then the SwiGLU */
+            g.mode = SPX_GEMV_STORE;
+            g.o[0].silu = 0;
+            g.o[1].y = cs->up;
+            g.pair = 0;
+        }
+        SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl1 && !on));
+        if (on) SPX_TRY(cu_rf_join_swiglu(cs, cs->gate, cs->up, I, f.st, e));
+        const bool apart = !on && L->w[SPX_SL_GATE].tiled && !pair;
+        return out_proj(f, SPX_SL_DOWN, L->v[SPX_SL_B_DOWN], cs->gate, apart ? cs->up : NULL, false, e);
     }
     SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, L->v[SPX_SL_FFN_NORM], f.eps, f.n, H, NULL, cs->x16, f.st));
     SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, L->w[SPX_SL_GATE], cs->x16, H, cs->gate, I, L->v[SPX_SL_B_GATE], f.n, 0),
@@ -249,15 +294,15 @@ static spx_status blk_swiglu(const fwd &f, const cu_layer *L, bool pdl1, spx_err
     SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, L->w[SPX_SL_UP], cs->x16, H, cs->up, I, L->v[SPX_SL_B_UP], f.n, 0),
                              f.nsm, f.st));
     SPX_CUDA_TRY(e, spx_silu_mul(cs->gate, cs->up, (int64_t)f.n * I, NULL, cs->x16, f.st)); /* the GEMM's fp16 input */
-    return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->gate, NULL, true, e);
+    return out_proj(f, SPX_SL_DOWN, L->v[SPX_SL_B_DOWN], cs->gate, NULL, true, e);
 }
 
 /* Nemotron-H's MLP: down(relu(up x)^2). */
 static spx_status blk_relu2(const fwd &f, const cu_layer *L, bool pdl1, spx_err *e) {
     cu_sess *cs = f.cs;
-    SPX_TRY(in_proj(f, L->w[SPX_SL_UP], L->v[SPX_SL_FFN_NORM], L->v[SPX_SL_B_UP], cs->gate, pdl1, e));
+    SPX_TRY(in_proj(f, SPX_SL_UP, L->v[SPX_SL_FFN_NORM], L->v[SPX_SL_B_UP], cs->gate, pdl1, e));
     SPX_CUDA_TRY(e, spx_cu_relu2(cs->gate, (int64_t)f.n * f.c->intermediate_size, f.st));
-    return out_proj(f, L->w[SPX_SL_DOWN], L->v[SPX_SL_B_DOWN], cs->gate, NULL, false, e);
+    return out_proj(f, SPX_SL_DOWN, L->v[SPX_SL_B_DOWN], cs->gate, NULL, false, e);
 }
 
 /* LFM2's short convolution: proj rows [B | C | u]; y = C * conv(B * u). */
@@ -267,12 +312,12 @@ static spx_status blk_shortconv(const fwd &f, const cu_layer *L, int64_t l, bool
     const int H = (int)c->hidden_size;
     const int64_t R = 3 * (int64_t)H;
     float *state = cs->state + f.m->layers[l].state_off;
-    SPX_TRY(in_proj(f, L->w[SPX_SL_CONV_IN], L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_CONV_IN_B], cs->proj, pdl0, e));
+    SPX_TRY(in_proj(f, SPX_SL_CONV_IN, L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_CONV_IN_B], cs->proj, pdl0, e));
     SPX_CUDA_TRY(e, spx_cu_shortconv_gates(cs->proj, f.n, H, f.st));
     SPX_CUDA_TRY(e, spx_cu_conv_causal(cs->proj, R, f.n, H, L->v[SPX_SL_CONV_W], L->v[SPX_SL_CONV_B], (int)c->conv_kernel,
                                        state, 0, cs->proj, R, f.st));
     SPX_CUDA_TRY(e, spx_cu_mul_rows(cs->proj + H, R, cs->proj, R, f.n, H, cs->att, H, f.st));
-    return out_proj(f, L->w[SPX_SL_CONV_OUT], L->v[SPX_SL_CONV_OUT_B], cs->att, NULL, false, e);
+    return out_proj(f, SPX_SL_CONV_OUT, L->v[SPX_SL_CONV_OUT_B], cs->att, NULL, false, e);
 }
 
 /* Mamba-2: proj rows [z (di) | x B C (cd) | dt (heads)]; the layer's state
@@ -284,7 +329,7 @@ static spx_status blk_mamba2(const fwd &f, const cu_layer *L, int64_t l, bool pd
     const int64_t GN = c->ssm_groups * c->ssm_state;
     float *conv_state = cs->state + f.m->layers[l].state_off;
     float *ssm_state = conv_state + cd * (c->ssm_conv_kernel - 1);
-    SPX_TRY(in_proj(f, L->w[SPX_SL_SSM_IN], L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_SSM_IN_B], cs->proj, pdl0, e));
+    SPX_TRY(in_proj(f, SPX_SL_SSM_IN, L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_SSM_IN_B], cs->proj, pdl0, e));
     float *xbc = cs->proj + di;
     SPX_CUDA_TRY(e, spx_cu_conv_causal(xbc, R, f.n, (int)cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B],
                                        (int)c->ssm_conv_kernel, conv_state, 1, xbc, R, f.st));
@@ -300,7 +345,7 @@ static spx_status blk_mamba2(const fwd &f, const cu_layer *L, int64_t l, bool pd
     }
     SPX_CUDA_TRY(e, spx_cu_rmsnorm_gated(cs->att, cs->att, di, cs->proj, R, L->v[SPX_SL_SSM_NORM], f.n, (int)di,
                                          (int)c->ssm_norm_group, f.eps, f.st));
-    return out_proj(f, L->w[SPX_SL_SSM_OUT], L->v[SPX_SL_SSM_OUT_B], cs->att, NULL, false, e);
+    return out_proj(f, SPX_SL_SSM_OUT, L->v[SPX_SL_SSM_OUT_B], cs->att, NULL, false, e);
 }
 
 /* ---- the pass -------------------------------------------------------------- */
@@ -319,6 +364,7 @@ static spx_status p_embed(void *ctx, spx_err *e) {
 static spx_status p_layer_begin(void *ctx, int64_t l, spx_err *e) {
     fwd &f = *(fwd *)ctx;
     f.L = &f.cm->layers[l];
+    f.l = l;
     f.streamed = l >= f.cm->n_resident;
     if (f.streamed) {
         SPX_TRY(cu_pp_layer_begin(f.cm, f.cs, l, &f.ls, e));
@@ -334,27 +380,39 @@ static spx_status p_layer_end(void *ctx, int64_t l, spx_err *e) {
     return SPX_OK;
 }
 
+/* After each block: the lagged refinements now due join the residual stream. */
+static spx_status half_block_done(fwd &f, spx_err *e) {
+    f.hb++;
+    if (f.n == 1) SPX_TRY(cu_rf_flush(f.cs, f.cs->h, f.c->hidden_size, f.hb, f.st, e));
+    return SPX_OK;
+}
+
 /* a block's first kernel: PDL as the layer's first (pdl0) or as the chain's */
 static bool pdl_of(const fwd &f, int first) { return first ? f.pdl0 : f.pdl; }
 static spx_status p_attention(void *ctx, int64_t l, int first, spx_err *e) {
     fwd &f = *(fwd *)ctx;
-    return blk_attention(f, f.L, l, pdl_of(f, first), e);
+    SPX_TRY(blk_attention(f, f.L, l, pdl_of(f, first), e));
+    return half_block_done(f, e);
 }
 static spx_status p_shortconv(void *ctx, int64_t l, int first, spx_err *e) {
     fwd &f = *(fwd *)ctx;
-    return blk_shortconv(f, f.L, l, pdl_of(f, first), e);
+    SPX_TRY(blk_shortconv(f, f.L, l, pdl_of(f, first), e));
+    return half_block_done(f, e);
 }
 static spx_status p_mamba2(void *ctx, int64_t l, int first, spx_err *e) {
     fwd &f = *(fwd *)ctx;
-    return blk_mamba2(f, f.L, l, pdl_of(f, first), e);
+    SPX_TRY(blk_mamba2(f, f.L, l, pdl_of(f, first), e));
+    return half_block_done(f, e);
 }
 static spx_status p_swiglu(void *ctx, int64_t l, int first, spx_err *e) {
     fwd &f = *(fwd *)ctx;
-    return blk_swiglu(f, f.L, pdl_of(f, first), e);
+    SPX_TRY(blk_swiglu(f, f.L, pdl_of(f, first), e));
+    return half_block_done(f, e);
 }
 static spx_status p_relu2(void *ctx, int64_t l, int first, spx_err *e) {
     fwd &f = *(fwd *)ctx;
-    return blk_relu2(f, f.L, pdl_of(f, first), e);
+    SPX_TRY(blk_relu2(f, f.L, pdl_of(f, first), e));
+    return half_block_done(f, e);
 }
 
 static spx_status p_head(void *ctx, spx_err *e) {
@@ -367,6 +425,7 @@ static spx_status p_head(void *ctx, spx_err *e) {
     const int64_t H = c->hidden_size, V = c->vocab_size;
     const int n = f.n, lmode = f.lmode;
     SPX_TRY(cu_pp_end(f.m, cm, cs, e));
+    if (f.n == 1) SPX_TRY(cu_rf_flush(cs, cs->h, H, -1, st, e)); /* every lagged refinement, before the final norm */
     if (lmode == LM_NONE) return SPX_OK;
     const int nsm = cm->n_sm;
     const float eps = f.eps;
@@ -428,6 +487,7 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
     f.eps = c->rms_eps;
     f.lmode = lmode;
     f.L = NULL;
+    f.hb = 0;
     f.streamed = f.pdl0 = false;
     return spx_blocks_run(c, &cuda_blocks, &f, e);
 }
@@ -438,6 +498,7 @@ spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_lo
     const spx_config *c = &s->m->cfg;
     if (n <= 0 || n > SPX_BATCH_MAX_CUDA) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    SPX_TRY(cu_rf_prepare(s, cs, e));
     memcpy(cs->pin, ids, (size_t)n * 4);
     cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));

@@ -204,6 +204,7 @@ void cu_model_free(spx_model *m) {
     if (!cm) return;
     cudaSetDevice(cm->dev);
     spx_gemm_cublas_destroy(cm->cublas);
+    cu_refine_free(cm);
     if (cm->arena) cudaFree(cm->arena);
     if (cm->host) cudaFreeHost(cm->host);
     free(cm->img_off);

@@ -54,6 +54,7 @@ void cu_session_free(spx_session *s) {
     for (int i = 0; i < 2; i++)
         if (cs->step_ev[i]) cudaEventDestroy(cs->step_ev[i]);
     pp_session_free(cs);
+    cu_rf_session_free(cs);
     for (int i = 0; i < cs->n_allocs; i++) cudaFree(cs->allocs[i]);
     if (cs->pin) cudaFreeHost(cs->pin);
     if (cs->st) cudaStreamDestroy(cs->st);

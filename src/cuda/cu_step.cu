@@ -66,6 +66,7 @@ static spx_status cu_step(spx_session *s, int32_t id, const spx_sampler_params *
     const cu_model *cm = (const cu_model *)s->m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    SPX_TRY(cu_rf_prepare(s, cs, e)); /* (may drop the graphs: budgets changed) */
     if (!sp && !cs->have_graph) SPX_TRY(cu_capture_decode(s, cs, e));
     if (sp && !cs->have_graph_s) {
         SPX_TRY(cu_capture_graph(s, cs, &cs->graph_s, e, LM_SAMPLE));
@@ -154,6 +155,8 @@ static const spx_backend g_cuda = {
     1,
     cu_step_sample,
     cu_state_op,
+    cu_refine_attach,
+    cu_refine_detach,
 };
 
 extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }

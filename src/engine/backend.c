@@ -11,6 +11,7 @@ static void cpu_session_free(spx_session *s) {}
 
 static const spx_backend g_cpu = {
     "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL, NULL, SPX_BATCH_MAX, 0, NULL, NULL,
+    NULL, NULL, /* refinement runs in the matmul (cpu/ops.c) */
 };
 
 const spx_backend *spx_backend_cpu(void) { return &g_cpu; }

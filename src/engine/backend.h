@@ -80,6 +80,14 @@ typedef struct spx_backend {
      * checkpoint back; ordered after every call before it. Called only
      * for models with recurrent layers. NULL: the host's s->state. */
     spx_status (*state_op)(struct spx_session *s, int op, spx_err *e);
+    /* Optional: weight refinement on a device backend. refine_attach
+     * takes m->refine (attached by the engine, every residual resident in
+     * memory) to the device after it is bound and fails with a message for
+     * what it cannot run; refine_detach drops the device's copy before the
+     * engine frees it. NULL: the backend does not refine (the engine
+     * refuses refinement on a device backend without them). */
+    spx_status (*refine_attach)(struct spx_model *m, spx_err *e);
+    void (*refine_detach)(struct spx_model *m);
 } spx_backend;
 
 enum { SPX_STATE_RESET = 0, SPX_STATE_CHECKPOINT = 1, SPX_STATE_RESTORE = 2 };

@@ -24,6 +24,7 @@
 #include "engine/blocks.h"
 #include "engine/session.h"
 #include "refine/rmat.h"
+#include "refine/attach.h"
 #include "refine/tier.h"
 #include "cpu/ops.h"
 #include "cpu/ssm.h"
@@ -256,6 +257,9 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     /* batch size, context room and token ids were checked by
      * spx_session_forward (backend.c) for every backend */
     pass p = {s, ids, n, s->pos, want_logits};
+    /* the model's refinement as it is now: attached, changed or dropped
+     * since the session began (never a pointer to a detached one) */
+    s->cpu.refine = spx_refine_runtime(s->m);
     SPX_TRY(spx_blocks_run(&s->m->cfg, &cpu_blocks, &p, e));
     s->pos += n;
     /* the refinement columns this step used are released to the cache */

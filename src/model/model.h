@@ -47,6 +47,8 @@ struct spx_model {
     const struct spx_qkernels *qk; /* CPU kernels for quantized matrices */
     int64_t max_cols;             /* widest matrix input (scratch sizing) */
     struct spx_refine_model *refine; /* weight refinement (refine/attach.h), or NULL */
+    uint64_t refine_epoch;           /* counts attach, detach and budget changes (device backends'
+                                      * captured passes depend on them) */
     char *path;
     spx_err err;
 };

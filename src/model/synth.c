@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static const spx_synth_shape shapes[] = {
     {"llama3-1b", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 1, 0, 500000.0,
@@ -114,13 +115,44 @@ static int64_t list_tensors(const spx_synth_shape *s, tdesc *out) {
 
 #define MAX_TENSORS 4096
 
+/* A random residual of a layer matrix for the .refine of a synthetic
+ * model: codes uniform in [-7, 7], row scales 2e-4 (a residual's size for
+ * the base's 0.02-rms weights), against the base codes as written (crc). */
+static spx_status add_refine(spx_trdc_writer *rw, const char *name, const spx_qtensor *lq, uint64_t *rng, spx_err *e) {
+    const size_t cb = (size_t)spx_q_codes_bytes(lq->rows, lq->cols, lq->bits, lq->layout);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t off = 0; off < cb; off += (size_t)1 << 24)
+        crc = crc32(crc, lq->codes + off, (uInt)(cb - off < ((size_t)1 << 24) ? cb - off : ((size_t)1 << 24)));
+    const int64_t rows = lq->rows, cols = lq->cols, stride = ((rows + 1) / 2 + 63) / 64 * 64;
+    uint8_t *codes = malloc((size_t)(cols * stride));
+    float *scales = malloc((size_t)rows * 4);
+    spx_status st = SPX_OK;
+    if (!codes || !scales) st = spx_fail(e, SPX_ERR_NOMEM, "out of memory for the residual of '%s'", name);
+    if (st == SPX_OK) {
+        for (int64_t c = 0; c < cols; c++) {
+            uint8_t *col = codes + c * stride;
+            for (int64_t b = 0; b < stride; b++) {
+                const uint64_t r = rnd(rng);
+                const int lo = 1 + (int)(r % 15), hi = 1 + (int)((r >> 8) % 15);
+                col[b] = b < rows / 2 ? (uint8_t)(lo | hi << 4) : b == rows / 2 && (rows & 1) ? (uint8_t)(lo | 0x80) : 0x88;
+            }
+        }
+        for (int64_t r = 0; r < rows; r++) scales[r] = 2e-4f;
+        st = spx_trdc_writer_add_refine(rw, name, rows, cols, stride, codes, scales, (uint32_t)crc, e);
+    }
+    free(codes);
+    free(scales);
+    return st;
+}
+
 spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, double outlier_ratio, uint64_t seed,
-                                int row_major, spx_err *e) {
+                                int row_major, const char *refine_path, spx_err *e) {
     tdesc *td = malloc(MAX_TENSORS * sizeof *td);
     if (!td) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
     int64_t nt = list_tensors(s, td);
-    spx_trdc_writer *w = NULL;
+    spx_trdc_writer *w = NULL, *rw = NULL;
     spx_status st = spx_trdc_writer_open(path, &w, e);
+    if (st == SPX_OK && refine_path) st = spx_trdc_writer_open(refine_path, &rw, e);
     uint64_t rng = seed;
     for (int64_t i = 0; i < nt && st == SPX_OK; i++) {
         tdesc *t = &td[i];
@@ -157,17 +189,31 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, doub
         void *mem;
         st = spx_q_as_layout(&q, row_major, &lq, &mem, e);
         if (st == SPX_OK) st = spx_trdc_writer_add_quant(w, t->name, &lq, NAN, (double)n_out / (double)cols, e);
+        if (st == SPX_OK && rw && strstr(t->name, "layers.")) st = add_refine(rw, t->name, &lq, &rng, e);
         free(mem);
         free(codes); free(zeros); free(scales); free(ov); free(oi);
     }
     free(td);
     if (st != SPX_OK) {
         spx_trdc_writer_abort(w);
+        if (rw) spx_trdc_writer_abort(rw);
         return st;
     }
     char *cfg = spx_synth_config_json(s);
     char qs[160];
     snprintf(qs, sizeof qs, "{\"bits\": 4, \"group\": 32, \"outliers\": %g, \"method\": \"synthetic\"}", outlier_ratio);
+    if (rw) { /* as compress: the .refine first */
+        char rs[320];
+        snprintf(rs, sizeof rs, "{\"refine\": {\"bits\": 4, \"layout\": \"column\", \"scales\": \"float32 per row\", "
+                                "\"synthetic\": true, \"base\": %s}}", qs);
+        st = cfg ? spx_trdc_writer_finish(rw, cfg, NULL, NULL, rs, "{\"synthetic\": true}", e)
+                 : (spx_trdc_writer_abort(rw), spx_fail(e, SPX_ERR_NOMEM, "out of memory"));
+        if (st != SPX_OK) {
+            free(cfg);
+            spx_trdc_writer_abort(w);
+            return st;
+        }
+    }
     st = cfg ? spx_trdc_writer_finish(w, cfg, NULL, NULL, qs, "{\"synthetic\": true}", e)
              : (spx_trdc_writer_abort(w), spx_fail(e, SPX_ERR_NOMEM, "out of memory"));
     free(cfg);

@@ -13,6 +13,8 @@ spx_refine_rt *spx_refine_runtime(spx_model *m) { return m && m->refine ? &m->re
 void spx_refine_detach(spx_model *m) {
     spx_refine_model *rm = m ? m->refine : NULL;
     if (!rm) return;
+    if (m->be && m->be->refine_detach) m->be->refine_detach(m);
+    m->refine_epoch++;
     for (int64_t l = 0; m->layers && l < m->cfg.n_layers; l++)
         for (int s = 0; s < SPX_SL_COUNT; s++) m->layers[l].w[s].ref = NULL;
     for (int64_t i = 0; i < rm->n_mats; i++) {
@@ -30,14 +32,21 @@ void spx_refine_detach(spx_model *m) {
 
 static int refinable(const spx_wmat *w) { return w->rows > 0 && w->kind == SPX_WM_QUANT; }
 
-/* Refinement runs in the CPU backend's matmul; a device backend's passes
+/* Refinement runs in the CPU backend's matmul, or in a device backend
+ * that implements it (refine_attach); any other device backend's passes
  * would ignore it. */
 spx_status spx_refine_host_check(const spx_model *m, spx_err *e) {
-    if (m->be && m->be->device)
+    if (m->be && m->be->device && !m->be->refine_attach)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "%s: weight refinement runs on the CPU backend (--backend cpu); the %s backend's path is not "
-                        "built yet", m->path, m->be->name);
+                        "%s: weight refinement is not built for the %s backend (use --backend cpu)", m->path,
+                        m->be->name);
     return SPX_OK;
+}
+
+spx_status spx_refine_device_attach(spx_model *m, spx_err *e) {
+    m->refine_epoch++;
+    if (!m->be || !m->be->device || !m->be->refine_attach) return SPX_OK;
+    return m->be->refine_attach(m, e);
 }
 
 spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_err *e) {
@@ -101,6 +110,7 @@ spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_e
             if (st == SPX_OK) a->ref = ref;
         }
     free(w);
+    if (st == SPX_OK) st = spx_refine_device_attach(m, e);
     if (st != SPX_OK) spx_refine_detach(m);
     return st;
 }
@@ -111,5 +121,6 @@ spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], 
         if (k[i] < 0) return spx_fail(e, SPX_ERR_ARG, "refinement budget %lld: must be >= 0", (long long)k[i]);
         m->refine->rt.k[i] = k[i];
     }
+    m->refine_epoch++;
     return SPX_OK;
 }

@@ -29,9 +29,13 @@ spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_e
 /* Channels per chunk of SPX_REFINE_CHUNK for each SPX_RSET_* (0: off;
  * >= the chunk: every channel). */
 spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], spx_err *e);
-/* SPX_ERR_UNSUPPORTED when m runs on a device backend: refinement runs in
- * the CPU backend's matmul, which a device backend's passes do not use. */
+/* SPX_ERR_UNSUPPORTED when m runs on a device backend without refinement
+ * (backend.h refine_attach). */
 spx_status spx_refine_host_check(const spx_model *m, spx_err *e);
+/* After m->refine is bound: counts the change (model.h refine_epoch) and
+ * hands the refinement to a device backend (its refine_attach), which
+ * fails with a message for what it cannot run. */
+spx_status spx_refine_device_attach(spx_model *m, spx_err *e);
 /* Drops the model's refinement (the matrices lose their residuals). */
 void spx_refine_detach(spx_model *m);
 

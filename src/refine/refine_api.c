@@ -83,7 +83,9 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
                               loaders, &rm->rt.tier, e));
     }
     for (int i = 0; i < SPX_RSET_COUNT; i++) rm->rt.k[i] = p->k[i] < 0 ? SPX_REFINE_K_DEFAULT : p->k[i];
-    return SPX_OK;
+    rm->rt.cuda_blocks = p->cuda_blocks;
+    rm->rt.cuda_lag = p->cuda_lag;
+    return spx_refine_device_attach(m, e);
 }
 
 spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
@@ -97,9 +99,10 @@ spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
             spx_fail(&e, SPX_ERR_ARG, "refinement budget %lld: expected >= 0 (or -1: the default)", (long long)p->k[i]);
             return fail_m(m, &e);
         }
-    if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS) {
-        spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders: out of range", (long long)p->cache_mb,
-                 (int)p->n_loaders);
+    if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS || p->cuda_blocks < 0 ||
+        p->cuda_blocks > 4096 || p->cuda_lag < 0 || p->cuda_lag > 4) {
+        spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders / %d cuda blocks / lag %d half-blocks: out of "
+                 "range", (long long)p->cache_mb, (int)p->n_loaders, (int)p->cuda_blocks, (int)p->cuda_lag);
         return fail_m(m, &e);
     }
     if (bind(m, p, &e) != SPX_OK) {

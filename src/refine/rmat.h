@@ -47,6 +47,8 @@ typedef struct spx_refine_rt {
     const spx_refine_kernels *kern; /* apply kernel */
     struct spx_tier *tier;          /* NULL: every column in memory (q4.codes) */
     spx_refine_stats st;            /* counted by the matmul hook (one thread at a time) */
+    int32_t cuda_blocks;            /* CUDA: thread blocks of the apply kernel (0: its default) */
+    int32_t cuda_lag;               /* CUDA: fetch lag of the o / down refinement, in half-blocks (0..4: s = 0..2) */
 } spx_refine_rt;
 
 /* The columns sel[0..n) of a matrix whose column i is col_bytes bytes at

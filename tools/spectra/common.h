@@ -62,12 +62,14 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
  * cli_eval_opt; cli_apply_refine attaches them (1: done or nothing to do;
  * 0: failed, message printed); cli_refine_summary prints one line. */
 #define CLI_REFINE_USAGE                                                                                              \
-    "  --refine FILE   weight refinement from FILE (spectra compress --refine; cpu backend)\n"                        \
+    "  --refine FILE   weight refinement from FILE (spectra compress --refine; on cuda held in pinned host RAM)\n"   \
     "  --refine-k K    channels per 1024 refined per decode step: one number, or four for q/k/v,o,gate/up,down\n"   \
     "                  (default 32; 0: off; 1024: every channel)\n"                                                 \
     "  --refine-cache MiB  read the residual from disk into an LRU cache of MiB (default 0: mapped in RAM)\n"       \
     "  --refine-miss M skip (default: a miss uses the resident weights, loaded in the background) or wait\n"     \
-    "  --refine-loaders N  disk loader threads (default 2)\n"
+    "  --refine-loaders N  disk loader threads (default 2)\n"                                                     \
+    "  --refine-blocks N   cuda: thread blocks of the refinement kernel beside each GEMV (default 16)\n"    \
+    "  --refine-lag S  cuda: add the o/down refinement S blocks later (0, 0.5, 1, 1.5, 2; default 0)\n"
 void cli_refine_defaults(spx_refine_params *p);
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p);
 int cli_apply_refine(spx_model *m, const spx_refine_params *p);

@@ -1,0 +1,349 @@
+/* cu_refine.cu: weight refinement on the CUDA backend (issue 20,
+ * "Delivery / Dedicated GPU"; paper Appendix G): the model's residual
+ * columns in pinned, mapped host memory (the backing tier), read zero-copy
+ * by the refinement kernels (refine.cuh) that run beside each decode
+ * launch's base GEMV on a second stream.
+ *
+ * Per decode launch (one token; prompts run the base, as on the CPU) whose
+ * set has a budget k > 0:
+ *   st:  [fork] ------ base GEMV (raw outputs) ------ [wait join] add
+ *   rs:  [wait fork] select(x) -> apply (delta) -- [join]
+ * The side stream starts when the launch's input exists, so selection and
+ * the host reads overlap the GEMV; the add (y += delta, or for a gate/up
+ * launch the SwiGLU of the refined raw outputs) runs once both are done.
+ * In a captured decode graph the fork and join are graph edges. The
+ * selection uses the launch's first matrix's outlier channels as the CPU
+ * does (cpu/ops.c refine_prepare): skipped under a whole chunk.
+ *
+ * Fetch lag (paper section 3.4, Appendix G; spx_refine_rt.cuda_lag, in
+ * half-blocks): an output projection's refinement (o, down, a recurrent
+ * block's out_proj) is not joined after its GEMV but added to the
+ * residual stream d half-blocks later (after the d-th following block),
+ * so its selection and host reads overlap the blocks in between; the
+ * blocks in between read h without it (the paper's approximation). Every
+ * lagged delta still pending is added before the final norm. Fetch lead
+ * (selecting the q/k/v and gate/up channels from an earlier residual
+ * stream) is not built.
+ *
+ * Budgets and the thread-block count are read when a pass is enqueued;
+ * the session compares the model's refinement epoch (model.h) before each
+ * step and drops its captured graphs when they changed (cu_rf_prepare).
+ *
+ * Not here (the CPU's alone): the disk tier (--refine-cache), the exact
+ * float32 residual of the tests; both are refused at attach with a
+ * message. */
+#include "cuda/cu_backend.cuh"
+#include "cuda/refine.cuh"
+
+extern "C" {
+#include "refine/attach.h"
+}
+
+#define DEFAULT_BLOCKS 16
+
+void cu_refine_free(cu_model *cm) {
+    cu_refine *r = cm ? cm->ref : NULL;
+    if (!r) return;
+    if (r->host) cudaFreeHost(r->host);
+    if (r->dev) cudaFree(r->dev);
+    free(r->mats);
+    free(r);
+    cm->ref = NULL;
+}
+
+extern "C" void cu_refine_detach(spx_model *m) {
+    cu_model *cm = (cu_model *)m->be_state;
+    if (!cm) return;
+    cudaSetDevice(cm->dev);
+    cudaDeviceSynchronize(); /* no pass may still read the columns */
+    cu_refine_free(cm);
+}
+
+static spx_status attach_fail(cu_model *cm, spx_err *e) {
+    cu_refine_free(cm);
+    return e->code;
+}
+
+extern "C" spx_status cu_refine_attach(spx_model *m, spx_err *e) {
+    cu_model *cm = (cu_model *)m->be_state;
+    cu_refine_free(cm);
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    const int64_t nl = m->cfg.n_layers;
+    cu_refine *r = (cu_refine *)calloc(1, sizeof *r);
+    if (r) r->mats = (cu_rmat *)calloc((size_t)(nl * SPX_SL_COUNT), sizeof *r->mats);
+    if (!r || !r->mats) {
+        free(r);
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    }
+    cm->ref = r;
+    size_t host = 0, dev = 0;
+    for (int64_t l = 0; l < nl; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            const spx_wmat *w = &m->layers[l].w[s];
+            const spx_wmat_refine *ref = w->ref;
+            if (!ref) continue;
+            if (ref->f32 || !ref->q4.codes) {
+                spx_fail(e, SPX_ERR_UNSUPPORTED,
+                         "%s: the cuda backend keeps the refinement in pinned host memory; %s (drop --refine-cache, or "
+                         "use --backend cpu)", m->path, ref->f32 ? "the exact float32 residual is the CPU's" :
+                                                               "reading it from disk through a cache is the CPU's tier");
+                return attach_fail(cm, e);
+            }
+            if (ref->q4.cols > SPX_RF_MAX_COLS || ref->q4.col_stride % 4 || ref->q4.col_stride < 4 * ((ref->q4.rows + 7) / 8)) {
+                spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: layer %lld %s: a residual of %lld columns, stride %lld: outside the "
+                         "cuda kernels' limits", m->path, (long long)l, spx_slots[s].key, (long long)ref->q4.cols,
+                         (long long)ref->q4.col_stride);
+                return attach_fail(cm, e);
+            }
+            host += (size_t)(ref->q4.cols * ref->q4.col_stride);
+            dev = (dev + (size_t)ref->q4.rows * 4 + 255) & ~(size_t)255;
+        }
+    /* the skip flags of every matrix with outliers (a launch's first matrix
+     * chooses them, with or without a residual of its own); each array
+     * 256-byte aligned, as the upload below places them */
+    for (int64_t l = 0; l < nl; l++)
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            const spx_wmat *w = &m->layers[l].w[s];
+            if (spx_slots[s].mat && w->kind == SPX_WM_QUANT && w->q.n_outliers > 0 && w->cols <= SPX_RF_MAX_COLS)
+                dev = ((dev + (size_t)w->cols) + 255) & ~(size_t)255;
+        }
+    cudaError_t ce = cudaHostAlloc((void **)&r->host, host ? host : 1, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (ce == cudaSuccess) ce = cudaHostGetDevicePointer((void **)&r->host_d, r->host, 0);
+    if (ce == cudaSuccess) ce = cudaMalloc(&r->dev, dev ? dev : 1);
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        r->host = r->host_d = NULL;
+        spx_fail(e, SPX_ERR_NOMEM, "%s: refinement: %.1f MiB of pinned host memory and %.1f MiB on the device: %s",
+                 m->path, mib(host), mib(dev), cudaGetErrorString(ce));
+        return attach_fail(cm, e);
+    }
+    r->host_bytes = host;
+    size_t ho = 0, doff = 0;
+    uint8_t *flags = (uint8_t *)malloc(m->cfg.hidden_size > 0 ? (size_t)SPX_RF_MAX_COLS : 1);
+    if (!flags) {
+        spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+        return attach_fail(cm, e);
+    }
+    spx_status st = SPX_OK;
+    for (int64_t l = 0; l < nl && st == SPX_OK; l++)
+        for (int s = 0; s < SPX_SL_COUNT && st == SPX_OK; s++) {
+            const spx_wmat *w = &m->layers[l].w[s];
+            cu_rmat *cr = &r->mats[l * SPX_SL_COUNT + s];
+            if (spx_slots[s].mat && w->kind == SPX_WM_QUANT && w->q.n_outliers > 0 && w->cols <= SPX_RF_MAX_COLS) {
+                spx_refine_skip_outliers(&w->q, flags);
+                uint8_t *d = (uint8_t *)r->dev + doff;
+                ce = cudaMemcpy(d, flags, (size_t)w->cols, cudaMemcpyHostToDevice);
+                cr->skip = d;
+                doff = (doff + (size_t)w->cols + 255) & ~(size_t)255;
+            }
+            const spx_wmat_refine *ref = w->ref;
+            if (ref && ce == cudaSuccess) {
+                const size_t nb = (size_t)(ref->q4.cols * ref->q4.col_stride);
+                memcpy(r->host + ho, ref->q4.codes, nb);
+                cr->codes = r->host_d + ho;
+                ho += nb;
+                float *sc = (float *)((uint8_t *)r->dev + doff);
+                ce = cudaMemcpy(sc, ref->q4.scales, (size_t)ref->q4.rows * 4, cudaMemcpyHostToDevice);
+                cr->scales = sc;
+                doff = (doff + (size_t)ref->q4.rows * 4 + 255) & ~(size_t)255;
+                cr->rows = ref->q4.rows;
+                cr->cols = ref->q4.cols;
+                cr->col_stride = ref->q4.col_stride;
+                cr->set = ref->set;
+                if (ref->q4.cols > r->max_cols) r->max_cols = ref->q4.cols;
+            }
+            if (ce != cudaSuccess) {
+                cudaGetLastError(); /* not left for the next launch's check */
+                st = spx_fail(e, SPX_ERR_INTERNAL, "%s: refinement upload: %s", m->path, cudaGetErrorString(ce));
+            }
+        }
+    free(flags);
+    if (st != SPX_OK) return attach_fail(cm, e);
+    return SPX_OK;
+}
+
+/* ---- sessions ---------------------------------------------------------------- */
+
+void cu_rf_session_free(cu_sess *cs) {
+    cu_rf_sess *f = &cs->rf;
+    if (f->rs) cudaStreamSynchronize(f->rs);
+    if (f->fork) cudaEventDestroy(f->fork);
+    if (f->join) cudaEventDestroy(f->join);
+    for (int i = 0; i < CU_RF_LAG_SLOTS; i++)
+        if (f->lag_ev[i]) cudaEventDestroy(f->lag_ev[i]);
+    if (f->rs) cudaStreamDestroy(f->rs);
+    if (f->rs_lag) cudaStreamSynchronize(f->rs_lag), cudaStreamDestroy(f->rs_lag);
+    if (f->buf) cudaFree(f->buf);
+    memset(f, 0, sizeof *f);
+}
+
+/* The widest output of a decode launch (rows over its matrices). */
+static int64_t launch_rows_max(const spx_model *m) {
+    const spx_config *c = &m->cfg;
+    int64_t mx = 0;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        int64_t qkv = 0, gu = 0;
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            const spx_wmat *w = &m->layers[l].w[s];
+            if (!spx_slots[s].mat || !w->rows) continue;
+            if (s == SPX_SL_Q || s == SPX_SL_K || s == SPX_SL_V) qkv += w->rows;
+            else if (s == SPX_SL_GATE || s == SPX_SL_UP) gu += w->rows;
+            else if (w->rows > mx) mx = w->rows;
+        }
+        mx = qkv > mx ? qkv : mx;
+        mx = gu > mx ? gu : mx;
+    }
+    return mx;
+}
+
+spx_status cu_rf_prepare(spx_session *s, cu_sess *cs, spx_err *e) {
+    const spx_model *m = s->m;
+    const cu_model *cm = (const cu_model *)m->be_state;
+    cu_rf_sess *f = &cs->rf;
+    if (f->epoch == m->refine_epoch) return SPX_OK;
+    /* the captured graphs hold the old budgets (or none): capture again */
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    if (cs->have_graph) cudaGraphExecDestroy(cs->graph), cs->have_graph = 0;
+    if (cs->have_graph_s) cudaGraphExecDestroy(cs->graph_s), cs->have_graph_s = 0;
+    cs->pend = 0;
+    cs->dev_known = 0;
+    f->epoch = m->refine_epoch;
+    if (!cm->ref || f->buf) return SPX_OK;
+    SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&f->rs, cudaStreamNonBlocking));
+    SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&f->rs_lag, cudaStreamNonBlocking));
+    SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&f->fork, cudaEventDisableTiming));
+    SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&f->join, cudaEventDisableTiming));
+    const int64_t chunks = (SPX_RF_MAX_COLS + SPX_RF_CHUNK - 1) / SPX_RF_CHUNK;
+    const size_t sel = (size_t)SPX_RF_MAX_COLS * 4, cnt = (size_t)chunks * 4;
+    const size_t delta = ((size_t)launch_rows_max(m) * 4 + 255) & ~(size_t)255;
+    f->lag_rows = m->cfg.hidden_size;
+    const size_t lag = (size_t)CU_RF_LAG_SLOTS * (size_t)f->lag_rows * 4;
+    const size_t lag_sel = (size_t)CU_RF_LAG_SLOTS * (2 * sel + cnt);
+    SPX_CUDA_TRY(e, cudaMalloc(&f->buf, 2 * sel + 256 + cnt + 256 + delta + lag + 256 + lag_sel));
+    uint8_t *b = (uint8_t *)f->buf;
+    f->sel = (int32_t *)b;
+    f->selx = (float *)(b + sel);
+    f->cnt = (int *)(b + 2 * sel + 256);
+    f->delta = (float *)(b + 2 * sel + 256 + cnt + 256);
+    f->lag_delta = (float *)(b + 2 * sel + 256 + cnt + 256 + delta);
+    uint8_t *ls = (uint8_t *)f->lag_delta + ((lag + 255) & ~(size_t)255);
+    f->lag_sel = (int32_t *)ls;
+    f->lag_selx = (float *)(ls + (size_t)CU_RF_LAG_SLOTS * sel);
+    f->lag_cnt = (int *)(ls + (size_t)CU_RF_LAG_SLOTS * 2 * sel);
+    for (int i = 0; i < CU_RF_LAG_SLOTS; i++) {
+        SPX_CUDA_TRY(e, cudaEventCreateWithFlags(&f->lag_ev[i], cudaEventDisableTiming));
+        f->lag_due[i] = -1;
+    }
+    return SPX_OK;
+}
+
+/* ---- the hooks of a decode launch ---------------------------------------------- */
+
+spx_status cu_rf_fork(const spx_model *m, const cu_model *cm, cu_sess *cs, const cu_rf_launch &L, cudaStream_t st,
+                      bool *on, spx_err *e, int lag_slot) {
+    *on = false;
+    const cu_refine *r = cm->ref;
+    const spx_refine_rt *rt = m->refine ? &m->refine->rt : NULL;
+    if (!r || !rt) return SPX_OK;
+    const cu_rmat *first = NULL;
+    for (int i = 0; i < L.n && !first; i++) {
+        const cu_rmat *c = &r->mats[L.l * SPX_SL_COUNT + L.slot[i]];
+        if (c->codes) first = c;
+    }
+    if (!first || rt->k[first->set] <= 0) return SPX_OK;
+    cu_rf_sess *f = &cs->rf;
+    if (!f->buf) return spx_fail(e, SPX_ERR_INTERNAL, "refinement: the session's buffers were not prepared");
+    const int64_t k = rt->k[first->set], cols = first->cols;
+    spx_rf_select_args sa;
+    memset(&sa, 0, sizeof sa);
+    sa.x = L.x, sa.gain = L.gain, sa.x2 = L.x2, sa.eps = L.eps;
+    sa.cols = cols;
+    sa.k = (int)(k < SPX_RF_CHUNK ? k : SPX_RF_CHUNK);
+    sa.skip = k < SPX_RF_CHUNK ? r->mats[L.l * SPX_SL_COUNT + L.slot[0]].skip : NULL;
+    sa.sel = f->sel, sa.selx = f->selx, sa.cnt = f->cnt;
+    spx_rf_apply_args aa;
+    memset(&aa, 0, sizeof aa);
+    int64_t off = 0;
+    for (int i = 0; i < L.n; i++) {
+        const cu_rmat *c = &r->mats[L.l * SPX_SL_COUNT + L.slot[i]];
+        if (!c->codes) continue;
+        spx_rf_mat &M = aa.m[aa.n_mats++];
+        M.codes = c->codes, M.scales = c->scales, M.rows = c->rows, M.col_stride = c->col_stride;
+        M.delta = lag_slot >= 0 ? f->lag_delta + (size_t)lag_slot * (size_t)f->lag_rows + off : f->delta + off;
+        f->d[i] = M.delta;
+        off += c->rows;
+    }
+    for (int i = 0; i < L.n; i++)
+        if (!r->mats[L.l * SPX_SL_COUNT + L.slot[i]].codes) f->d[i] = NULL;
+    aa.sel = f->sel, aa.selx = f->selx, aa.cnt = f->cnt;
+    aa.n_chunks = (int)((cols + SPX_RF_CHUNK - 1) / SPX_RF_CHUNK);
+    aa.kcap = sa.k;
+    const int blocks = rt->cuda_blocks > 0 ? rt->cuda_blocks : DEFAULT_BLOCKS;
+    /* a lagged launch's own selection buffers: the next launch's selection
+     * on rs may run before this apply on rs_lag has read them */
+    if (lag_slot >= 0) {
+        aa.sel = sa.sel = f->lag_sel + (size_t)lag_slot * SPX_RF_MAX_COLS;
+        aa.selx = sa.selx = f->lag_selx + (size_t)lag_slot * SPX_RF_MAX_COLS;
+        aa.cnt = sa.cnt = f->lag_cnt + (size_t)lag_slot * (SPX_RF_MAX_COLS / SPX_RF_CHUNK);
+    }
+    cudaStream_t rs = lag_slot >= 0 ? f->rs_lag : f->rs;
+    SPX_CUDA_TRY(e, cudaEventRecord(f->fork, st));
+    SPX_CUDA_TRY(e, cudaStreamWaitEvent(rs, f->fork, 0));
+    SPX_CUDA_TRY(e, spx_rf_select(sa, rs));
+    SPX_CUDA_TRY(e, spx_rf_apply(aa, blocks, rs));
+    SPX_CUDA_TRY(e, cudaEventRecord(lag_slot >= 0 ? f->lag_ev[lag_slot] : f->join, rs));
+    *on = true;
+    return SPX_OK;
+}
+
+int cu_rf_lag_of(const spx_model *m) { return m->refine ? m->refine->rt.cuda_lag : 0; }
+
+int cu_rf_lag_slot(cu_sess *cs) {
+    cu_rf_sess *f = &cs->rf;
+    if (!f->buf) return -1;
+    for (int i = 0; i < CU_RF_LAG_SLOTS; i++) {
+        const int s = (f->lag_next + i) % CU_RF_LAG_SLOTS;
+        if (f->lag_due[s] < 0) return s;
+    }
+    return -1;
+}
+
+void cu_rf_lag_push(cu_sess *cs, int slot, int due, float mult) {
+    cu_rf_sess *f = &cs->rf;
+    f->lag_due[slot] = due;
+    f->lag_mult[slot] = mult;
+    f->lag_next = (slot + 1) % CU_RF_LAG_SLOTS;
+}
+
+spx_status cu_rf_flush(cu_sess *cs, float *h, int64_t H, int hb, cudaStream_t st, spx_err *e) {
+    cu_rf_sess *f = &cs->rf;
+    if (!f->buf) return SPX_OK;
+    /* in the order they were forked (their due order), so that each
+     * element's sum is the same whatever the slots' numbering */
+    for (;;) {
+        int best = -1;
+        for (int i = 0; i < CU_RF_LAG_SLOTS; i++)
+            if (f->lag_due[i] >= 0 && (hb < 0 || f->lag_due[i] <= hb) && (best < 0 || f->lag_due[i] < f->lag_due[best]))
+                best = i;
+        if (best < 0) return SPX_OK;
+        SPX_CUDA_TRY(e, cudaStreamWaitEvent(st, f->lag_ev[best], 0));
+        SPX_CUDA_TRY(e, spx_rf_add(h, f->lag_delta + (size_t)best * (size_t)f->lag_rows, H, f->lag_mult[best], st));
+        f->lag_due[best] = -1;
+    }
+}
+
+spx_status cu_rf_join(cu_sess *cs, const cu_rf_launch &L, float *const *y, const int64_t *rows, float mult,
+                      cudaStream_t st, spx_err *e) {
+    cu_rf_sess *f = &cs->rf;
+    SPX_CUDA_TRY(e, cudaStreamWaitEvent(st, f->join, 0));
+    for (int i = 0; i < L.n; i++)
+        if (f->d[i] && y[i]) SPX_CUDA_TRY(e, spx_rf_add(y[i], f->d[i], rows[i], mult, st));
+    return SPX_OK;
+}
+
+spx_status cu_rf_join_swiglu(cu_sess *cs, float *gate, const float *up, int64_t n, cudaStream_t st, spx_err *e) {
+    cu_rf_sess *f = &cs->rf;
+    SPX_CUDA_TRY(e, cudaStreamWaitEvent(st, f->join, 0));
+    SPX_CUDA_TRY(e, spx_rf_add_swiglu(gate, up, f->d[0], f->d[1], n, st));
+    return SPX_OK;
+}

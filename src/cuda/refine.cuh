@@ -1,0 +1,88 @@
+/* refine.cuh: the CUDA kernels of StrataFlux weight refinement (issue 20;
+ * ../shared/spec/strataflux-paper.txt sections 2.2, 3.2.1, Appendix G):
+ * the exact per-chunk top-k selection of a decode launch's input channels
+ * and the selected residual columns' contribution, read zero-copy from
+ * pinned, mapped host memory (the backing tier of a dedicated GPU).
+ *
+ * Meaning: refine/refine.h. For one token x[cols] and the selection S,
+ *     delta[r] = scale[r] * sum_{i in S, ascending} x[i] q[r, i]
+ * where q[r, i] is nibble r of column i (DecDEC's column-contiguous 4-bit
+ * layout: word m of a column holds rows 8m .. 8m + 7, row 8m + k in
+ * nibble k, nibble = q + 8). The caller adds delta to the base output
+ * (spx_rf_add*). The accumulation is the CPU table's chain per row
+ * (acc = fmaf(x_i, q, acc) over ascending i, then scale * acc), so each
+ * delta equals the CPU's bit for bit given the same x values; x differs
+ * from the CPU's in the last bits where the launch normalizes its input
+ * (rmsnorm in float here, in double there).
+ *
+ * Selection (spx_rf_select): one block of 1,024 threads per chunk of
+ * SPX_REFINE_CHUNK channels, the same rule as spx_refine_topk: the
+ * min(k, candidates) channels of largest |x|, ties to the lower index, a
+ * NaN below every number, skipped channels (outliers of the first matrix,
+ * when k < the chunk) never chosen. Method: a 32-step bitwise search for
+ * the k-th largest key with __syncthreads_count, then a block prefix count
+ * of the ties and of the chosen (so the output is ascending). Chunk c's
+ * choices are written at sel[c * kcap ..], their count at cnt[c]
+ * (kcap = min(k, SPX_REFINE_CHUNK)), with their x values in selx.
+ *
+ * Application (spx_rf_apply): each thread owns one 32-bit word (8 rows)
+ * of one matrix and walks the selection in order; blocks take 2,048-row
+ * tiles of the launch's matrices in a grid-stride loop over at most
+ * `blocks` blocks: the thread-block budget that keeps the refinement from
+ * taking the SMs the base GEMV runs on (paper Appendix G, DecDEC). A warp
+ * reads 128 contiguous bytes of a column per load; eight columns' loads
+ * are issued before their FMAs so that enough host reads are in flight.
+ *
+ * Limits: cols <= SPX_RF_MAX_COLS (the chunk count of the selection
+ * buffers); up to SPX_RF_MAX_MATS matrices a launch; col_stride a multiple
+ * of 4 with 4 * ceil(rows / 8) <= col_stride (the .refine writer rounds
+ * to 64). */
+#ifndef SPX_CUDA_REFINE_CUH
+#define SPX_CUDA_REFINE_CUH
+
+#include "cuda/common.cuh"
+
+#define SPX_RF_MAX_MATS 3
+#define SPX_RF_CHUNK 1024
+#define SPX_RF_MAX_COLS 65536
+
+struct spx_rf_mat {
+    const uint8_t *codes;  /* device address of column 0 ([cols][col_stride], mapped host memory) */
+    const float *scales;   /* [rows], device */
+    float *delta;          /* [rows] output */
+    int64_t rows, col_stride;
+};
+
+struct spx_rf_select_args {
+    const float *x;        /* [cols] the launch's input (see gain, x2) */
+    const float *gain;     /* non-NULL: the input is rmsnorm(x) * gain (eps) */
+    const float *x2;       /* non-NULL: the input is x * x2 */
+    float eps;
+    int64_t cols;
+    int k;                 /* channels per chunk, >= 1 */
+    const uint8_t *skip;   /* [cols] non-zero: never chosen; NULL: none */
+    int32_t *sel;          /* [n_chunks * kcap] */
+    float *selx;           /* [n_chunks * kcap] */
+    int *cnt;              /* [n_chunks] */
+};
+
+struct spx_rf_apply_args {
+    spx_rf_mat m[SPX_RF_MAX_MATS];
+    int n_mats;
+    const int32_t *sel;
+    const float *selx;
+    const int *cnt;
+    int n_chunks, kcap;
+};
+
+/* Enqueues the selection of one launch's input (n_chunks blocks). */
+cudaError_t spx_rf_select(const spx_rf_select_args &a, cudaStream_t st);
+/* Enqueues the application on at most `blocks` blocks (>= 1). */
+cudaError_t spx_rf_apply(const spx_rf_apply_args &a, int blocks, cudaStream_t st);
+/* y[i] += mult * d[i] for i < n. */
+cudaError_t spx_rf_add(float *y, const float *d, int64_t n, float mult, cudaStream_t st);
+/* gate[i] = silu(gate[i] + dg[i]) * (up[i] + du[i]) for i < n: the
+ * refined SwiGLU of a gate/up launch whose outputs were stored raw. */
+cudaError_t spx_rf_add_swiglu(float *gate, const float *up, const float *dg, const float *du, int64_t n, cudaStream_t st);
+
+#endif
