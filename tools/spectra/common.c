@@ -218,7 +218,7 @@ void cli_refine_defaults(spx_refine_params *p) {
 }
 
 /* "K" (every set) or "Kqkv,Ko,Kgateup,Kdown" */
-static int refine_ks(const char *flag, const char *v, int64_t k[4]) {
+int cli_refine_ks(const char *flag, const char *v, int64_t k[4]) {
     int64_t t[4];
     int n = 0;
     const char *s = v;
@@ -251,7 +251,7 @@ int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
     if (!known) return 0;
     if (!(v = cli_value(argc, argv, i))) return -1;
     if (!strcmp(a, "--refine")) p->path = v;
-    else if (!strcmp(a, "--refine-k")) return refine_ks(a, v, p->k) ? 1 : -1;
+    else if (!strcmp(a, "--refine-k")) return cli_refine_ks(a, v, p->k) ? 1 : -1;
     else if (!strcmp(a, "--refine-cache")) return cli_int(a, v, 0, (int64_t)1 << 30, &p->cache_mb) ? 1 : -1;
     else if (!strcmp(a, "--refine-loaders")) {
         int64_t n;

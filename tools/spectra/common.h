@@ -69,6 +69,8 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
     "  --refine-miss M skip (default: a miss uses the resident weights, loaded in the background) or wait\n"     \
     "  --refine-loaders N  disk loader threads (default 2)\n"
 void cli_refine_defaults(spx_refine_params *p);
+/* --refine-k's value: "K" (every set) or four, into k (0: message printed). */
+int cli_refine_ks(const char *flag, const char *v, int64_t k[4]);
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p);
 int cli_apply_refine(spx_model *m, const spx_refine_params *p);
 void cli_refine_summary(FILE *f, const spx_model *m);
