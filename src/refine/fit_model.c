@@ -307,8 +307,8 @@ spx_status spx_refine_fit_write(const spx_refine_fit_opts *o, spx_refine_fit_res
     const int64_t per = spx_model_bos_id(m) >= 0 ? o->ctx - 1 : o->ctx;
     const int64_t avail = (int64_t)n_ids / per, want = o->tokens / o->ctx;
     if (avail < 1) {
-        st = spx_fail(e, SPX_ERR_ARG, "%s: %lld tokens, fewer than one window of %lld (--fit-ctx) needs (%lld text "
-                      "tokens after BOS)", o->text_path, (long long)n_ids, (long long)o->ctx, (long long)per);
+        st = spx_fail(e, SPX_ERR_ARG, "%s: %lld tokens, fewer than one window of --fit-ctx %lld takes (%lld text "
+                      "tokens after its BOS)", o->text_path, (long long)n_ids, (long long)o->ctx, (long long)per);
         goto done;
     }
     r->windows = avail < want ? avail : want;
