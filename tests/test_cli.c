@@ -160,7 +160,9 @@ int main(void) {
         expect(a, 0, "OK");
         snprintf(a, sizeof a, "run -m %s/f.trdc --refine %s/f.refine --refine-k 8 -p \"Once upon a time\" -n 6 --temp 0",
                  tmp, tmp);
-        expect(a, 0, "refinement: 30 matrices");
+        expect(a, 0, "fitted for k 8,8,8,8");
+        snprintf(a, sizeof a, "run -m %s/f.trdc --refine %s/f.refine --refine-k 32 --ids 1,2,3 -n 2 --temp 0", tmp, tmp);
+        expect(a, 0, "but run at 32,32,32,32");
         snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --fit %s -q", st, tmp, txt);
         expect(a, 2, "needs --refine");
         snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --refine %s/g.refine --fit-k 8 -q", st, tmp, tmp);

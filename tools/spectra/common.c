@@ -283,6 +283,9 @@ void cli_refine_summary(FILE *f, const spx_model *m) {
             (long long)r.n_mats, (double)r.residual_bytes / 1048576.0, r.on_disk ? "on disk" : "mapped in RAM",
             (long long)r.k[0], (long long)r.k[1], (long long)r.k[2], (long long)r.k[3], (unsigned long long)r.launches,
             r.selected ? 100.0 * (double)r.applied / (double)r.selected : 0.0);
+    if (r.fit_k[0])
+        fprintf(f, "; fitted for k %lld,%lld,%lld,%lld", (long long)r.fit_k[0], (long long)r.fit_k[1],
+                (long long)r.fit_k[2], (long long)r.fit_k[3]);
     if (r.on_disk)
         fprintf(f, "; cache %.0f MiB, hit rate %.1f%%, %.1f MiB read (%s), %llu waits %.3f s",
                 (double)r.cache_bytes / 1048576.0, r.requests ? 100.0 * (double)r.hits / (double)r.requests : 0.0,
