@@ -9,7 +9,7 @@
 #include <string.h>
 
 #define CHOL_NB 64   /* Cholesky block: a panel row is 512 bytes, a 64 x 64 tile 32 KiB */
-#define SOLVE_RB 4   /* right-hand sides solved together (each pass over L serves 4) */
+#define SOLVE_RB 4   /* right-hand sides solved together (each pass over L and G serves 4) */
 
 /* spx_pool_run, or the function on this thread alone when pool is NULL. */
 static void run(spx_pool *pool, spx_pool_fn fn, void *arg) {
@@ -17,17 +17,28 @@ static void run(spx_pool *pool, spx_pool_fn fn, void *arg) {
     else fn(arg, 0, 1);
 }
 
-static double dotd(const double *a, const double *b, int64_t n) {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* independent sums: vectorizes without -ffast-math */
+/* Built plain and for AVX2 and chosen by the loader from the CPU (as
+ * cpu/ops.c spx_cpu_dot): explicit lanes, so both clones add in the same
+ * order and give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FIT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FIT_CLONES
+#endif
+
+FIT_CLONES static double dotd(const double *restrict a, const double *restrict b, int64_t n) {
+    double acc[8] = {0};
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += a[i] * b[i];
-        s1 += a[i + 1] * b[i + 1];
-        s2 += a[i + 2] * b[i + 2];
-        s3 += a[i + 3] * b[i + 3];
-    }
-    for (; i < n; i++) s0 += a[i] * b[i];
-    return (s0 + s1) + (s2 + s3);
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    double s = 0;
+    for (; i < n; i++) s += a[i] * b[i];
+    return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* y[n] += a x[n] */
+FIT_CLONES static void axpyd(double *restrict y, double a, const double *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
 /* ---- statistics ---------------------------------------------------------- */
@@ -86,7 +97,7 @@ static void add_task(void *arg, int tid, int nth) {
             if (j < j0 || j >= j1) continue;
             const double xj = x[j];
             double *g = s->gt + j * C, *m = s->m + j * C;
-            for (int64_t i = 0; i < C; i++) g[i] += xj * x[i];
+            axpyd(g, xj, x, C);
             for (int64_t p = 0; p <= q; p++) m[sel[p]] += xj * x[sel[p]]; /* sel ascending: sel[p] <= j */
         }
     }
@@ -199,8 +210,7 @@ void spx_chol_solve_rows(const double *l, int64_t n, double *b, int64_t nrhs) {
             for (int64_t q = 0; q < nb; q++) {
                 const double ci = y[q][i] / li[i];
                 y[q][i] = ci;
-                double *yq = y[q];
-                for (int64_t p = 0; p < i; p++) yq[p] -= ci * li[p];
+                axpyd(y[q], -ci, li, i);
             }
         }
     }
