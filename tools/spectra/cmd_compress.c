@@ -1,4 +1,12 @@
-/* cmd_compress.c: `spectra compress -m HF_DIR -o OUT.trdc`. */
+/* cmd_compress.c: `spectra compress -m HF_DIR -o OUT.trdc`.
+ *
+ * With --refine and no --fit the .refine (calibration-free residuals) is
+ * written in the same pass as the model. With --fit the model is written
+ * first and the fitted .refine after it, from the model as written
+ * (refine/fit_model.h): a fit that fails removes the model, so no model
+ * is left without the .refine asked for. The text's presence and size are
+ * checked before compressing; its token count only after (the model's
+ * tokenizer is what counts). */
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
