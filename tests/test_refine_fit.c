@@ -13,10 +13,18 @@
  *   are encoded to 4 bits; it minimizes eq. 3 (random perturbations raise
  *   it); lambda -> 0 gives the least-squares C of an independent QR solve;
  *   lambda -> infinity and k = every channel give C = R.
- * - Errors: no token, all-zero activations, a non-finite activation. */
+ * - Errors: no token, all-zero activations, a non-finite activation.
+ * - The matmul observer (cpu/ops.h) on stories260K compressed to 4 bits:
+ *   a prompt of 16 tokens
+ *   shows every projection the inputs that 16 decode steps show (within
+ *   PROMPT_DECODE_TOL: the batched kernels round differently), which is
+ *   why the fit runs its windows as prompts. */
 #include "testlib.h"
 
+#include "engine/session.h"
+#include "quant/compress.h"
 #include "quant/g32.h"
+#include "quant/saliency.h"
 #include "refine/fit.h"
 #include "refine/refine.h"
 
@@ -38,6 +46,11 @@
  * channels largely predictable from the selected ones; measured about
  * 0.4-0.5 at k = 8 of 64; 0.8 is a floor with margin). */
 #define FIT_GAIN_MIN 0.8
+/* A prompt's projection inputs against decode steps': the CPU kernels
+ * compute each token's row alike either way (measured: identical bits on
+ * stories260K and docllama-58m at 4 bits); the tolerance leaves room for
+ * a batched kernel that sums in another order: relative l2 per input. */
+#define PROMPT_DECODE_TOL 1e-4
 
 static uint64_t g_rng = 0x5eed0f17;
 
@@ -363,10 +376,96 @@ static void test_errors(void) {
     spx_refine_fit_stats_free(&s);
 }
 
+/* Every launch's inputs in call order: the launch's first matrix and x. */
+enum { OBS_MAX = 4096, OBS_TOK = 16 };
+typedef struct {
+    const void *w[OBS_MAX];
+    int64_t cols[OBS_MAX];
+    float *x[OBS_MAX];
+    int n;
+} obs_log;
+
+static void obs_record(void *user, int n, const struct spx_wmat *const *w, const float *x, int64_t T) {
+    obs_log *o = user;
+    for (int64_t t = 0; t < T && o->n < OBS_MAX; t++, o->n++) {
+        o->w[o->n] = w[0];
+        o->cols[o->n] = w[0]->cols;
+        o->x[o->n] = malloc((size_t)w[0]->cols * sizeof(float));
+        memcpy(o->x[o->n], x + t * w[0]->cols, (size_t)w[0]->cols * sizeof(float));
+    }
+}
+
+/* The inputs of launch `w` for token t: the (t+1)-th record of w. */
+static const float *obs_find(const obs_log *o, const void *w, int t) {
+    for (int i = 0; i < o->n; i++)
+        if (o->w[i] == w && t-- == 0) return o->x[i];
+    return NULL;
+}
+
+static void test_observer(void) {
+    /* the quantized model the fit runs: stories260K compressed (4-bit G32) */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/s.trdc", tl_tmpdir());
+    spx_compress_opts co = {0};
+    co.src_dir = tl_shared("models/stories260K");
+    co.out_path = path;
+    co.bits = 4;
+    co.group = 32;
+    co.outlier_mode = SPX_OUTLIERS_AUTO;
+    co.method = SPX_Q_MSE;
+    co.n_threads = 2;
+    spx_compress_stats cs;
+    spx_err e;
+    spx_err_clear(&e);
+    CHECK(spx_compress(&co, &cs, &e) == SPX_OK, "compress: %s", e.msg);
+    spx_model_params mp = {0};
+    mp.n_threads = 2;
+    spx_model *m = NULL;
+    spx_session *s = NULL;
+    CHECK(spx_model_open(path, &mp, &m) == SPX_OK, "%s: %s", path, spx_last_error());
+    if (!m) return;
+    CHECK(spx_session_new(m, NULL, &s) == SPX_OK, "%s", spx_model_error(m));
+    static obs_log prompt, steps;
+    int32_t ids[OBS_TOK];
+    for (int i = 0; i < OBS_TOK; i++) ids[i] = i == 0 ? 1 : 3 + (i * 37) % 500;
+    s->cpu.observe = obs_record;
+    s->cpu.observe_user = &prompt;
+    CHECK(spx_session_eval(s, ids, OBS_TOK, NULL, 0) == SPX_OK, "%s", spx_session_error(s));
+    spx_session_reset(s);
+    s->cpu.observe_user = &steps;
+    for (int i = 0; i < OBS_TOK; i++) CHECK(spx_session_eval(s, ids + i, 1, NULL, 0) == SPX_OK, "%s", spx_session_error(s));
+    CHECK(prompt.n == steps.n && prompt.n > OBS_TOK * 5, "%d prompt inputs, %d decode inputs", prompt.n, steps.n);
+    double worst = 0;
+    int missing = 0;
+    for (int i = 0; i < steps.n; i++) {
+        int t = 0; /* which token of its launch record i is */
+        for (int j = 0; j < i; j++) t += steps.w[j] == steps.w[i];
+        const float *a = obs_find(&prompt, steps.w[i], t);
+        if (!a) { missing++; continue; }
+        double d = 0, n2 = 0;
+        for (int64_t c = 0; c < steps.cols[i]; c++) {
+            d += ((double)a[c] - steps.x[i][c]) * ((double)a[c] - steps.x[i][c]);
+            n2 += (double)steps.x[i][c] * steps.x[i][c];
+        }
+        worst = fmax(worst, sqrt(d / (n2 > 0 ? n2 : 1)));
+    }
+    printf("observer: %d inputs, prompt vs decode steps worst relative l2 %.3g\n", steps.n, worst);
+    CHECK(missing == 0 && worst < PROMPT_DECODE_TOL, "%d inputs missing, worst relative l2 %g", missing, worst);
+    s->cpu.observe = NULL;
+    const int before = steps.n;
+    CHECK(spx_session_eval(s, ids, 1, NULL, 0) == SPX_OK, "%s", spx_session_error(s));
+    CHECK(steps.n == before, "observer called while unset");
+    for (int i = 0; i < prompt.n; i++) free(prompt.x[i]);
+    for (int i = 0; i < steps.n; i++) free(steps.x[i]);
+    spx_session_free(s);
+    spx_model_free(m);
+}
+
 int main(void) {
     test_cholesky();
     test_stats();
     test_fit();
     test_errors();
+    test_observer();
     return tl_finish("test_refine_fit");
 }
