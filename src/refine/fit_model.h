@@ -5,9 +5,9 @@
  * on the CPU over windows of the calibration text, each window a prompt
  * from a reset session ([BOS] + ctx - 1 text tokens, or ctx tokens for a
  * model without BOS). A causal model's prompt pass gives every position
- * the input x of the decode step at that position (the same arithmetic up
- * to the batched kernels' rounding), and runs far faster than one token a
- * step. An observer in the CPU matmul (cpu/ops.h) adds each launch's x to
+ * the input x of the decode step at that position (the CPU kernels compute
+ * each token's row alike; tests/test_refine_fit.c compares a prompt's
+ * inputs with decode steps'), and runs far faster than one token a step. An observer in the CPU matmul (cpu/ops.h) adds each launch's x to
  * the statistics of that launch's input: q/k/v share one, gate/up one, o
  * and down one each (keyed by the launch's first matrix: the engine's
  * selection is per launch too, with that matrix's outlier channels

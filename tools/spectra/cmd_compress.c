@@ -204,10 +204,10 @@ int cmd_compress(int argc, char **argv) {
             return 1;
         }
         fprintf(stderr, "%s: %lld fitted residuals, %.2f MB; fit for k %lld,%lld,%lld,%lld on %lld tokens (%lld windows of "
-                        "%lld) of %s, %lld inputs' statistics %.1f MiB, %.1f s collecting, %.1f s solving\n",
+                        "%lld) of %s (%lld tokens), %lld inputs' statistics %.1f MiB, %.1f s collecting, %.1f s solving\n",
                 refine_path, (long long)fr.n_mats, (double)fr.refine_bytes / 1e6, (long long)fit_k[0], (long long)fit_k[1],
                 (long long)fit_k[2], (long long)fit_k[3], (long long)fr.tokens, (long long)fr.windows, (long long)fit_ctx,
-                fit_text, (long long)fr.n_inputs, (double)fr.stats_bytes / 1048576.0, fr.collect_s, fr.solve_s);
+                fit_text, (long long)fr.text_tokens, (long long)fr.n_inputs, (double)fr.stats_bytes / 1048576.0, fr.collect_s, fr.solve_s);
     }
     return 0;
 }
