@@ -193,6 +193,7 @@ typedef struct spx_refine_info {
     int32_t on_disk, direct;      /* the tier reads from disk (with O_DIRECT) */
     uint64_t cache_bytes, requests, hits, bytes_read, waits;
     double wait_s;
+    int64_t fit_k[4];             /* a fitted .refine (compress --fit): the k per set it was fitted for; 0: not fitted */
 } spx_refine_info;
 void spx_model_refine_info(const spx_model *m, spx_refine_info *out);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 /* Runs a shell command; returns its exit status and output (stdout and
  * stderr together, malloc'd). */
@@ -135,6 +136,49 @@ int main(void) {
     expect(a, 2, "--refine-k '1,2'");
     snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-miss later -p x", tmp, tmp);
     expect(a, 2, "expected skip or wait");
+
+    /* refinement fitting (compress --refine --fit): stories260K carries a
+     * tokenizer and fits in well under a second */
+    {
+        const char *st = tl_shared("models/stories260K");
+        char txt[600], empty[600], shorttxt[600];
+        snprintf(txt, sizeof txt, "%s/fit.txt", tmp);
+        snprintf(empty, sizeof empty, "%s/empty.txt", tmp);
+        snprintf(shorttxt, sizeof shorttxt, "%s/short.txt", tmp);
+        char body[4096] = "";
+        for (int i = 0; i < 20; i++) strcat(body, "Once upon a time there was a little girl named Lily. She liked to play. ");
+        CHECK(tl_write(txt, body, strlen(body)) == 0 && tl_write(empty, "", 0) == 0 &&
+              tl_write(shorttxt, "Once upon a time", 16) == 0, "writing the fit texts");
+        snprintf(a, sizeof a, "compress -m %s -o %s/f.trdc --refine %s/f.refine --fit %s --fit-k 8 --fit-ctx 64 "
+                 "--fit-tokens 256 -q", st, tmp, tmp, txt);
+        expect(a, 0, "fitted residuals");
+        snprintf(a, sizeof a, "inspect %s/f.refine", tmp);
+        expect(a, 0, "\"fit\":{\"text\":\"fit.txt\"");
+        snprintf(a, sizeof a, "inspect %s/f.refine", tmp);
+        expect(a, 0, "\"k\":[8,8,8,8]");
+        snprintf(a, sizeof a, "verify %s/f.refine", tmp);
+        expect(a, 0, "OK");
+        snprintf(a, sizeof a, "run -m %s/f.trdc --refine %s/f.refine --refine-k 8 -p \"Once upon a time\" -n 6 --temp 0",
+                 tmp, tmp);
+        expect(a, 0, "fitted for k 8,8,8,8");
+        snprintf(a, sizeof a, "run -m %s/f.trdc --refine %s/f.refine --refine-k 32 --ids 1,2,3 -n 2 --temp 0", tmp, tmp);
+        expect(a, 0, "but run at 32,32,32,32");
+        snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --fit %s -q", st, tmp, txt);
+        expect(a, 2, "needs --refine");
+        snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --refine %s/g.refine --fit-k 8 -q", st, tmp, tmp);
+        expect(a, 2, "need --fit TEXT");
+        snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --refine %s/g.refine --fit %s --fit-k 0 -q", st, tmp, tmp, txt);
+        expect(a, 2, "--fit-k");
+        snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --refine %s/g.refine --fit %s/none.txt -q", st, tmp, tmp, tmp);
+        expect(a, 1, "none.txt");
+        snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --refine %s/g.refine --fit %s -q", st, tmp, tmp, empty);
+        expect(a, 1, "empty");
+        snprintf(a, sizeof a, "compress -m %s -o %s/g.trdc --refine %s/g.refine --fit %s --fit-ctx 64 -q", st, tmp, tmp,
+                 shorttxt);
+        expect(a, 1, "fewer than one window");
+        snprintf(a, sizeof a, "%s/g.trdc", tmp);
+        CHECK(access(a, F_OK) != 0, "a failed fit left %s behind", a);
+    }
 
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
      * row-major with --layout rows; both give the same greedy tokens */

@@ -185,6 +185,7 @@ spx_status spx_cpu_matmul_n(spx_cpu_ctx *c, int n, const spx_wmat *const *w, con
         c->scratch = nb;
         c->scratch_stride = per_thread;
     }
+    if (c->observe) c->observe(c->observe_user, n, w, x, T);
     if (w[0]->kind == SPX_WM_QUANT) c->qk->prepare(x, T, w[0]->cols, w[0]->q.group, c->act);
     matmul_job j = {c, n, w, x, T, y, bias, total, 0, NULL, {NULL}, NULL};
     if (T == 1 && c->refine) SPX_TRY(refine_prepare(c, n, w, x, &j, e));

@@ -11,6 +11,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* An observer of every matrix product's input (refinement fitting,
+ * refine/fit_model.c): called by spx_cpu_matmul_n with the launch's
+ * matrices and x[T, w[0]->cols] before the product runs; the pool is free
+ * (the observer may run its own work on it). NULL (the default): no call,
+ * no cost. */
+typedef void (*spx_cpu_observe_fn)(void *user, int n, const struct spx_wmat *const *w, const float *x, int64_t T);
+
 /* What a matrix product needs besides its operands: the thread pool, the
  * quantized kernels chosen for this CPU, and scratch that grows on demand
  * (prepared activations shared by all threads; per-thread row buffers). */
@@ -28,6 +35,8 @@ typedef struct spx_cpu_ctx {
     const uint8_t **cols;     /* [SPX_MATMUL_MAX][selection capacity] */
     uint8_t *skip;            /* [cols]: the first matrix's outlier channels */
     size_t sel_cap, cols_cap, skip_cap;
+    spx_cpu_observe_fn observe; /* NULL, or called with every launch's input */
+    void *observe_user;
 } spx_cpu_ctx;
 
 #define SPX_MATMUL_MAX 4 /* matrices in one spx_cpu_matmul_n launch */

@@ -16,6 +16,7 @@ typedef struct spx_refine_model {
     spx_refine_q4buf *q4s; /* owned residuals of spx_refine_build (4-bit) */
     struct spx_trdc *file; /* the .refine file (spx_model_refine), mapped */
     uint64_t residual_bytes; /* of the file's columns */
+    int64_t fit_k[4];        /* the k a fitted .refine was made for (quantization.refine.fit.k), 0: not fitted */
 } spx_refine_model;
 
 /* The model's runtime (for the CPU matmul), or NULL without refinement. */

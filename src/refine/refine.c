@@ -157,9 +157,23 @@ static spx_status check_q(const spx_qtensor *q, int64_t rows, int64_t cols, spx_
     return SPX_OK;
 }
 
+/* Row r's scale (the row rule) and codes from its values res[cols];
+ * code: cols bytes of scratch. */
+static void put_row(spx_refine_q4buf *b, int64_t r, const float *res, int8_t *code) {
+    const int64_t cols = b->v.cols, stride = b->v.col_stride;
+    float s = spx_refine_q4_row_scale(res, cols);
+    spx_refine_q4_row_codes(res, cols, s, code);
+    b->scales[r] = s;
+    int sh = (int)(r & 1) * 4;
+    uint8_t keep = (uint8_t)(0xf0u >> sh);
+    uint8_t *p = b->codes + (r >> 1);
+    for (int64_t c = 0; c < cols; c++, p += stride)
+        *p = (uint8_t)((*p & keep) | ((code[c] + SPX_REFINE_ZERO) << sh));
+}
+
 spx_status spx_refine_q4_set_rows(spx_refine_q4buf *b, const spx_qtensor *q, const float *w, int64_t ldw,
                                   int64_t r0, int64_t n, spx_err *e) {
-    int64_t rows = b->v.rows, cols = b->v.cols, stride = b->v.col_stride;
+    int64_t rows = b->v.rows, cols = b->v.cols;
     SPX_TRY(check_q(q, rows, cols, e));
     if (r0 < 0 || n < 0 || r0 + n > rows || ldw < cols)
         return spx_fail(e, SPX_ERR_ARG, "refinement residual: rows [%lld, %lld) with stride %lld of a [%lld, %lld] matrix",
@@ -177,18 +191,29 @@ spx_status spx_refine_q4_set_rows(spx_refine_q4buf *b, const spx_qtensor *q, con
         int64_t r = r0 + t;
         st = residual_row(q, r, w + t * ldw, what, res, e);
         if (st != SPX_OK) break;
-        float s = spx_refine_q4_row_scale(res, cols);
-        spx_refine_q4_row_codes(res, cols, s, code);
-        b->scales[r] = s;
-        int sh = (int)(r & 1) * 4;
-        uint8_t keep = (uint8_t)(0xf0u >> sh);
-        uint8_t *p = b->codes + (r >> 1);
-        for (int64_t c = 0; c < cols; c++, p += stride)
-            *p = (uint8_t)((*p & keep) | ((code[c] + SPX_REFINE_ZERO) << sh));
+        put_row(b, r, res, code);
     }
     free(what);
     free(code);
     return st;
+}
+
+spx_status spx_refine_q4_set_values(spx_refine_q4buf *b, const float *c, int64_t ldc, int64_t r0, int64_t n,
+                                    spx_err *e) {
+    const int64_t rows = b->v.rows, cols = b->v.cols;
+    if (r0 < 0 || n < 0 || r0 + n > rows || ldc < cols)
+        return spx_fail(e, SPX_ERR_ARG, "refinement values: rows [%lld, %lld) with stride %lld of a [%lld, %lld] matrix",
+                        (long long)r0, (long long)(r0 + n), (long long)ldc, (long long)rows, (long long)cols);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < cols; i++)
+            if (!isfinite(c[t * ldc + i]))
+                return spx_fail(e, SPX_ERR_ARG, "refinement values: row %lld, column %lld is not finite",
+                                (long long)(r0 + t), (long long)i);
+    int8_t *code = malloc((size_t)cols);
+    if (!code) return spx_fail(e, SPX_ERR_NOMEM, "refinement values: out of memory for a row of %lld", (long long)cols);
+    for (int64_t t = 0; t < n; t++) put_row(b, r0 + t, c + t * ldc, code);
+    free(code);
+    return SPX_OK;
 }
 
 spx_status spx_refine_q4_build(spx_refine_q4buf *b, const spx_qtensor *q, const float *w, spx_err *e) {

@@ -84,7 +84,7 @@
  * Elsewhere: the .refine container (format/trdc.h refine4), the tier
  * (tier.h), the engine's use (rmat.h, attach.h). Not built yet: the
  * neuron-wise MLP refinement (eq. 6) beyond selecting the k_n largest
- * |h_j| (spx_refine_topk on h), refinement fitting (eqs. 3-4). */
+ * |h_j| (spx_refine_topk on h). Refinement fitting (eqs. 3-4): fit.h. */
 #ifndef SPX_REFINE_H
 #define SPX_REFINE_H
 
@@ -139,6 +139,12 @@ void spx_refine_q4buf_free(spx_refine_q4buf *b);
  * b's, or a residual is not finite (the message names row and column). */
 spx_status spx_refine_q4_set_rows(spx_refine_q4buf *b, const spx_qtensor *q, const float *w, int64_t ldw,
                                   int64_t r0, int64_t n, spx_err *e);
+/* Rows [r0, r0 + n) from given values instead of a residual (fitted
+ * refinement values, fit.h): c points at row r0 (row r0 + t at c + t *
+ * ldc), encoded with the same row rule. Same threading rule as set_rows;
+ * SPX_ERR_ARG for a non-finite value or a bad range. */
+spx_status spx_refine_q4_set_values(spx_refine_q4buf *b, const float *c, int64_t ldc, int64_t r0, int64_t n,
+                                    spx_err *e);
 /* init + set_rows over the whole of W [q->rows, q->cols] (row-major). */
 spx_status spx_refine_q4_build(spx_refine_q4buf *b, const spx_qtensor *q, const float *w, spx_err *e);
 

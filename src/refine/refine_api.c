@@ -7,6 +7,7 @@
 #include "refine/attach.h"
 #include "refine/tier.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,24 @@ static int base_crc(const spx_model *m, const char *name, uint32_t *crc) {
     if (!t || t->kind != SPX_TRDC_QUANT || !t->comp[SPX_TRDC_C_CODES].present) return 0;
     *crc = t->comp[SPX_TRDC_C_CODES].crc32;
     return 1;
+}
+
+/* quantization.refine.fit.k of a fitted .refine (compress --fit) into
+ * k[4]; zeros when the file is calibration-free or the entry is not four
+ * numbers. */
+static void fit_ks(const spx_trdc *f, int64_t k[4]) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(spx_trdc_quant_settings(f), "refine");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "fit"), "k");
+    memset(k, 0, 4 * sizeof *k);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 4) return;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetArrayItem(a, i);
+        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > SPX_REFINE_CHUNK) {
+            memset(k, 0, 4 * sizeof *k);
+            return;
+        }
+        k[i] = (int64_t)v->valuedouble;
+    }
 }
 
 static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
@@ -85,6 +104,15 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
     for (int i = 0; i < SPX_RSET_COUNT; i++) rm->rt.k[i] = p->k[i] < 0 ? SPX_REFINE_K_DEFAULT : p->k[i];
     rm->rt.cuda_blocks = p->cuda_blocks;
     rm->rt.cuda_lag = p->cuda_lag;
+    /* fitted values are made for one budget per set (refine/fit.h) */
+    fit_ks(f, rm->fit_k);
+    int other = 0;
+    for (int i = 0; i < SPX_RSET_COUNT; i++) other |= rm->fit_k[i] && rm->rt.k[i] && rm->fit_k[i] != rm->rt.k[i];
+    if (other)
+        spx_log(SPX_LOG_WARN, "%s: fitted for k %lld,%lld,%lld,%lld per 1024 but run at %lld,%lld,%lld,%lld: fitted "
+                "values suit their own budget (compress --fit-k for this one)", p->path, (long long)rm->fit_k[0],
+                (long long)rm->fit_k[1], (long long)rm->fit_k[2], (long long)rm->fit_k[3], (long long)rm->rt.k[0],
+                (long long)rm->rt.k[1], (long long)rm->rt.k[2], (long long)rm->rt.k[3]);
     return spx_refine_device_attach(m, e);
 }
 
@@ -120,6 +148,7 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
     for (int i = 0; i < 4; i++) out->k[i] = rm->rt.k[i];
     out->n_mats = rm->n_mats;
     out->residual_bytes = rm->residual_bytes;
+    for (int i = 0; i < 4; i++) out->fit_k[i] = rm->fit_k[i];
     out->launches = rm->rt.st.launches;
     out->selected = rm->rt.st.selected;
     out->applied = rm->rt.st.applied;

@@ -1,12 +1,23 @@
-/* cmd_compress.c: `spectra compress -m HF_DIR -o OUT.trdc`. */
+/* cmd_compress.c: `spectra compress -m HF_DIR -o OUT.trdc`.
+ *
+ * With --refine and no --fit the .refine (calibration-free residuals) is
+ * written in the same pass as the model. With --fit the model is written
+ * first and the fitted .refine after it, from the model as written
+ * (refine/fit_model.h): a fit that fails removes the model, so no model
+ * is left without the .refine asked for. The text's presence and size are
+ * checked before compressing; its token count only after (the model's
+ * tokenizer is what counts). */
 #include "cli.h"
+#include "common.h"
 #include "core/util.h"
 #include "quant/compress.h"
 #include "quant/g32.h"
 #include "quant/saliency.h"
+#include "refine/fit_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -32,6 +43,14 @@ static void usage(FILE *f) {
                "                       that older spectra builds read)\n"
                "  --refine OUT.refine  also write the weight refinement of this compression: every layer\n"
                "                       matrix's residual in 4 bits (run, bench, perplexity, kl --refine)\n"
+               "  --fit TEXT           with --refine: fit the refinement values to the activations of the\n"
+               "                       compressed model on calibration text TEXT (the paper's eqs. 3-4;\n"
+               "                       default: none, the calibration-free residual)\n"
+               "  --fit-k K            channels per 1024 the fit is made for: one number or four for\n"
+               "                       q/k/v,o,gate/up,down (int 1..1024; default 32); run with the same --refine-k\n"
+               "  --fit-ctx N          tokens per calibration window (int 2..65536, at most the model's context;\n"
+               "                       default 512)\n"
+               "  --fit-tokens N       calibration tokens in all, whole windows (int >= --fit-ctx; default 8192)\n"
                "  --threads N          worker threads (int, 1..1024; default: all CPUs)\n"
                "  -q, --quiet          no progress bar\n");
 }
@@ -50,6 +69,11 @@ static void on_progress(void *user, int64_t done, int64_t total, const char *nam
     fflush(stderr);
 }
 
+static void on_fit(void *user, const char *msg) {
+    (void)user;
+    fprintf(stderr, "\r%-78.78s", msg); /* a terminal's progress line (like the compression's bar) */
+}
+
 int cmd_compress(int argc, char **argv) {
     spx_compress_opts o = {0};
     o.bits = 4;
@@ -58,6 +82,11 @@ int cmd_compress(int argc, char **argv) {
     o.method = SPX_Q_MSE;
     o.magnitude = 0;
     int quiet = 0;
+    /* refinement fitting (refine/fit_model.h) */
+    const char *fit_text = NULL;
+    int64_t fit_k[4] = {SPX_REFINE_K_DEFAULT, SPX_REFINE_K_DEFAULT, SPX_REFINE_K_DEFAULT, SPX_REFINE_K_DEFAULT};
+    int64_t fit_ctx = 512, fit_tokens = 8192;
+    int fit_opts = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int64_t iv;
@@ -67,6 +96,19 @@ int cmd_compress(int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.src_dir = v;
         else if (!strcmp(a, "-o")) o.out_path = v;
         else if (!strcmp(a, "--refine")) o.refine_path = v;
+        else if (!strcmp(a, "--fit")) fit_text = v;
+        else if (!strcmp(a, "--fit-k")) {
+            if (!cli_refine_ks(a, v, fit_k)) return 2;
+            for (int k = 0; k < 4; k++)
+                if (fit_k[k] < 1 || fit_k[k] > 1024) { cli_error("--fit-k '%s': each k must be in 1..1024", v); return 2; }
+            fit_opts = 1;
+        } else if (!strcmp(a, "--fit-ctx")) {
+            if (!cli_int(a, v, 2, 65536, &fit_ctx)) return 2;
+            fit_opts = 1;
+        } else if (!strcmp(a, "--fit-tokens")) {
+            if (!cli_int(a, v, 2, (int64_t)1 << 40, &fit_tokens)) return 2;
+            fit_opts = 1;
+        }
         else if (!strcmp(a, "--bits")) {
             if (!cli_int(a, v, 2, 4, &iv)) return 2;
             o.bits = (int)iv;
@@ -109,6 +151,20 @@ int cmd_compress(int argc, char **argv) {
     }
     if (!o.src_dir || !o.out_path) { cli_error("compress: -m HF_DIR and -o OUT.trdc are required"); usage(stderr); return 2; }
     if (!spx_is_dir(o.src_dir)) { cli_error("%s: not a folder (compress reads a Hugging Face model folder)", o.src_dir); return 1; }
+    if (fit_text && !o.refine_path) { cli_error("compress: --fit %s needs --refine OUT.refine (it fits the refinement)", fit_text); return 2; }
+    if (fit_opts && !fit_text) { cli_error("compress: --fit-k, --fit-ctx and --fit-tokens need --fit TEXT"); return 2; }
+    if (fit_text && fit_tokens < fit_ctx) {
+        cli_error("compress: --fit-tokens %lld is less than one window of --fit-ctx %lld", (long long)fit_tokens, (long long)fit_ctx);
+        return 2;
+    }
+    if (fit_text) { /* before the compression: a missing or empty text fails at once */
+        FILE *tf = fopen(fit_text, "rb");
+        int empty = tf && fgetc(tf) == EOF;
+        if (tf) fclose(tf);
+        if (!tf || empty) { cli_error("%s: %s (--fit needs a calibration text)", fit_text, tf ? "empty file" : strerror(errno)); return 1; }
+    }
+    const char *refine_path = o.refine_path;
+    if (fit_text) o.refine_path = NULL; /* the fitted .refine is written after the model, from it */
     prog p = {!quiet && isatty(2), spx_now()};
     o.progress = on_progress;
     o.user = &p;
@@ -133,5 +189,25 @@ int cmd_compress(int argc, char **argv) {
     if (o.refine_path)
         fprintf(stderr, "%s: %lld residuals, %.2f MB (4-bit columns + float32 row scales)\n", o.refine_path,
                 (long long)st.n_refine, (double)st.refine_bytes / 1e6);
+    if (fit_text) {
+        spx_refine_fit_opts fo = {o.src_dir, o.out_path, refine_path, fit_text, fit_ctx, fit_tokens,
+                                  {fit_k[0], fit_k[1], fit_k[2], fit_k[3]}, o.n_threads, p.tty ? on_fit : NULL, NULL};
+        spx_refine_fit_result fr;
+        spx_err_clear(&e);
+        const spx_status fs = spx_refine_fit_write(&fo, &fr, &e);
+        if (p.tty) fputc('\n', stderr);
+        if (fs != SPX_OK) {
+            /* no model file without the .refine it was asked for */
+            unlink(o.out_path);
+            cli_fail(&e);
+            cli_error("compress: removed %s (its fitted refinement could not be made)", o.out_path);
+            return 1;
+        }
+        fprintf(stderr, "%s: %lld fitted residuals, %.2f MB; fit for k %lld,%lld,%lld,%lld on %lld tokens (%lld windows of "
+                        "%lld) of %s (%lld tokens), %lld inputs' statistics %.1f MiB, %.1f s collecting, %.1f s solving\n",
+                refine_path, (long long)fr.n_mats, (double)fr.refine_bytes / 1e6, (long long)fit_k[0], (long long)fit_k[1],
+                (long long)fit_k[2], (long long)fit_k[3], (long long)fr.tokens, (long long)fr.windows, (long long)fit_ctx,
+                fit_text, (long long)fr.text_tokens, (long long)fr.n_inputs, (double)fr.stats_bytes / 1048576.0, fr.collect_s, fr.solve_s);
+    }
     return 0;
 }

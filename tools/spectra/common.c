@@ -218,7 +218,7 @@ void cli_refine_defaults(spx_refine_params *p) {
 }
 
 /* "K" (every set) or "Kqkv,Ko,Kgateup,Kdown" */
-static int refine_ks(const char *flag, const char *v, int64_t k[4]) {
+int cli_refine_ks(const char *flag, const char *v, int64_t k[4]) {
     int64_t t[4];
     int n = 0;
     const char *s = v;
@@ -252,7 +252,7 @@ int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
     if (!known) return 0;
     if (!(v = cli_value(argc, argv, i))) return -1;
     if (!strcmp(a, "--refine")) p->path = v;
-    else if (!strcmp(a, "--refine-k")) return refine_ks(a, v, p->k) ? 1 : -1;
+    else if (!strcmp(a, "--refine-k")) return cli_refine_ks(a, v, p->k) ? 1 : -1;
     else if (!strcmp(a, "--refine-cache")) return cli_int(a, v, 0, (int64_t)1 << 30, &p->cache_mb) ? 1 : -1;
     else if (!strcmp(a, "--refine-loaders")) {
         int64_t n;
@@ -295,6 +295,9 @@ void cli_refine_summary(FILE *f, const spx_model *m) {
             (long long)r.n_mats, (double)r.residual_bytes / 1048576.0, r.on_disk ? "on disk" : "mapped in RAM",
             (long long)r.k[0], (long long)r.k[1], (long long)r.k[2], (long long)r.k[3], (unsigned long long)r.launches,
             r.selected ? 100.0 * (double)r.applied / (double)r.selected : 0.0);
+    if (r.fit_k[0])
+        fprintf(f, "; fitted for k %lld,%lld,%lld,%lld", (long long)r.fit_k[0], (long long)r.fit_k[1],
+                (long long)r.fit_k[2], (long long)r.fit_k[3]);
     if (r.on_disk)
         fprintf(f, "; cache %.0f MiB, hit rate %.1f%%, %.1f MiB read (%s), %llu waits %.3f s",
                 (double)r.cache_bytes / 1048576.0, r.requests ? 100.0 * (double)r.hits / (double)r.requests : 0.0,

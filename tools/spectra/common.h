@@ -71,6 +71,8 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
     "  --refine-blocks N   cuda: thread blocks of the refinement kernel beside each GEMV (default 16)\n"    \
     "  --refine-lag S  cuda: add the o/down refinement S blocks later (0, 0.5, 1, 1.5, 2; default 0)\n"
 void cli_refine_defaults(spx_refine_params *p);
+/* --refine-k's value: "K" (every set) or four, into k (0: message printed). */
+int cli_refine_ks(const char *flag, const char *v, int64_t k[4]);
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p);
 int cli_apply_refine(spx_model *m, const spx_refine_params *p);
 void cli_refine_summary(FILE *f, const spx_model *m);
