@@ -174,8 +174,18 @@ typedef struct spx_refine_params {
     int64_t cache_mb;   /* 0: the file mapped in RAM; > 0: read from disk into an LRU cache of this many MiB */
     int32_t miss_wait;  /* disk: 1 a miss waits for its columns; 0 it is skipped and loaded in the background */
     int32_t n_loaders;  /* disk: loader threads, 0: 2 */
+    /* tuned budgets (`spectra tune` records them in the file per platform
+     * and slowdown budget): a set whose k is -1 takes the tuned entry's k
+     * for this platform (backend, kernel table, threads, tier placement,
+     * CPU) when there is one. tuned: the slowdown budget (a fraction) whose
+     * entry to take, the largest tuned budget not above it, failing with
+     * SPX_ERR_ARG when there is none; 0: SPX_REFINE_TUNED_DEFAULT the same
+     * way, or, when every tuned budget is above it, the smallest one (no
+     * entry for the platform: SPX_REFINE_K_DEFAULT); < 0: never */
+    double tuned;
 } spx_refine_params;
 #define SPX_REFINE_K_DEFAULT 32
+#define SPX_REFINE_TUNED_DEFAULT 0.05
 /* Attaches (or, path NULL, detaches) refinement. Fails naming the file
  * when it is not a .refine, was made for another compression (its base
  * checksums differ), or its shapes differ from the model's. */
@@ -190,6 +200,9 @@ typedef struct spx_refine_info {
     int32_t on_disk, direct;      /* the tier reads from disk (with O_DIRECT) */
     uint64_t cache_bytes, requests, hits, bytes_read, waits;
     double wait_s;
+    char platform[256];           /* this platform's key in the file's tuned entries */
+    int32_t tuned;                /* 1: some k came from a tuned entry */
+    double tuned_budget, tuned_slowdown, tuned_kl; /* that entry's budget, measured slowdown and KL */
 } spx_refine_info;
 void spx_model_refine_info(const spx_model *m, spx_refine_info *out);
 

@@ -6,6 +6,7 @@
 #define SPX_REFINE_ATTACH_H
 
 #include "model/model.h"
+#include "format/trdc.h"
 #include "refine/rmat.h"
 
 typedef struct spx_refine_model {
@@ -16,6 +17,8 @@ typedef struct spx_refine_model {
     spx_refine_q4buf *q4s; /* owned residuals of spx_refine_build (4-bit) */
     struct spx_trdc *file; /* the .refine file (spx_model_refine), mapped */
     uint64_t residual_bytes; /* of the file's columns */
+    char platform[256];      /* spx_refine_platform of the binding (a .refine file's) */
+    const spx_trdc_tuned *tuned; /* the tuned entry whose budgets are in use (in file), or NULL */
 } spx_refine_model;
 
 /* The model's runtime (for the CPU matmul), or NULL without refinement. */
@@ -32,6 +35,12 @@ spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], 
 /* SPX_ERR_UNSUPPORTED when m runs on a device backend: refinement runs in
  * the CPU backend's matmul, which a device backend's passes do not use. */
 spx_status spx_refine_host_check(const spx_model *m, spx_err *e);
+/* The platform key of tuned budgets (docs/trdc.md 2.6) for m with the
+ * tier placement of p: "BACKEND/KERNELS/Nt/TIER/CPU", TIER "ram" or
+ * "disk-<MiB>MiB-<skip|wait>-<loaders>l", e.g.
+ * "cpu/avx2/2t/disk-32MiB-skip-2l/AMD EPYC 7B13 64-Core Processor":
+ * everything that changes what a refinement budget costs here. */
+void spx_refine_platform(const spx_model *m, const spx_refine_params *p, char *buf, size_t cap);
 /* Drops the model's refinement (the matrices lose their residuals). */
 void spx_refine_detach(spx_model *m);
 

@@ -150,18 +150,7 @@ int cmd_bench(int argc, char **argv) {
             if (spx_session_eval(s, ids, (size_t)np, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             pp[r] = (double)np / (spx_now() - t0);
         }
-        spx_session_reset(s); /* generation from a short context, as llama-bench tg */
-        if (ng > 0) {
-            int32_t id = ids[np];
-            double t0 = spx_now();
-            for (int64_t i = 0; i < ng; i++) /* greedy, a decode loop: on a GPU only the id crosses to the host,
-                                              * and the next step is queued before it does */
-                if (spx_session_step_greedy_ahead(s, id, &id, i + 1 < ng) != SPX_OK) {
-                    cli_error("%s", spx_session_error(s));
-                    goto done;
-                }
-            tg[r] = (double)ng / (spx_now() - t0);
-        }
+        if (ng > 0 && !cli_decode_tps(s, ids[np], ng, &tg[r])) goto done;
         if (!json) fprintf(stderr, "\rrun %lld/%lld", (long long)(r + 1), (long long)reps);
     }
     if (!json) fputc('\n', stderr);
