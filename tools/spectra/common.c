@@ -300,7 +300,7 @@ int cli_budget(const char *flag, const char *s, double *out) {
     if (pct) v /= 100;
     if (!(v > 0 && v < 1)) {
         cli_error("%s '%s': a slowdown budget must be above 0 and below 100%%%s", flag, s,
-                  !pct && v >= 1 && v < 100 ? " (a number without %% is a fraction: 5%% is 0.05)" : "");
+                  !pct && v >= 1 && v < 100 ? " (a number without % is a fraction: 5% is 0.05)" : "");
         return 0;
     }
     *out = v;
