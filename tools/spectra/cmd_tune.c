@@ -85,7 +85,7 @@ typedef struct tune_ctx {
     spx_tune_trial trials[MAX_TRIALS_KEPT];
     double trial_tps[MAX_TRIALS_KEPT][2];
     int n_trials;
-    int json;
+    int json;            /* --json: the result table as JSON (progress stays on stderr) */
 } tune_ctx;
 
 static int cmp_double(const void *a, const void *b) {
@@ -165,8 +165,7 @@ static void progress(void *user, const spx_tune_trial *tr) {
         t->trial_tps[t->n_trials][1] = timed ? t->tps_cand : NAN;
         t->n_trials++;
     }
-    if (t->json) return;
-    char k[64];
+    char k[64]; /* progress on stderr, --json or not (the JSON is stdout's) */
     spx_refine_config_str(&tr->c, k, sizeof k);
     if (tr->phase == SPX_TUNE_BASE) fprintf(stderr, "tune: base              KL %.5f\n", tr->kl);
     else if (tr->kept && !isnan(tr->kl))
@@ -359,8 +358,7 @@ int cmd_tune(int argc, char **argv) {
     if (spx_session_new(t.m, &sp, &t.s) != SPX_OK) { cli_error("%s", spx_model_error(t.m)); goto done; }
     snprintf(windows, sizeof windows, "%.150s: %lld windows of %lld from window %lld%s", o.file, (long long)t.w.chunks,
              (long long)o.ctx, (long long)o.skip, o.compat ? ", llama-compat" : "");
-    if (!t.json)
-        fprintf(stderr, "tune: platform %s, budget %g%%, %lld tokens x %lld rounds per timing, KL on %s\n", platform,
+    fprintf(stderr, "tune: platform %s, budget %g%%, %lld tokens x %lld rounds per timing, KL on %s\n", platform,
                 100 * budget, (long long)tokens, (long long)rounds, windows);
     spx_tune_params tp = {.budget = budget, .ladder = n_ladder ? ladder : NULL, .n_ladder = n_ladder,
                           .max_trials = (int32_t)max_trials};
@@ -386,11 +384,9 @@ int cmd_tune(int argc, char **argv) {
         spx_model_refine(t.m, NULL); /* the file is replaced: unmap it first */
         if (spx_trdc_set_tuned(rp.path, &en, &e) != SPX_OK) { cli_fail(&e); goto done; }
     }
-    if (!t.json) {
-        spx_refine_config_str(&res.best, k, sizeof k);
-        fprintf(stderr, "tune: chose %s (slowdown %.2f%%, KL %.5f, base %.5f)\n", k, 100 * res.slowdown, res.kl,
-                res.kl_base);
-    }
+    spx_refine_config_str(&res.best, k, sizeof k);
+    fprintf(stderr, "tune: chose %s (slowdown %.2f%%, KL %.5f, base %.5f)\n", k, 100 * res.slowdown, res.kl,
+            res.kl_base);
     print_result(&t, &res, budget, platform, no_write ? NULL : rp.path, windows);
     rc = 0;
 done:
