@@ -51,6 +51,28 @@ static spx_status kl_fn(void *u, const spx_refine_config *c, double *out, spx_er
     return SPX_OK;
 }
 
+/* optimistic first measurements: a configuration's first slowdown reads
+ * at a tenth of its cost (with uniform_exact, only when its budgets
+ * differ), every later one at its cost */
+typedef struct optimist {
+    model m;
+    int uniform_exact;
+    spx_refine_config seen[256];
+    int n_seen;
+} optimist;
+
+static spx_status opt_sd(void *u, const spx_refine_config *c, double *out, spx_err *e) {
+    optimist *o = u;
+    double s = 0;
+    for (int i = 0; i < 4; i++) s += o->m.cost[i] * (double)c->k[i];
+    int again = 0;
+    for (int i = 0; i < o->n_seen; i++) again |= !memcmp(&o->seen[i], c, sizeof *c);
+    if (!again && o->n_seen < 256) o->seen[o->n_seen++] = *c;
+    const int uniform = c->k[0] == c->k[1] && c->k[1] == c->k[2] && c->k[2] == c->k[3];
+    *out = again || (o->uniform_exact && uniform) ? s : s / 10;
+    return SPX_OK;
+}
+
 static double slow_of(const model *m, const spx_refine_config *c) {
     double s = 0;
     for (int i = 0; i < 4; i++) s += m->cost[i] * (double)c->k[i];
@@ -131,7 +153,32 @@ static void test_search(void) {
         CHECK(r.n_slowdown <= 5 + SPX_TUNE_DEFAULT_TRIALS, "noisy: %d slowdown measurements", r.n_slowdown);
     }
 
-    /* 6. refusals and errors */
+    /* 6. a search misled by optimistic first measurements: the
+     * confirmation falls back along the kept configurations to one whose
+     * second measurement fits (with these costs, the base itself) */
+    optimist op = {.m = {.cost = {0.01, 0.01, 0.01, 0.01}, .gain = {1, 1, 1, 1}}};
+    spx_tune_params po = {.budget = 0.05};
+    spx_tune_ops oo = {.user = &op, .slowdown = opt_sd, .kl = kl_fn};
+    spx_err_clear(&e);
+    CHECK(spx_refine_tune(&po, &oo, &r, &e) == SPX_OK, "%s", e.msg);
+    CHECK(slow_of(&op.m, &r.best) <= 0.05 && r.slowdown <= 0.05, "optimist: k %lld,%lld,%lld,%lld costs %g",
+          (long long)r.best.k[0], (long long)r.best.k[1], (long long)r.best.k[2], (long long)r.best.k[3],
+          slow_of(&op.m, &r.best));
+    /* the chain was base, common 8 (0.32 truly), raises above it: only the base confirms */
+    CHECK(same_k(&r.best, 0, 0, 0, 0) && r.kl == r.kl_base && r.slowdown == 0, "optimist: expected the base, got %lld",
+          (long long)r.best.k[0]);
+    /* exact common-k measurements, optimistic raises: every raise above the
+     * common 16 was kept on its first reading and is over on its second,
+     * so the confirmation walks back to the common k */
+    optimist op2 = {.m = {.cost = {0.001, 0.001, 0.001, 0.0001}, .gain = {1, 1, 1, 1}}, .uniform_exact = 1};
+    oo.user = &op2;
+    spx_err_clear(&e);
+    CHECK(spx_refine_tune(&po, &oo, &r, &e) == SPX_OK, "%s", e.msg);
+    CHECK(same_k(&r.best, 16, 16, 16, 16) && fabs(r.slowdown - 0.0496) < 1e-12,
+          "optimist 2: k %lld,%lld,%lld,%lld slowdown %g (expected the common 16 at 0.0496: every raise is over)",
+          (long long)r.best.k[0], (long long)r.best.k[1], (long long)r.best.k[2], (long long)r.best.k[3], r.slowdown);
+
+    /* 7. refusals and errors */
     model z = {.cost = {0.001, 0.001, 0.001, 0.001}, .gain = {1, 1, 1, 1}};
     CHECK(run(&z, 0, &r, &e) == SPX_ERR_ARG, "budget 0 accepted");
     CHECK(run(&z, 1, &r, &e) == SPX_ERR_ARG, "budget 1 accepted");
@@ -153,8 +200,8 @@ static void test_search(void) {
     ops.user = &c2;
     spx_err_clear(&e);
     CHECK(spx_refine_tune(&p, &ops, &r, &e) == SPX_OK, "%s", e.msg);
-    /* common 10 (0.031; 20 is over), then one raise: q/k/v to 20 (0.041) fits and helps */
-    CHECK(same_k(&r.best, 20, 10, 10, 10) && c2.n_sd == 2 + 1, "custom ladder: k %lld,%lld, %d slowdowns",
+    /* common 10 (0.031; 20 is over), then one raise: q/k/v to 20 (0.041) fits and helps; its confirmation */
+    CHECK(same_k(&r.best, 20, 10, 10, 10) && c2.n_sd == 2 + 1 + 1, "custom ladder: k %lld,%lld, %d slowdowns",
           (long long)r.best.k[0], (long long)r.best.k[1], c2.n_sd);
 }
 

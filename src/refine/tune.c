@@ -141,6 +141,8 @@ spx_status spx_refine_tune(const spx_tune_params *p, const spx_tune_ops *ops, sp
     if (n_modes < 1 || n_modes > SPX_TUNE_MAX_MODES)
         return spx_fail(e, SPX_ERR_ARG, "tuner: %zu modes: expected 1..%d", n_modes, SPX_TUNE_MAX_MODES);
     const int32_t max_trials = p->max_trials > 0 ? p->max_trials : SPX_TUNE_DEFAULT_TRIALS;
+    if (max_trials > SPX_TUNE_MAX_TRIALS)
+        return spx_fail(e, SPX_ERR_ARG, "tuner: %d greedy trials: at most %d", (int)max_trials, SPX_TUNE_MAX_TRIALS);
 
     const spx_refine_config base = spx_refine_config_common(&modes[0], 0);
     SPX_TRY(measure_kl(t, &base, &out->kl_base, e));
@@ -160,6 +162,17 @@ spx_status spx_refine_tune(const spx_tune_params *p, const spx_tune_ops *ops, sp
             cur_kl = kl;
             cur_sd = sd;
         }
+    }
+
+    /* the chain of kept configurations (step 3) */
+    spx_refine_config chain[2 + SPX_TUNE_MAX_TRIALS]; /* the base, the common k, the raises */
+    double chain_kl[sizeof chain / sizeof chain[0]];
+    int n_chain = 0;
+    chain[n_chain] = base;
+    chain_kl[n_chain++] = out->kl_base;
+    if (!config_eq(&cur, &base)) {
+        chain[n_chain] = cur;
+        chain_kl[n_chain++] = cur_kl;
     }
 
     /* 2. greedy raises of individual budgets */
@@ -193,9 +206,25 @@ spx_status spx_refine_tune(const spx_tune_params *p, const spx_tune_ops *ops, sp
         cur_kl = best_kl;
         cur_sd = best_sd;
         report(t, SPX_TUNE_GREEDY, &cur, cur_sd, cur_kl, 1, 1);
+        chain[n_chain] = cur; /* at most one per trial: within the array */
+        chain_kl[n_chain++] = cur_kl;
     }
-    out->best = cur;
-    out->kl = cur_kl;
-    out->slowdown = cur_sd;
+
+    /* 3. confirmation, down the chain */
+    out->best = base;
+    out->kl = out->kl_base;
+    out->slowdown = 0;
+    for (int i = n_chain - 1; i > 0; i--) {
+        double sd;
+        SPX_TRY(measure_slowdown(t, &chain[i], &sd, e));
+        const int ok = sd <= p->budget;
+        report(t, SPX_TUNE_CONFIRM, &chain[i], sd, chain_kl[i], ok, ok);
+        if (ok) {
+            out->best = chain[i];
+            out->kl = chain_kl[i];
+            out->slowdown = sd;
+            break;
+        }
+    }
     return SPX_OK;
 }

@@ -31,6 +31,12 @@
  *      after max_trials raises. The paper keeps every raise that meets the
  *      limit; a raise that does not lower the measured KL (which is
  *      deterministic) would spend speed for nothing, so it is not kept.
+   3. Confirmation: the configurations kept on the way (the base, the
+      chosen common k, each kept raise) form a chain; the last is measured
+      again and kept if this second measurement is within the budget too,
+      else the one before it, and so on down to the base (feasible by
+      definition). On a noisy machine a single favourable measurement
+      would otherwise decide; the recorded slowdown is the confirming one.
  * KL values are memoized per configuration (deterministic); slowdowns are
  * measured afresh each time (noisy; each measurement stands alone). */
 #ifndef SPX_REFINE_TUNE_H
@@ -50,7 +56,12 @@ spx_refine_config spx_refine_config_common(const spx_refine_config *mode, int64_
 /* "k 8,8,16,8" into buf; returns buf. */
 const char *spx_refine_config_str(const spx_refine_config *c, char *buf, size_t cap);
 
-typedef enum spx_tune_phase { SPX_TUNE_COMMON = 0, SPX_TUNE_GREEDY = 1, SPX_TUNE_BASE = 2 } spx_tune_phase;
+typedef enum spx_tune_phase {
+    SPX_TUNE_COMMON = 0,
+    SPX_TUNE_GREEDY = 1,
+    SPX_TUNE_BASE = 2,
+    SPX_TUNE_CONFIRM = 3
+} spx_tune_phase;
 
 /* One measured configuration, as reported to the progress callback. */
 typedef struct spx_tune_trial {
@@ -59,7 +70,8 @@ typedef struct spx_tune_trial {
     double slowdown; /* fraction (0.05: 5 % slower than the base); NAN when not measured */
     double kl;       /* mean KL; NAN when not measured (infeasible) */
     int feasible;    /* slowdown <= budget */
-    int kept;        /* common: the mode's largest feasible k so far; greedy: the raise was kept */
+    int kept;        /* common: the mode's largest feasible k so far; greedy: the raise was kept;
+                        confirm: the configuration is the result */
 } spx_tune_trial;
 
 typedef struct spx_tune_ops {
@@ -75,6 +87,7 @@ typedef struct spx_tune_ops {
 #define SPX_TUNE_MAX_LADDER 64
 #define SPX_TUNE_MAX_MODES 16
 #define SPX_TUNE_DEFAULT_TRIALS 24
+#define SPX_TUNE_MAX_TRIALS 1000
 
 typedef struct spx_tune_params {
     double budget;              /* slowdown limit, (0, 1) */
@@ -82,12 +95,12 @@ typedef struct spx_tune_params {
     size_t n_ladder;
     const spx_refine_config *modes; /* candidate modes; NULL: one (channel-wise, every set) */
     size_t n_modes;
-    int32_t max_trials;         /* greedy raises measured at most; 0: SPX_TUNE_DEFAULT_TRIALS */
+    int32_t max_trials;         /* greedy raises measured at most (<= SPX_TUNE_MAX_TRIALS); 0: SPX_TUNE_DEFAULT_TRIALS */
 } spx_tune_params;
 
 typedef struct spx_tune_result {
     spx_refine_config best;
-    double slowdown;  /* best's measured slowdown (0 for the base, not measured) */
+    double slowdown;  /* best's confirming measurement (0 for the base, not measured) */
     double kl;        /* best's KL */
     double kl_base;   /* the base's KL (k = 0 everywhere) */
     int32_t n_slowdown, n_kl; /* measurements taken */

@@ -52,8 +52,10 @@ static void usage(FILE *f) {
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
                "  --tokens N      decoded tokens per timed run (int 8..65536; default 64)\n"
                "  --rounds R      base/candidate rounds per slowdown measurement (int 1..100; default 5)\n"
-               "  --max-trials T  greedy raises measured at most (int 1..1000; default %d)\n"
-               "  --ladder LIST   budgets tried, ascending from 0 (default 0,1,2,4,8,...,768,1024)\n"
+               "  --max-trials T  greedy raises measured at most (int 1..%d; default %d); the choice is then\n"
+               "                  measured again, falling back along the kept ones until one confirms\n"
+               "  --ladder LIST   budgets tried, ascending from 0 (default 0,1,2,4,8,...,768,1024); values at or\n"
+               "                  above the widest refined input (all its channels) count once, as that width\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --no-write      measure and print only; the .refine is not changed\n"
@@ -62,7 +64,7 @@ static void usage(FILE *f) {
                "  --refine-cache MiB  residual read from disk into an LRU cache of MiB (default 0: mapped in RAM)\n"
                "  --refine-miss M skip (default) or wait\n"
                "  --refine-loaders N  disk loader threads (default 2)\n",
-            SPX_TUNE_DEFAULT_TRIALS);
+            SPX_TUNE_MAX_TRIALS, SPX_TUNE_DEFAULT_TRIALS);
 }
 
 #define MAX_TRIALS_KEPT 512
@@ -153,12 +155,17 @@ static spx_status measure_kl(void *user, const spx_refine_config *c, double *out
 }
 
 static const char *phase_name(spx_tune_phase p) {
-    return p == SPX_TUNE_BASE ? "base" : p == SPX_TUNE_COMMON ? "common" : "greedy";
+    return p == SPX_TUNE_BASE ? "base" : p == SPX_TUNE_COMMON ? "common" : p == SPX_TUNE_GREEDY ? "greedy" : "confirm";
+}
+
+/* the search's lines that announce a kept configuration (no measurement of their own) */
+static int is_summary(const spx_tune_trial *tr) {
+    return (tr->phase == SPX_TUNE_COMMON || tr->phase == SPX_TUNE_GREEDY) && tr->kept && !isnan(tr->kl);
 }
 
 static void progress(void *user, const spx_tune_trial *tr) {
     tune_ctx *t = user;
-    const int timed = !isnan(tr->slowdown) && tr->phase != SPX_TUNE_BASE && !(tr->kept && !isnan(tr->kl));
+    const int timed = !isnan(tr->slowdown) && tr->phase != SPX_TUNE_BASE && !is_summary(tr);
     if (t->n_trials < MAX_TRIALS_KEPT) {
         t->trials[t->n_trials] = *tr;
         t->trial_tps[t->n_trials][0] = timed ? t->tps_base : NAN;
@@ -168,13 +175,14 @@ static void progress(void *user, const spx_tune_trial *tr) {
     char k[64]; /* progress on stderr, --json or not (the JSON is stdout's) */
     spx_refine_config_str(&tr->c, k, sizeof k);
     if (tr->phase == SPX_TUNE_BASE) fprintf(stderr, "tune: base              KL %.5f\n", tr->kl);
-    else if (tr->kept && !isnan(tr->kl))
+    else if (is_summary(tr))
         fprintf(stderr, "tune: %-6s %-22s KL %.5f  <- %s\n", phase_name(tr->phase), k, tr->kl,
                 tr->phase == SPX_TUNE_COMMON ? "largest feasible common k" : "raise kept");
     else {
         fprintf(stderr, "tune: %-6s %-22s slowdown %6.2f%% (%.1f -> %.1f tokens/s) %s", phase_name(tr->phase), k,
                 100 * tr->slowdown, t->tps_base, t->tps_cand, tr->feasible ? "within" : "over");
         if (!isnan(tr->kl)) fprintf(stderr, "  KL %.5f", tr->kl);
+        if (tr->phase == SPX_TUNE_CONFIRM) fputs(tr->kept ? "  <- confirmed" : "  (falling back)", stderr);
         fputc('\n', stderr);
     }
 }
@@ -241,7 +249,7 @@ static void print_result(const tune_ctx *t, const spx_tune_result *r, double bud
                (int)r->n_slowdown, (int)r->n_kl);
         for (int i = 0, n = 0; i < t->n_trials; i++) {
             const spx_tune_trial *tr = &t->trials[i];
-            if (tr->kept && !isnan(tr->kl) && tr->phase != SPX_TUNE_BASE) continue; /* summary lines */
+            if (is_summary(tr)) continue;
             printf("%s{\"phase\": \"%s\", \"k\": [%lld, %lld, %lld, %lld]", n++ ? ", " : "", phase_name(tr->phase),
                    (long long)tr->c.k[0], (long long)tr->c.k[1], (long long)tr->c.k[2], (long long)tr->c.k[3]);
             if (!isnan(tr->slowdown) && tr->phase != SPX_TUNE_BASE)
@@ -256,7 +264,7 @@ static void print_result(const tune_ctx *t, const spx_tune_result *r, double bud
     printf("%-7s %-22s %10s %12s %12s %10s\n", "phase", "budgets", "slowdown", "base tok/s", "cand tok/s", "mean KL");
     for (int i = 0; i < t->n_trials; i++) {
         const spx_tune_trial *tr = &t->trials[i];
-        if (tr->kept && !isnan(tr->kl) && tr->phase != SPX_TUNE_BASE) continue;
+        if (is_summary(tr)) continue;
         spx_refine_config_str(&tr->c, k, sizeof k);
         char sd[32] = "-", b[32] = "-", c[32] = "-", kl[32] = "-";
         if (tr->phase != SPX_TUNE_BASE && !isnan(tr->slowdown)) {
@@ -310,7 +318,7 @@ int cmd_tune(int argc, char **argv) {
         else if (!strcmp(a, "--budget")) { if (!cli_budget(a, v, &budget)) return 2; }
         else if (!strcmp(a, "--tokens")) { if (!cli_int(a, v, 8, 65536, &tokens)) return 2; }
         else if (!strcmp(a, "--rounds")) { if (!cli_int(a, v, 1, 100, &rounds)) return 2; }
-        else if (!strcmp(a, "--max-trials")) { if (!cli_int(a, v, 1, 1000, &max_trials)) return 2; }
+        else if (!strcmp(a, "--max-trials")) { if (!cli_int(a, v, 1, SPX_TUNE_MAX_TRIALS, &max_trials)) return 2; }
         else if (!strcmp(a, "--ladder")) { if (!parse_ladder(v, ladder, &n_ladder)) return 2; }
         else { cli_error("tune: unknown option '%s'", a); usage(stderr); return 2; }
     }
@@ -360,7 +368,23 @@ int cmd_tune(int argc, char **argv) {
              (long long)o.ctx, (long long)o.skip, o.compat ? ", llama-compat" : "");
     fprintf(stderr, "tune: platform %s, budget %g%%, %lld tokens x %lld rounds per timing, KL on %s\n", platform,
                 100 * budget, (long long)tokens, (long long)rounds, windows);
-    spx_tune_params tp = {.budget = budget, .ladder = n_ladder ? ladder : NULL, .n_ladder = n_ladder,
+    /* budgets above the widest chunk of any refined matrix select the same
+     * channels as that width (every one): the ladder stops there */
+    if (!n_ladder) {
+        const int64_t *dl = spx_tune_default_ladder(&n_ladder);
+        memcpy(ladder, dl, n_ladder * sizeof *ladder);
+    }
+    int64_t width = 1;
+    for (int64_t i = 0; i < t.m->refine->n_mats; i++) {
+        const int64_t c = t.m->refine->mats[i].q4.cols;
+        width = c > width ? c : width;
+    }
+    width = width < SPX_REFINE_CHUNK ? width : SPX_REFINE_CHUNK;
+    size_t kept = 1;
+    while (kept < n_ladder && ladder[kept] < width) kept++;
+    if (kept < n_ladder) ladder[kept++] = width;
+    n_ladder = kept < 2 ? 2 : kept;
+    spx_tune_params tp = {.budget = budget, .ladder = ladder, .n_ladder = n_ladder,
                           .max_trials = (int32_t)max_trials};
     spx_tune_ops ops = {.user = &t, .slowdown = measure_slowdown, .kl = measure_kl, .progress = progress};
     spx_tune_result res;
