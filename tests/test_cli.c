@@ -116,6 +116,8 @@ static void tune_cases(const char *tmp) {
     expect(a, 0, "k per 1024 q/k/v 32 o 32 gate/up 32 down 32");
     snprintf(a, sizeof a, "run -m %s/st.trdc --refine %s/st.refine --refine-tuned 10%% --ids 1 -n 2 --threads 2", tmp, tmp);
     expect(a, 1, "no budgets tuned at or below 10%");
+    snprintf(a, sizeof a, "bench -m %s/st.trdc --refine %s/st.refine -p 0 -n 4 -r 1 --threads 2 --json", tmp, tmp);
+    expect(a, 0, "\"refine_tuned\": {\"budget\": 0.5,");
     /* another placement of the tier is another platform: no entry, the default */
     snprintf(a, sizeof a, "run -m %s/st.trdc --refine %s/st.refine --refine-cache 1 --ids 1 -n 2 --threads 2", tmp, tmp);
     expect(a, 0, "q/k/v 32 o 32");

@@ -224,6 +224,16 @@ int cmd_bench(int argc, char **argv) {
                    (unsigned long long)ri.cache_bytes, (unsigned long long)ri.launches, (unsigned long long)ri.selected,
                    (unsigned long long)ri.applied, (unsigned long long)ri.requests, (unsigned long long)ri.hits,
                    (unsigned long long)ri.bytes_read, (unsigned long long)ri.waits, ri.wait_s);
+        if (ri.active) { /* the platform key, and the tuned entry whose budgets ran (docs/trdc.md 2.6) */
+            cJSON *pk = cJSON_CreateString(ri.platform);
+            char *pks = pk ? cJSON_PrintUnformatted(pk) : NULL;
+            cJSON_Delete(pk);
+            printf(", \"refine_platform\": %s", pks ? pks : "null");
+            free(pks);
+            if (ri.tuned) printf(", \"refine_tuned\": {\"budget\": %.6g, \"slowdown\": %.6f, \"kl\": %.6f}", ri.tuned_budget,
+                                 ri.tuned_slowdown, ri.tuned_kl);
+            else printf(", \"refine_tuned\": null");
+        }
         printf(", \"plan\": %s", plan_json);
         printf(", \"tuning\": %s", tune_json);
         if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");
