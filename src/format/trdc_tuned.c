@@ -8,7 +8,7 @@
  * keeps its offset and CRC32. It is written to "<path>.tmp.<pid>" in the
  * same directory (so the rename is atomic and cannot cross filesystems),
  * fsynced, opened and validated by the reader, and only then renamed over
- * the original: a failure at any step leaves the original untouched and
+ * the original (the directory fsynced after): a failure at any step leaves the original untouched and
  * removes the temp file. A process that has the old file mapped keeps
  * reading the old inode. */
 #define _POSIX_C_SOURCE 200809L
@@ -222,6 +222,20 @@ static int copy_prefix(int src, int dst, uint64_t n) {
     return done == n;
 }
 
+/* fsync of the directory holding path, so the rename is durable; best
+ * effort (some file systems refuse fsync on a directory). */
+static void fsync_dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash == path ? 1 : slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
 spx_status spx_trdc_writable_dir(const char *path, spx_err *e) {
     size_t tl = strlen(path) + 40;
     char *tmp = malloc(tl);
@@ -298,6 +312,7 @@ spx_status spx_trdc_set_tuned(const char *path, const spx_trdc_tuned *t, spx_err
         spx_trdc_close(g);
     }
     if (st == SPX_OK && rename(tmp, path) != 0) st = io_fail(path, tmp, "renaming", errno, e);
+    if (st == SPX_OK) fsync_dir_of(path);
     if (st != SPX_OK) unlink(tmp);
     free(tmp);
     return st;

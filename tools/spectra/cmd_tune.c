@@ -23,8 +23,13 @@
  *     prints for the same windows and budgets. The reference's logits of
  *     the scored positions are computed once and kept (chunks x scored x
  *     vocab floats).
- * The tier placement (RAM or disk, cache size, miss mode, loaders) is part
- * of the platform key: tune once per placement that will be run. */
+ * The search measures its final choice again (tune.h step 3) and records
+ * that confirming reading. The ladder stops at the widest refined input
+ * (a larger k selects the same channels). The tier placement (RAM or
+ * disk, cache size, miss mode, loaders) is part of the platform key: tune
+ * once per placement that will be run. Measuring the base as the same
+ * model at k = 0 rather than without the .refine keeps one model and one
+ * thread pool: two would compete for the cores. */
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
