@@ -177,8 +177,18 @@ typedef struct spx_refine_params {
     int32_t n_loaders;  /* disk: loader threads, 0: 2 */
     int32_t cuda_blocks; /* cuda: thread blocks of the refinement kernel beside each GEMV, 0: 16 */
     int32_t cuda_lag;    /* cuda: fetch lag of the o / down refinement in half-blocks, 0..4 (s = 0 .. 2 blocks) */
+    /* tuned budgets (`spectra tune` records them in the file per platform
+     * and slowdown budget): a set whose k is -1 takes the tuned entry's k
+     * for this platform (backend, kernel table, threads, tier placement,
+     * CPU) when there is one. tuned: the slowdown budget (a fraction) whose
+     * entry to take, the largest tuned budget not above it, failing with
+     * SPX_ERR_ARG when there is none; 0: SPX_REFINE_TUNED_DEFAULT the same
+     * way, or, when every tuned budget is above it, the smallest one (no
+     * entry for the platform: SPX_REFINE_K_DEFAULT); < 0: never */
+    double tuned;
 } spx_refine_params;
 #define SPX_REFINE_K_DEFAULT 32
+#define SPX_REFINE_TUNED_DEFAULT 0.05
 /* Attaches (or, path NULL, detaches) refinement. Fails naming the file
  * when it is not a .refine, was made for another compression (its base
  * checksums differ), or its shapes differ from the model's. */
@@ -194,6 +204,9 @@ typedef struct spx_refine_info {
     uint64_t cache_bytes, requests, hits, bytes_read, waits;
     double wait_s;
     int64_t fit_k[4];             /* a fitted .refine (compress --fit): the k per set it was fitted for; 0: not fitted */
+    char platform[256];           /* this platform's key in the file's tuned entries */
+    int32_t tuned;                /* 1: some k came from a tuned entry */
+    double tuned_budget, tuned_slowdown, tuned_kl; /* that entry's budget, measured slowdown and KL */
 } spx_refine_info;
 void spx_model_refine_info(const spx_model *m, spx_refine_info *out);
 

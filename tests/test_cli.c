@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <math.h>
 #include <unistd.h>
 
 /* Runs a shell command; returns its exit status and output (stdout and
@@ -57,6 +58,105 @@ static void same_tokens(const char *tmp, const char *f1, const char *f2) {
           "%s and %s generate differently:\n%s\n%s", f1, f2, o[0], o[1]);
     free(o[0]);
     free(o[1]);
+}
+
+/* A JSON number array field "k": [a, b, c, d] of a one-object output. */
+static int json_k(const char *out, long long k[4]) {
+    const char *at = strchr(out, '{');
+    cJSON *j = at ? cJSON_Parse(at) : NULL;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "k");
+    int ok = cJSON_GetArraySize(a) == 4;
+    for (int i = 0; ok && i < 4; i++) k[i] = (long long)cJSON_GetArrayItem(a, i)->valuedouble;
+    cJSON_Delete(j);
+    return ok;
+}
+
+static void tune_cases(const char *tmp) {
+    char a[3000], c[3200], *out;
+    const char *st = tl_shared("models/stories260K");
+    snprintf(a, sizeof a, "compress -m %s -o %s/st.trdc --refine %s/st.refine -q", st, tmp, tmp);
+    expect(a, 0, "residuals");
+    snprintf(a, sizeof a, "%s/story.txt", tmp);
+    FILE *f = fopen(a, "w");
+    CHECK(f != NULL, "%s", a);
+    for (int i = 0; f && i < 40; i++) fprintf(f, "Once upon a time, there was a little girl named Lily. She liked to play. ");
+    if (f) fclose(f);
+    expect("tune --help", 0, "--budget B");
+    const char *quick = "--ctx 32 --chunks 2 --tokens 8 --rounds 1 --max-trials 2 --ladder 0,4,16 --threads 2";
+    snprintf(c, sizeof c, "%s tune -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt %s --budget 50%% --json",
+             bin(), tmp, tmp, st, tmp, quick);
+    int rc = sh(c, &out);
+    long long k[4] = {-1, -1, -1, -1};
+    CHECK(rc == 0 && json_k(out, k) && strstr(out, "\"written\": true"), "%s: %d\n%s", c, rc, out);
+    double tune_kl = -1;
+    const char *kl_at = strstr(out, "\"kl\": ");
+    if (kl_at) tune_kl = atof(kl_at + 6);
+    free(out);
+    snprintf(a, sizeof a, "inspect %s/st.refine", tmp);
+    expect(a, 0, "tuned refinement budgets");
+    expect(a, 0, "budget 50%");
+    snprintf(a, sizeof a, "inspect --json %s/st.refine", tmp);
+    expect(a, 0, "\"tuned\":");
+    snprintf(a, sizeof a, "verify %s/st.refine", tmp);
+    expect(a, 0, "OK");
+    /* run takes the tuned budgets (saying so), --refine-k overrides them */
+    char want[160];
+    snprintf(want, sizeof want, "k per 1024 q/k/v %lld o %lld gate/up %lld down %lld", k[0], k[1], k[2], k[3]);
+    snprintf(a, sizeof a, "run -m %s/st.trdc --refine %s/st.refine --ids 1,2,3 -n 4 --temp 0 --threads 2", tmp, tmp);
+    expect(a, 0, "refine: tuned budgets for cpu/");
+    expect(a, 0, want);
+    snprintf(a, sizeof a, "run -m %s/st.trdc --refine %s/st.refine --refine-k 3 --ids 1,2,3 -n 4 --temp 0 --threads 2",
+             tmp, tmp);
+    expect(a, 0, "k per 1024 q/k/v 3 o 3 gate/up 3 down 3");
+    snprintf(c, sizeof c, "%s %s", bin(), a);
+    rc = sh(c, &out);
+    CHECK(rc == 0 && !strstr(out, "tuned budgets"), "--refine-k still says tuned:\n%s", out);
+    free(out);
+    snprintf(a, sizeof a, "run -m %s/st.trdc --refine %s/st.refine --refine-tuned off --ids 1 -n 2 --threads 2", tmp, tmp);
+    expect(a, 0, "k per 1024 q/k/v 32 o 32 gate/up 32 down 32");
+    snprintf(a, sizeof a, "run -m %s/st.trdc --refine %s/st.refine --refine-tuned 10%% --ids 1 -n 2 --threads 2", tmp, tmp);
+    expect(a, 1, "no budgets tuned at or below 10%");
+    snprintf(a, sizeof a, "bench -m %s/st.trdc --refine %s/st.refine -p 0 -n 4 -r 1 --threads 2 --json", tmp, tmp);
+    expect(a, 0, "\"refine_tuned\": {\"budget\": 0.5,");
+    /* another placement of the tier is another platform: no entry, the default */
+    snprintf(a, sizeof a, "run -m %s/st.trdc --refine %s/st.refine --refine-cache 1 --ids 1 -n 2 --threads 2", tmp, tmp);
+    expect(a, 0, "q/k/v 32 o 32");
+    /* kl with the tuned budgets on the tuning windows gives the KL tune recorded */
+    snprintf(c, sizeof c, "%s kl -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt --ctx 32 --chunks 2 "
+             "--threads 2 --json", bin(), tmp, tmp, st, tmp);
+    rc = sh(c, &out);
+    const char *km = strstr(out, "\"kl_mean\": ");
+    CHECK(rc == 0 && km && fabs(atof(km + 11) - tune_kl) < 2e-6, "kl %s, tune's %.6f:\n%s", km ? km + 11 : "?",
+          tune_kl, out);
+    free(out);
+    /* refusals: one message, non-zero exit */
+    const char *bad[][2] = {{"--budget 0", "--budget '0'"}, {"--budget 100%", "below 100%"},
+                            {"--budget 5", "5% is 0.05"}, {"--budget fast", "such as 5%"},
+                            {"--refine-k 8", "what tune chooses"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt %s", tmp, tmp, st, tmp,
+                 bad[i][0]);
+        expect(a, 2, bad[i][1]);
+    }
+    snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.refine --ref %s", tmp, tmp, st);
+    expect(a, 2, "-f TEXT are required");
+    snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.refine -f %s/story.txt", tmp, tmp, tmp);
+    expect(a, 2, "--ref SRC");
+    snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/q.refine --ref %s -f %s/story.txt %s", tmp, tmp, st, tmp, quick);
+    expect(a, 1, "q.refine");
+    snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.trdc --ref %s -f %s/story.txt %s", tmp, tmp, st, tmp, quick);
+    expect(a, 1, "not a .refine file");
+    snprintf(a, sizeof a, "tune -m %s/st.trdc --refine /no/such/dir/x.refine --ref %s -f %s/story.txt", tmp, st, tmp);
+    expect(a, 1, "/no/such/dir/x.refine");
+    if (geteuid() != 0) { /* root writes into a read-only directory anyway */
+        snprintf(c, sizeof c, "mkdir -p %s/ro && cp %s/st.refine %s/ro/ && chmod 555 %s/ro", tmp, tmp, tmp, tmp);
+        CHECK(system(c) == 0, "%s", c);
+        snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/ro/st.refine --ref %s -f %s/story.txt %s", tmp, tmp, st,
+                 tmp, quick);
+        expect(a, 1, "directory must be writable");
+        snprintf(c, sizeof c, "chmod 755 %s/ro", tmp);
+        CHECK(system(c) == 0, "%s", c);
+    }
 }
 
 int main(void) {
@@ -179,6 +279,10 @@ int main(void) {
         snprintf(a, sizeof a, "%s/g.trdc", tmp);
         CHECK(access(a, F_OK) != 0, "a failed fit left %s behind", a);
     }
+    /* spectra tune (stories260K: a tokenizer, and seconds at these settings):
+     * the record in the .refine, what inspect/verify/run/kl make of it, and
+     * the refusals */
+    tune_cases(tmp);
 
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
      * row-major with --layout rows; both give the same greedy tokens */

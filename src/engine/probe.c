@@ -394,6 +394,15 @@ spx_status spx_hw_probe_lib(spx_hw *out, const char *nvml_path, spx_err *e) {
 
 spx_status spx_hw_probe(spx_hw *out, spx_err *e) { return spx_hw_probe_lib(out, NULL, e); }
 
+void spx_hw_cpu_name(char *buf, size_t cap) {
+    spx_hw hw;
+    memset(&hw, 0, sizeof hw);
+    struct utsname u;
+    copy_str(hw.arch, sizeof hw.arch, uname(&u) == 0 ? u.machine : "unknown");
+    probe_cpu_name(&hw);
+    copy_str(buf, cap, hw.cpu_name);
+}
+
 double spx_pcie_gbps(int32_t gen, int32_t width) {
     /* per lane, one direction, after line coding (GT/s * coding / 8) */
     static const double lane[] = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.563};

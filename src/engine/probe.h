@@ -63,6 +63,10 @@ spx_status spx_hw_probe(spx_hw *out, spx_err *e);
  * "libnvidia-ml.so.1"); tests pass a missing name to exercise absence. */
 spx_status spx_hw_probe_lib(spx_hw *out, const char *nvml_path, spx_err *e);
 
+/* The CPU's name alone (spx_hw.cpu_name, without the rest of the probe:
+ * no NVML), into buf[cap]. */
+void spx_hw_cpu_name(char *buf, size_t cap);
+
 /* Theoretical one-direction PCIe bandwidth in GB/s (1e9 bytes/s) of a link
  * (after line coding: Gen1-2 8b/10b, Gen3+ 128b/130b); 0 when unknown. */
 double spx_pcie_gbps(int32_t gen, int32_t width);

@@ -103,6 +103,8 @@ struct spx_trdc {
     size_t n;
     trdc_nameset names;
     uint8_t *repacked;      /* version 1-2 files: the 2-/3-bit codes in the current packing */
+    spx_trdc_tuned *tuned;  /* the manifest's "tuned" entries (trdc_tuned.c) */
+    size_t n_tuned;
 };
 
 typedef struct span {
@@ -531,6 +533,7 @@ static spx_status parse_manifest(spx_trdc *f, spx_err *e) {
                             L, jdesc(jct, b1, sizeof b1));
         if (!strcmp(jct->valuestring, "refine")) f->contents = SPX_TRDC_CONTENTS_REFINE;
     }
+    SPX_TRY(trdc_tuned_parse(L, r, f->contents, &f->tuned, &f->n_tuned, e));
     f->config = cJSON_GetObjectItemCaseSensitive(r, "config");
     if (!cJSON_IsObject(f->config))
         return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest 'config' is %s, expected an object", L,
@@ -678,6 +681,7 @@ void spx_trdc_close(spx_trdc *f) {
     cJSON_Delete(f->root);
     free(f->tensors);
     free(f->repacked);
+    free(f->tuned);
     trdc_nameset_free(&f->names);
     spx_map_close(&f->map);
     free(f->label);
@@ -690,6 +694,9 @@ uint64_t spx_trdc_file_size(const spx_trdc *f) { return f->size; }
 uint64_t spx_trdc_manifest_offset(const spx_trdc *f) { return f->man_off; }
 uint64_t spx_trdc_manifest_size(const spx_trdc *f) { return f->man_len; }
 size_t spx_trdc_count(const spx_trdc *f) { return f->n; }
+const cJSON *trdc_root(const spx_trdc *f) { return f->root; }
+size_t spx_trdc_tuned_count(const spx_trdc *f) { return f->n_tuned; }
+const spx_trdc_tuned *spx_trdc_tuned_at(const spx_trdc *f, size_t i) { return i < f->n_tuned ? &f->tuned[i] : NULL; }
 
 const spx_trdc_tensor *spx_trdc_at(const spx_trdc *f, size_t i) {
     return i < f->n ? &f->tensors[i] : NULL;

@@ -151,6 +151,43 @@ int64_t spx_trdc_source_bytes(const spx_trdc *f);
 const char *spx_trdc_kind_name(spx_trdc_kind k);  /* "dense" / "quant" */
 const char *spx_trdc_comp_name(spx_trdc_comp c);  /* "data", "codes", ... */
 
+/* ---- Tuned refinement budgets (.refine files; docs/trdc.md 2.6) ------- */
+
+#define SPX_TRDC_TUNED_SETS 4            /* k per projection set: q/k/v, o, gate/up, down */
+#define SPX_TRDC_TUNED_KMAX (1 << 20)    /* largest k recorded */
+#define SPX_TRDC_TUNED_NAME 256          /* platform names are 1..255 bytes */
+#define SPX_TRDC_TUNED_MAX_LEVELS 64     /* budgets per platform */
+#define SPX_TRDC_TUNED_MAX_PLATFORMS 256
+
+/* One entry of the manifest's "tuned" object: the budgets `spectra tune`
+ * chose on one platform under one slowdown budget. */
+typedef struct spx_trdc_tuned {
+    char platform[SPX_TRDC_TUNED_NAME]; /* the key (refine/tuned.h spx_refine_platform) */
+    double budget;                /* the slowdown limit, a fraction in (0, 1) */
+    int64_t k[SPX_TRDC_TUNED_SETS]; /* channels per 1,024, per set */
+    double slowdown;              /* measured decode slowdown against the base, a fraction */
+    double kl, kl_base;           /* mean KL on the tuning windows: tuned, and the base (k = 0) */
+    char date[32];                /* when measured, ISO 8601 UTC */
+    char windows[256];            /* informative: the tuning text and windows ("" when absent) */
+} spx_trdc_tuned;
+
+/* The entries, platform by platform in the file's order, each platform's
+ * budgets ascending (validated at open). */
+size_t spx_trdc_tuned_count(const spx_trdc *f);
+const spx_trdc_tuned *spx_trdc_tuned_at(const spx_trdc *f, size_t i); /* NULL if out of range */
+/* The entry of `platform` with the largest budget <= level (the nearest
+ * not exceeding it), or NULL. */
+const spx_trdc_tuned *spx_trdc_tuned_pick(const spx_trdc *f, const char *platform, double level);
+/* Rewrites the .refine at path with t added to its manifest (replacing the
+ * entry of the same platform and budget). The payload is copied unchanged;
+ * the new file goes to "<path>.tmp.<pid>", is validated by the reader and
+ * then renamed over path, so a failure leaves the original as it was
+ * (and names the file and the step). SPX_ERR_ARG for a model file. */
+spx_status spx_trdc_set_tuned(const char *path, const spx_trdc_tuned *t, spx_err *e);
+/* SPX_OK if a file can be created beside path (what spx_trdc_set_tuned
+ * needs), else SPX_ERR_IO naming it: a check before a long measurement. */
+spx_status spx_trdc_writable_dir(const char *path, spx_err *e);
+
 /* ---- Verification ---------------------------------------------------- */
 
 typedef struct spx_trdc_verify_report {

@@ -56,6 +56,13 @@ spx_status trdc_check_json_object_text(const char *what, const char *path, const
 const char *trdc_quant_sizes(int64_t rows, int64_t cols, int64_t bits, int64_t group, int64_t n_out, int layout,
                              uint64_t version, uint64_t sizes[SPX_TRDC_C_COUNT]);
 
+/* The manifest's root object (the reader's parse; borrowed). */
+const struct cJSON *trdc_root(const spx_trdc *f);
+/* Validates the manifest's optional "tuned" section (trdc_tuned.c) into a
+ * new array (*out, freed by the caller; NULL and 0 when absent). */
+spx_status trdc_tuned_parse(const char *label, const struct cJSON *root, spx_trdc_contents_kind contents,
+                            spx_trdc_tuned **out, size_t *n_out, spx_err *e);
+
 static inline int trdc_dense_dtype_ok(spx_dtype t) {
     return t == SPX_DT_F32 || t == SPX_DT_F16 || t == SPX_DT_BF16;
 }

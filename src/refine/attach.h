@@ -6,6 +6,7 @@
 #define SPX_REFINE_ATTACH_H
 
 #include "model/model.h"
+#include "format/trdc.h"
 #include "refine/rmat.h"
 
 typedef struct spx_refine_model {
@@ -17,6 +18,8 @@ typedef struct spx_refine_model {
     struct spx_trdc *file; /* the .refine file (spx_model_refine), mapped */
     uint64_t residual_bytes; /* of the file's columns */
     int64_t fit_k[4];        /* the k a fitted .refine was made for (quantization.refine.fit.k), 0: not fitted */
+    char platform[256];      /* spx_refine_platform of the binding (a .refine file's) */
+    const spx_trdc_tuned *tuned; /* the tuned entry whose budgets are in use (in file), or NULL */
 } spx_refine_model;
 
 /* The model's runtime (for the CPU matmul), or NULL without refinement. */
@@ -37,6 +40,12 @@ spx_status spx_refine_host_check(const spx_model *m, spx_err *e);
  * hands the refinement to a device backend (its refine_attach), which
  * fails with a message for what it cannot run. */
 spx_status spx_refine_device_attach(spx_model *m, spx_err *e);
+/* The platform key of tuned budgets (docs/trdc.md 2.6) for m with the
+ * tier placement of p: "BACKEND/KERNELS/Nt/TIER/CPU", TIER "ram" or
+ * "disk-<MiB>MiB-<skip|wait>-<loaders>l", e.g.
+ * "cpu/avx2/2t/disk-32MiB-skip-2l/AMD EPYC 7B13 64-Core Processor":
+ * everything that changes what a refinement budget costs here. */
+void spx_refine_platform(const spx_model *m, const spx_refine_params *p, char *buf, size_t cap);
 /* Drops the model's refinement (the matrices lose their residuals). */
 void spx_refine_detach(spx_model *m);
 

@@ -1,17 +1,62 @@
 /* refine_api.c: spx_model_refine / spx_model_refine_info (spectra.h): a
  * .refine file (docs/trdc.md, "refine4" tensors) bound to the model's
  * layer matrices by name, mapped in RAM or read through the tier. */
+#include "core/pool.h"
+#include "cpu/qkernels.h"
 #include "engine/backend.h"
+#include "engine/probe.h"
 #include "format/trdc.h"
 #include "model/arch.h"
 #include "refine/attach.h"
 #include "refine/tier.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define DEFAULT_LOADERS 2
+
+void spx_refine_platform(const spx_model *m, const spx_refine_params *p, char *buf, size_t cap) {
+    char tier[96], cpu[128];
+    if (p->cache_mb > 0)
+        snprintf(tier, sizeof tier, "disk-%lldMiB-%s-%dl", (long long)p->cache_mb, p->miss_wait ? "wait" : "skip",
+                 (int)(p->n_loaders > 0 ? p->n_loaders : DEFAULT_LOADERS));
+    else snprintf(tier, sizeof tier, "ram");
+    spx_hw_cpu_name(cpu, sizeof cpu);
+    snprintf(buf, cap, "%s/%s/%dt/%s/%s", spx_model_backend(m), spx_qkernels_best()->name, spx_pool_size(m->pool), tier,
+             cpu);
+}
+
+/* The tuned entry for this binding (spx_refine_params.tuned), or NULL; an
+ * explicit level with no entry at or below it is an error. */
+static spx_status pick_tuned(spx_refine_model *rm, const spx_refine_params *p, spx_err *e) {
+    rm->tuned = NULL;
+    if (p->tuned < 0) return SPX_OK;
+    const double level = p->tuned > 0 ? p->tuned : SPX_REFINE_TUNED_DEFAULT;
+    rm->tuned = spx_trdc_tuned_pick(rm->file, rm->platform, level);
+    if (rm->tuned) return SPX_OK;
+    const spx_trdc_tuned *low = NULL;
+    char have[512] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < spx_trdc_tuned_count(rm->file); i++) {
+        const spx_trdc_tuned *t = spx_trdc_tuned_at(rm->file, i);
+        if (strcmp(t->platform, rm->platform) != 0) continue;
+        if (!low || t->budget < low->budget) low = t;
+        n += (size_t)snprintf(have + n, n < sizeof have ? sizeof have - n : 0, "%s%g%%", n ? ", " : "", 100 * t->budget);
+        if (n >= sizeof have) n = sizeof have - 1;
+    }
+    if (p->tuned == 0) {
+        rm->tuned = low; /* every entry above the default level: the nearest one */
+        return SPX_OK;
+    }
+    if (low)
+        return spx_fail(e, SPX_ERR_ARG, "%s: no budgets tuned at or below %g%% for platform '%s' (tuned: %s)", p->path,
+                        100 * p->tuned, rm->platform, have);
+    return spx_fail(e, SPX_ERR_ARG, "%s: no tuned budgets for platform '%s' (%zu entries for others): run spectra tune",
+                    p->path, rm->platform, spx_trdc_tuned_count(rm->file));
+}
 
 static spx_status fail_m(spx_model *m, spx_err *e) {
     m->err = *e;
@@ -101,7 +146,13 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
         SPX_TRY(spx_tier_open(p->path, (uint64_t)p->cache_mb << 20, p->miss_wait ? SPX_TIER_WAIT : SPX_TIER_SKIP,
                               loaders, &rm->rt.tier, e));
     }
-    for (int i = 0; i < SPX_RSET_COUNT; i++) rm->rt.k[i] = p->k[i] < 0 ? SPX_REFINE_K_DEFAULT : p->k[i];
+    spx_refine_platform(m, p, rm->platform, sizeof rm->platform);
+    int any_default = 0;
+    for (int i = 0; i < SPX_RSET_COUNT; i++) any_default |= p->k[i] < 0;
+    if (any_default) SPX_TRY(pick_tuned(rm, p, e));
+    else rm->tuned = NULL;
+    for (int i = 0; i < SPX_RSET_COUNT; i++)
+        rm->rt.k[i] = p->k[i] >= 0 ? p->k[i] : rm->tuned ? rm->tuned->k[i] : SPX_REFINE_K_DEFAULT;
     rm->rt.cuda_blocks = p->cuda_blocks;
     rm->rt.cuda_lag = p->cuda_lag;
     /* fitted values are made for one budget per set (refine/fit.h) */
@@ -127,6 +178,11 @@ spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
             spx_fail(&e, SPX_ERR_ARG, "refinement budget %lld: expected >= 0 (or -1: the default)", (long long)p->k[i]);
             return fail_m(m, &e);
         }
+    if (!(p->tuned < 1) || isnan(p->tuned)) {
+        spx_fail(&e, SPX_ERR_ARG, "tuned budget level %g: expected a fraction below 1 (0: the default, < 0: none)",
+                 p->tuned);
+        return fail_m(m, &e);
+    }
     if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS || p->cuda_blocks < 0 ||
         p->cuda_blocks > 4096 || p->cuda_lag < 0 || p->cuda_lag > 4) {
         spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders / %d cuda blocks / lag %d half-blocks: out of "
@@ -147,6 +203,13 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
     out->active = 1;
     for (int i = 0; i < 4; i++) out->k[i] = rm->rt.k[i];
     out->n_mats = rm->n_mats;
+    snprintf(out->platform, sizeof out->platform, "%s", rm->platform);
+    if (rm->tuned) {
+        out->tuned = 1;
+        out->tuned_budget = rm->tuned->budget;
+        out->tuned_slowdown = rm->tuned->slowdown;
+        out->tuned_kl = rm->tuned->kl;
+    }
     out->residual_bytes = rm->residual_bytes;
     for (int i = 0; i < 4; i++) out->fit_k[i] = rm->fit_k[i];
     out->launches = rm->rt.st.launches;

@@ -150,18 +150,7 @@ int cmd_bench(int argc, char **argv) {
             if (spx_session_eval(s, ids, (size_t)np, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             pp[r] = (double)np / (spx_now() - t0);
         }
-        spx_session_reset(s); /* generation from a short context, as llama-bench tg */
-        if (ng > 0) {
-            int32_t id = ids[np];
-            double t0 = spx_now();
-            for (int64_t i = 0; i < ng; i++) /* greedy, a decode loop: on a GPU only the id crosses to the host,
-                                              * and the next step is queued before it does */
-                if (spx_session_step_greedy_ahead(s, id, &id, i + 1 < ng) != SPX_OK) {
-                    cli_error("%s", spx_session_error(s));
-                    goto done;
-                }
-            tg[r] = (double)ng / (spx_now() - t0);
-        }
+        if (ng > 0 && !cli_decode_tps(s, ids[np], ng, &tg[r])) goto done;
         if (!json) fprintf(stderr, "\rrun %lld/%lld", (long long)(r + 1), (long long)reps);
     }
     if (!json) fputc('\n', stderr);
@@ -235,6 +224,16 @@ int cmd_bench(int argc, char **argv) {
                    (unsigned long long)ri.cache_bytes, (unsigned long long)ri.launches, (unsigned long long)ri.selected,
                    (unsigned long long)ri.applied, (unsigned long long)ri.requests, (unsigned long long)ri.hits,
                    (unsigned long long)ri.bytes_read, (unsigned long long)ri.waits, ri.wait_s);
+        if (ri.active) { /* the platform key, and the tuned entry whose budgets ran (docs/trdc.md 2.6) */
+            cJSON *pk = cJSON_CreateString(ri.platform);
+            char *pks = pk ? cJSON_PrintUnformatted(pk) : NULL;
+            cJSON_Delete(pk);
+            printf(", \"refine_platform\": %s", pks ? pks : "null");
+            free(pks);
+            if (ri.tuned) printf(", \"refine_tuned\": {\"budget\": %.6g, \"slowdown\": %.6f, \"kl\": %.6f}", ri.tuned_budget,
+                                 ri.tuned_slowdown, ri.tuned_kl);
+            else printf(", \"refine_tuned\": null");
+        }
         printf(", \"plan\": %s", plan_json);
         printf(", \"tuning\": %s", tune_json);
         if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");

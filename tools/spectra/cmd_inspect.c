@@ -187,6 +187,13 @@ static void print_table(const spx_trdc *f) {
                (double)src / (double)fsz);
     else
         printf("  source            not recorded in the manifest\n");
+    if (spx_trdc_tuned_count(f)) printf("\ntuned refinement budgets (spectra tune; k per 1024 q/k/v,o,gate/up,down)\n");
+    for (size_t i = 0; i < spx_trdc_tuned_count(f); i++) {
+        const spx_trdc_tuned *t = spx_trdc_tuned_at(f, i);
+        printf("  %s: budget %g%%: k %lld,%lld,%lld,%lld, measured slowdown %.2f%%, KL %.5f (base %.5f), %s%s%s\n",
+               t->platform, 100 * t->budget, (long long)t->k[0], (long long)t->k[1], (long long)t->k[2],
+               (long long)t->k[3], 100 * t->slowdown, t->kl, t->kl_base, t->date, t->windows[0] ? "; " : "", t->windows);
+    }
 }
 
 static int print_json(const spx_trdc *f) {
@@ -246,6 +253,22 @@ static int print_json(const spx_trdc *f) {
     }
     cJSON_AddItemToObject(r, "tensors", ts);
     ts = NULL;
+    cJSON *tu = spx_trdc_tuned_count(f) ? cJSON_AddArrayToObject(r, "tuned") : NULL; /* docs/trdc.md 2.6 */
+    for (size_t i = 0; tu && i < spx_trdc_tuned_count(f); i++) {
+        const spx_trdc_tuned *t = spx_trdc_tuned_at(f, i);
+        cJSON *o = cJSON_CreateObject();
+        if (!o) goto oom;
+        cJSON_AddItemToArray(tu, o);
+        cJSON_AddStringToObject(o, "platform", t->platform);
+        cJSON_AddNumberToObject(o, "budget", t->budget);
+        cJSON *k = cJSON_AddArrayToObject(o, "k");
+        for (int j = 0; k && j < SPX_TRDC_TUNED_SETS; j++) cJSON_AddItemToArray(k, cJSON_CreateNumber((double)t->k[j]));
+        cJSON_AddNumberToObject(o, "slowdown", t->slowdown);
+        cJSON_AddNumberToObject(o, "kl", t->kl);
+        cJSON_AddNumberToObject(o, "kl_base", t->kl_base);
+        cJSON_AddStringToObject(o, "date", t->date);
+        cJSON_AddStringToObject(o, "windows", t->windows);
+    }
     uint64_t fsz = spx_trdc_file_size(f);
     cJSON_AddNumberToObject(tot, "tensors", (double)spx_trdc_count(f));
     cJSON_AddNumberToObject(tot, "params", (double)s.params);

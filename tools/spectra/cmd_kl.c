@@ -19,7 +19,7 @@ static void usage(FILE *f) {
                "  --ref REF       reference model (HF folder or .trdc) with the same vocabulary\n"
                "  -f TEXT         UTF-8 text file (tokenized with the reference's tokenizer)\n"
                "  --ctx N         window length (int >= 2; default 512)\n"
-               "  --chunks C      number of windows (int >= 1; default: all that fit)\n"
+               "  --chunks C      number of windows (int >= 1; default: all that fit)\n" CLI_EVAL_SKIP_USAGE
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
@@ -33,13 +33,6 @@ static void usage(FILE *f) {
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-static int32_t argmax(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
 }
 
 #define KL_MAX_MODELS 8
@@ -111,7 +104,7 @@ int cmd_kl(int argc, char **argv) {
             goto done;
         }
     }
-    if (!eval_windows_init(&w, mr, file, ctx, chunks, compat)) goto done;
+    if (!eval_windows_init(&w, mr, file, ctx, chunks, o.skip, compat)) goto done;
     spx_session_params sp = {.n_ctx = ctx, .kv = kv};
     spx_session_params spr = {.n_ctx = ctx, .kv = SPX_KV_F32}; /* the reference is exact */
     lr = malloc((size_t)ctx * (size_t)V * sizeof(float));
@@ -143,15 +136,11 @@ int cmd_kl(int argc, char **argv) {
         for (int64_t i = 0; i < count; i++) {
             const float *a = lr + (first + i) * V;
             nll_r -= eval_logprob(a, V, tg[i], pr);
-            int32_t top_r = argmax(a, V);
+            int32_t top_r = eval_argmax(a, V);
             for (int k = 0; k < nm; k++) {
                 const float *b = ms[k].logits + (first + i) * V;
-                ms[k].nll -= eval_logprob(b, V, tg[i], pm);
-                double kl = 0;
-                for (int64_t v = 0; v < V; v++) kl += exp(pr[v]) * (pr[v] - pm[v]);
-                ms[k].kls[scored + i] = kl > 0 ? kl : 0; /* rounding can give -1e-12 */
+                ms[k].kls[scored + i] = eval_kl_row(pr, top_r, b, V, tg[i], pm, &ms[k].nll, &ms[k].same);
                 ms[k].kl_sum += ms[k].kls[scored + i];
-                ms[k].same += top_r == argmax(b, V);
             }
         }
         scored += count;

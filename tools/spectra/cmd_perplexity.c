@@ -15,7 +15,7 @@ static void usage(FILE *f) {
                "  -m MODEL        Hugging Face folder or .trdc file\n"
                "  -f TEXT         UTF-8 text file\n"
                "  --ctx N         window length in tokens (int >= 2; default 512)\n"
-               "  --chunks C      number of windows (int >= 1; default: all that fit)\n"
+               "  --chunks C      number of windows (int >= 1; default: all that fit)\n" CLI_EVAL_SKIP_USAGE
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
@@ -50,7 +50,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!m) return 1;
     if (!cli_apply_refine(m, &rp)) { spx_model_free(m); return 1; }
     eval_windows w;
-    if (!eval_windows_init(&w, m, file, ctx, chunks, compat)) { spx_model_free(m); return 1; }
+    if (!eval_windows_init(&w, m, file, ctx, chunks, o.skip, compat)) { spx_model_free(m); return 1; }
     int64_t V = spx_model_vocab_size(m);
     int rc = 1;
     spx_session *s = NULL;

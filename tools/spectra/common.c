@@ -6,6 +6,7 @@
 #include "engine/probe.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,7 +195,8 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
         o->json = 1;
         return 1;
     }
-    static const char *const valued[] = {"-f", "--ctx", "-c", "--chunks", "--kv", "--backend", "--threads", "-t"};
+    static const char *const valued[] = {"-f", "--ctx", "-c", "--chunks", "--kv", "--backend", "--threads", "-t",
+                                         "--skip"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
     if (!known) return 0;
@@ -202,6 +204,7 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
     if (!strcmp(a, "-f")) o->file = v;
     else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) return cli_int(a, v, 2, 1 << 20, &o->ctx) ? 1 : -1;
     else if (!strcmp(a, "--chunks")) return cli_int(a, v, 1, 1 << 30, &o->chunks) ? 1 : -1;
+    else if (!strcmp(a, "--skip")) return cli_int(a, v, 0, 1 << 30, &o->skip) ? 1 : -1;
     else if (!strcmp(a, "--kv")) return cli_kv(v, &o->kv) ? 1 : -1;
     else if (!strcmp(a, "--backend")) {
         if (!cli_backend(v)) return -1;
@@ -246,13 +249,17 @@ int cli_refine_ks(const char *flag, const char *v, int64_t k[4]) {
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
     const char *a = argv[*i], *v;
     static const char *const valued[] = {"--refine", "--refine-k", "--refine-cache", "--refine-miss", "--refine-loaders",
-                                         "--refine-blocks", "--refine-lag"};
+                                         "--refine-blocks", "--refine-lag", "--refine-tuned"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
     if (!known) return 0;
     if (!(v = cli_value(argc, argv, i))) return -1;
     if (!strcmp(a, "--refine")) p->path = v;
     else if (!strcmp(a, "--refine-k")) return cli_refine_ks(a, v, p->k) ? 1 : -1;
+    else if (!strcmp(a, "--refine-tuned")) {
+        if (!strcmp(v, "off")) p->tuned = -1;
+        else if (!cli_budget(a, v, &p->tuned)) return -1;
+    }
     else if (!strcmp(a, "--refine-cache")) return cli_int(a, v, 0, (int64_t)1 << 30, &p->cache_mb) ? 1 : -1;
     else if (!strcmp(a, "--refine-loaders")) {
         int64_t n;
@@ -283,6 +290,45 @@ int cli_apply_refine(spx_model *m, const spx_refine_params *p) {
         cli_error("%s", spx_model_error(m));
         return 0;
     }
+    spx_refine_info r;
+    spx_model_refine_info(m, &r);
+    if (r.tuned)
+        fprintf(stderr, "refine: tuned budgets for %s (%g%% budget, measured %.1f%% slower, KL %.4f): k = %lld,%lld,%lld,%lld\n",
+                r.platform, 100 * r.tuned_budget, 100 * r.tuned_slowdown, r.tuned_kl, (long long)r.k[0],
+                (long long)r.k[1], (long long)r.k[2], (long long)r.k[3]);
+    return 1;
+}
+
+int cli_budget(const char *flag, const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    int pct = end != s && *end == '%' && end[1] == 0;
+    if (errno || end == s || (*end && !pct) || !isfinite(v)) {
+        cli_error("%s '%s': expected a slowdown budget such as 5%% or 0.05", flag, s);
+        return 0;
+    }
+    if (pct) v /= 100;
+    if (!(v > 0 && v < 1)) {
+        cli_error("%s '%s': a slowdown budget must be above 0 and below 100%%%s", flag, s,
+                  !pct && v >= 1 && v < 100 ? " (a number without % is a fraction: 5% is 0.05)" : "");
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps) {
+    spx_session_reset(s); /* generation from a short context, as llama-bench tg */
+    int32_t id = first;
+    double t0 = spx_now();
+    for (int64_t i = 0; i < n; i++) /* greedy, a decode loop: on a GPU only the id crosses to the host,
+                                     * and the next step is queued before it does */
+        if (spx_session_step_greedy_ahead(s, id, &id, i + 1 < n) != SPX_OK) {
+            cli_error("%s", spx_session_error(s));
+            return 0;
+        }
+    *tps = (double)n / (spx_now() - t0);
     return 1;
 }
 

@@ -51,8 +51,11 @@ typedef struct cli_eval_opts {
     int64_t ctx, chunks, threads;
     spx_kv_type kv;
     int compat, json;
+    int64_t skip; /* windows skipped from the start of the text (--skip) */
 } cli_eval_opts;
-#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0}
+#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0, 0}
+#define CLI_EVAL_SKIP_USAGE \
+    "  --skip S        start at window S (int >= 0; default 0): windows S .. S+C-1 are used\n"
 /* argv[*i] is one of them: 1 (its value taken, *i advanced); not one: 0;
  * a bad or missing value: -1 (message printed). */
 int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
@@ -69,12 +72,24 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
     "  --refine-miss M skip (default: a miss uses the resident weights, loaded in the background) or wait\n"     \
     "  --refine-loaders N  disk loader threads (default 2)\n"                                                     \
     "  --refine-blocks N   cuda: thread blocks of the refinement kernel beside each GEMV (default 16)\n"    \
-    "  --refine-lag S  cuda: add the o/down refinement S blocks later (0, 0.5, 1, 1.5, 2; default 0)\n"
+    "  --refine-lag S  cuda: add the o/down refinement S blocks later (0, 0.5, 1, 1.5, 2; default 0)\n"                 \
+    "  --refine-tuned B  take the budgets `spectra tune` recorded in FILE for this platform at slowdown budget B\n" \
+    "                  (5%% or 0.05; the largest tuned budget not above B; default 5%%, or the smallest tuned one\n"  \
+    "                  when all are above; off: never); --refine-k overrides them\n"
 void cli_refine_defaults(spx_refine_params *p);
 /* --refine-k's value: "K" (every set) or four, into k (0: message printed). */
 int cli_refine_ks(const char *flag, const char *v, int64_t k[4]);
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p);
 int cli_apply_refine(spx_model *m, const spx_refine_params *p);
 void cli_refine_summary(FILE *f, const spx_model *m);
+/* A slowdown budget, "5%" or "0.05", strictly between 0 and 100 %, as a
+ * fraction; prints an error naming flag and returns 0 otherwise. */
+int cli_budget(const char *flag, const char *s, double *out);
+
+/* The decode loop of `spectra bench -p 0 -n N` (and of `spectra tune`):
+ * from a reset session, n greedy steps from token `first`, each queueing
+ * the next (spx_session_step_greedy_ahead); *tps = n / seconds. Prints
+ * the session's error and returns 0 on failure. */
+int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps);
 
 #endif

@@ -29,6 +29,7 @@ int cmd_kl(int argc, char **argv);
 int cmd_audit(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
+int cmd_tune(int argc, char **argv);
 
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
@@ -42,6 +43,7 @@ static const command commands[] = {
     {"kl", cmd_kl, "KL divergence, PPL and top-1 agreement of a model against a reference"},
     {"audit", cmd_audit, "per-tensor quantization error of a .trdc against its source"},
     {"bench", cmd_bench, "prompt and generation speed, bytes per token, GB/s"},
+    {"tune", cmd_tune, "search weight refinement budgets within a decode slowdown budget; record them in the .refine"},
     {"plan", cmd_plan, "hardware probe and the execution plan for a model (backend, residency, KV, context)"},
     {"probe", cmd_probe, "CPU, RAM and NVIDIA GPUs of this machine (optionally telemetry samples)"},
     {"synth", cmd_synth, "write a random model of a real shape (.trdc and/or HF folder)"},

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t ctx, int64_t chunks,
+int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t ctx, int64_t chunks, int64_t skip,
                       int llama_compat) {
     memset(w, 0, sizeof *w);
     if (!m->tok) { cli_error("%s: the model has no tokenizer", m->path); return 0; }
@@ -37,14 +37,15 @@ int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t c
     w->bos = bos;
     w->llama_compat = llama_compat;
     int64_t fit = llama_compat ? (int64_t)(w->n_tokens / (size_t)ctx) : (int64_t)((w->n_tokens - 1) / (size_t)ctx);
-    if (chunks <= 0) chunks = fit;
-    if (chunks > fit || chunks <= 0) {
-        cli_error("%s: %zu tokens make only %lld windows of %lld (asked for %lld)", path, w->n_tokens, (long long)fit,
-                  (long long)ctx, (long long)chunks);
+    if (chunks <= 0) chunks = fit - skip;
+    if (skip < 0 || chunks <= 0 || chunks > fit - skip) {
+        cli_error("%s: %zu tokens make only %lld windows of %lld (asked for %lld after skipping %lld)", path, w->n_tokens,
+                  (long long)fit, (long long)ctx, (long long)chunks, (long long)skip);
         eval_windows_free(w);
         return 0;
     }
     w->chunks = chunks;
+    w->skip = skip;
     return 1;
 }
 
@@ -56,7 +57,7 @@ void eval_windows_free(eval_windows *w) {
 void eval_windows_get(const eval_windows *w, int64_t k, int32_t *in, int64_t *first, int64_t *count,
                       int32_t *targets) {
     int64_t N = w->ctx;
-    const int32_t *base = w->tokens + k * N;
+    const int32_t *base = w->tokens + (k + w->skip) * N;
     memcpy(in, base, (size_t)N * sizeof *in);
     if (w->llama_compat) {
         in[0] = w->bos;
@@ -78,6 +79,22 @@ double eval_logprob(const float *logits, int64_t vocab, int32_t target, double *
     if (logp)
         for (int64_t i = 0; i < vocab; i++) logp[i] = (double)logits[i] - lse;
     return (double)logits[target] - lse;
+}
+
+int32_t eval_argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+double eval_kl_row(const double *pr, int32_t top_ref, const float *b, int64_t V, int32_t target, double *pm,
+                   double *nll, int64_t *same) {
+    *nll -= eval_logprob(b, V, target, pm);
+    double kl = 0;
+    for (int64_t v = 0; v < V; v++) kl += exp(pr[v]) * (pr[v] - pm[v]);
+    *same += top_ref == eval_argmax(b, V);
+    return kl > 0 ? kl : 0;
 }
 
 spx_status eval_window(spx_session *s, const spx_model *m, const int32_t *in, int64_t ctx, float *logits) {

@@ -9,7 +9,12 @@
  * --llama-compat (llama-perplexity): the stream is tokenized with the
  * tokenizer's own BOS rule (llama.cpp's add_bos); window k feeds tokens kN .. kN+N-1 with its first token replaced by BOS,
  * and scores only the second half: positions N/2 .. N-2 predicting tokens
- * kN+N/2+1 .. kN+N-1 (N/2 - 1 predictions per window). */
+ * kN+N/2+1 .. kN+N-1 (N/2 - 1 predictions per window).
+ *
+ * skip S (--skip): the windows used are S .. S+C-1 of the same stream
+ * (window k above is then k + S), so two runs can use disjoint windows of
+ * one text: `spectra tune --skip 8 --chunks 4` tunes on windows 8-11
+ * while `spectra kl --chunks 8` evaluates on 0-7. */
 #ifndef SPX_CLI_WINDOWS_H
 #define SPX_CLI_WINDOWS_H
 
@@ -20,17 +25,17 @@
 typedef struct eval_windows {
     int32_t *tokens;   /* the stream */
     size_t n_tokens;
-    int64_t ctx, chunks;
+    int64_t ctx, chunks, skip;
     int llama_compat;
     int32_t bos;
 } eval_windows;
 
 /* Tokenizes `path` with model m's tokenizer and prepares `chunks` windows
  * (chunks <= 0: as many as fit). Prints an error and returns 0 on failure. */
-int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t ctx, int64_t chunks,
+int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t ctx, int64_t chunks, int64_t skip,
                       int llama_compat);
 void eval_windows_free(eval_windows *w);
-/* Input ids of window k into in[ctx]; first scored position and count;
+/* Input ids of window k (0 .. chunks-1, after the skipped ones) into in[ctx]; first scored position and count;
  * targets[i] is the token predicted at position first+i. */
 void eval_windows_get(const eval_windows *w, int64_t k, int32_t *in, int64_t *first, int64_t *count,
                       int32_t *targets);
@@ -42,5 +47,13 @@ spx_status eval_window(spx_session *s, const spx_model *m, const int32_t *in, in
 /* log-softmax helper: returns log p(target) for a logits row. Also writes
  * the row's log-probabilities to logp (if non-NULL), in double. */
 double eval_logprob(const float *logits, int64_t vocab, int32_t target, double *logp);
+int32_t eval_argmax(const float *x, int64_t n); /* first index of the largest */
+/* One scored position against a reference (kl and tune): pr[V] the
+ * reference's log-probabilities (eval_logprob), top_ref its argmax, b[V]
+ * the model's logits. Returns KL(ref || model) = sum exp(pr) (pr - pm),
+ * clamped at 0 (rounding gives -1e-12); adds -log p_model(target) to *nll
+ * and 1 to *same when the two argmaxes agree. pm[V]: scratch. */
+double eval_kl_row(const double *pr, int32_t top_ref, const float *b, int64_t V, int32_t target, double *pm,
+                   double *nll, int64_t *same);
 
 #endif
