@@ -32,6 +32,8 @@ static void usage(FILE *f) {
                "                       that older spectra builds read)\n"
                "  --refine OUT.refine  also write the weight refinement of this compression: every layer\n"
                "                       matrix's residual in 4 bits (run, bench, perplexity, kl --refine)\n"
+               "  --refine-bundles     with --refine: also each gated MLP layer's neuron bundles (for\n"
+               "                       --refine-mlp neuron; about doubles the .refine)\n"
                "  --threads N          worker threads (int, 1..1024; default: all CPUs)\n"
                "  -q, --quiet          no progress bar\n");
 }
@@ -63,6 +65,7 @@ int cmd_compress(int argc, char **argv) {
         int64_t iv;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--refine-bundles")) o.refine_bundles = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.src_dir = v;
         else if (!strcmp(a, "-o")) o.out_path = v;
@@ -108,6 +111,7 @@ int cmd_compress(int argc, char **argv) {
         } else { cli_error("compress: unknown option '%s'", a); usage(stderr); return 2; }
     }
     if (!o.src_dir || !o.out_path) { cli_error("compress: -m HF_DIR and -o OUT.trdc are required"); usage(stderr); return 2; }
+    if (o.refine_bundles && !o.refine_path) { cli_error("compress: --refine-bundles needs --refine OUT.refine"); return 2; }
     if (!spx_is_dir(o.src_dir)) { cli_error("%s: not a folder (compress reads a Hugging Face model folder)", o.src_dir); return 1; }
     prog p = {!quiet && isatty(2), spx_now()};
     o.progress = on_progress;
@@ -133,5 +137,8 @@ int cmd_compress(int argc, char **argv) {
     if (o.refine_path)
         fprintf(stderr, "%s: %lld residuals, %.2f MB (4-bit columns + float32 row scales)\n", o.refine_path,
                 (long long)st.n_refine, (double)st.refine_bytes / 1e6);
+    if (o.refine_bundles)
+        fprintf(stderr, "%s: neuron bundles of %lld layers, %.2f MB\n", o.refine_path, (long long)st.n_bundle_layers,
+                (double)st.bundle_bytes / 1e6);
     return 0;
 }
