@@ -174,8 +174,17 @@ typedef struct spx_refine_params {
     int64_t cache_mb;   /* 0: the file mapped in RAM; > 0: read from disk into an LRU cache of this many MiB */
     int32_t miss_wait;  /* disk: 1 a miss waits for its columns; 0 it is skipped and loaded in the background */
     int32_t n_loaders;  /* disk: loader threads, 0: 2 */
+    /* the MLP's refinement: SPX_REFINE_MLP_CHANNEL (0: gate/up and down by
+     * the k above) or SPX_REFINE_MLP_NEURON (the .refine's neuron bundles,
+     * compress --refine-bundles; the gate/up and down budgets are then 0) */
+    int32_t mlp;
+    /* neuron mode: neurons per 1,024 of the intermediate size; -1: the
+     * paper's round(3 k / 4) of the gate/up budget k; 0: off */
+    int64_t kn;
 } spx_refine_params;
 #define SPX_REFINE_K_DEFAULT 32
+#define SPX_REFINE_MLP_CHANNEL 0
+#define SPX_REFINE_MLP_NEURON 1
 /* Attaches (or, path NULL, detaches) refinement. Fails naming the file
  * when it is not a .refine, was made for another compression (its base
  * checksums differ), or its shapes differ from the model's. */
@@ -184,6 +193,9 @@ typedef struct spx_refine_info {
     int32_t active;
     int64_t k[4];
     int64_t n_mats;               /* matrices with a residual */
+    int32_t mlp;                  /* SPX_REFINE_MLP_CHANNEL or _NEURON */
+    int64_t kn;                   /* neuron mode: neurons per 1,024 */
+    int64_t n_bundle_layers;      /* layers with neuron bundles in the .refine */
     uint64_t residual_bytes;      /* of their columns (the tier) */
     uint64_t bytes_per_token;     /* columns the budgets select per decoded token, every matrix */
     uint64_t launches, selected, applied; /* refined launches; channels selected; columns applied */

@@ -6,6 +6,7 @@
 #define SPX_REFINE_ATTACH_H
 
 #include "model/model.h"
+#include "refine/bundle.h"
 #include "refine/rmat.h"
 
 typedef struct spx_refine_model {
@@ -16,6 +17,12 @@ typedef struct spx_refine_model {
     spx_refine_q4buf *q4s; /* owned residuals of spx_refine_build (4-bit) */
     struct spx_trdc *file; /* the .refine file (spx_model_refine), mapped */
     uint64_t residual_bytes; /* of the file's columns */
+    /* neuron bundles (refine/bundle.h): per layer (rt.bundles points here),
+     * owned by spx_refine_build_bundles or viewing the file */
+    spx_bundle_layer *bundles;  /* [n_layers] or NULL */
+    spx_bundle_buf *bq4s;       /* [n_layers] (built, 4-bit) or NULL */
+    spx_bundle_f32 *bf32s;      /* [n_layers] (built, exact) or NULL */
+    int64_t n_bundle_layers;
 } spx_refine_model;
 
 /* The model's runtime (for the CPU matmul), or NULL without refinement. */
@@ -29,6 +36,14 @@ spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_e
 /* Channels per chunk of SPX_REFINE_CHUNK for each SPX_RSET_* (0: off;
  * >= the chunk: every channel). */
 spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], spx_err *e);
+/* The neuron bundles of every gated MLP layer of m (refine/bundle.h),
+ * built from the residuals spx_refine_build attached (exact or 4-bit, as
+ * it was called) and the source's dense down weights. Leaves the mode
+ * channel-wise. SPX_ERR_ARG without refinement or without a gated MLP. */
+spx_status spx_refine_build_bundles(spx_model *m, const spx_model *src, spx_err *e);
+/* The MLP's mode (SPX_REFINE_MLP_*) and, neuron-wise, kn neurons per
+ * chunk of SPX_REFINE_CHUNK; SPX_ERR_ARG for neuron mode without bundles. */
+spx_status spx_refine_set_mlp(spx_model *m, int mlp, int64_t kn, spx_err *e);
 /* SPX_ERR_UNSUPPORTED when m runs on a device backend: refinement runs in
  * the CPU backend's matmul, which a device backend's passes do not use. */
 spx_status spx_refine_host_check(const spx_model *m, spx_err *e);

@@ -21,10 +21,13 @@
 #ifndef SPX_REFINE_RMAT_H
 #define SPX_REFINE_RMAT_H
 
+#include "model/arch.h"
 #include "refine/refine.h"
+#include "spectra.h"
 #include <stdint.h>
 
 struct spx_tier;
+struct spx_bundle_layer;
 
 /* One matrix's residual. Exactly one of q4 (with q4.codes NULL when the
  * columns come from the tier, at file_off + i * q4.col_stride) and f32
@@ -47,7 +50,19 @@ typedef struct spx_refine_rt {
     const spx_refine_kernels *kern; /* apply kernel */
     struct spx_tier *tier;          /* NULL: every column in memory (q4.codes) */
     spx_refine_stats st;            /* counted by the matmul hook (one thread at a time) */
+    /* the MLP's mode: SPX_REFINE_MLP_CHANNEL (the gate/up and down sets
+     * above) or SPX_REFINE_MLP_NEURON (refine/bundle.h: the layers'
+     * bundles replace those two sets, whose launches then run unrefined) */
+    int mlp;
+    int64_t kn;                     /* neuron mode: neurons per chunk of SPX_REFINE_CHUNK; 0: off */
+    const struct spx_bundle_layer *bundles; /* [n_layers] (an entry with q4.n == 0 and no f32: none), or NULL */
 } spx_refine_rt;
+
+/* The channel budget a launch of set `set` uses: k[set], except 0 for the
+ * MLP's sets in neuron mode. */
+static inline int64_t spx_refine_rt_k(const spx_refine_rt *rt, int set) {
+    return rt->mlp == SPX_REFINE_MLP_NEURON && (set == SPX_RSET_GATE_UP || set == SPX_RSET_DOWN) ? 0 : rt->k[set];
+}
 
 /* The columns sel[0..n) of a matrix whose column i is col_bytes bytes at
  * file_off + i * col_stride in the tier's file: out[j] the cached bytes

@@ -58,7 +58,8 @@ typedef struct cli_eval_opts {
 int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
 
 /* Weight refinement flags (--refine FILE, --refine-k K | Kqkv,Ko,Kgu,Kdown,
- * --refine-cache MiB, --refine-miss skip|wait, --refine-loaders N), as
+ * --refine-cache MiB, --refine-miss skip|wait, --refine-loaders N,
+ * --refine-mlp channel|neuron, --refine-kn K), as
  * cli_eval_opt; cli_apply_refine attaches them (1: done or nothing to do;
  * 0: failed, message printed); cli_refine_summary prints one line. */
 #define CLI_REFINE_USAGE                                                                                              \
@@ -67,7 +68,10 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
     "                  (default 32; 0: off; 1024: every channel)\n"                                                 \
     "  --refine-cache MiB  read the residual from disk into an LRU cache of MiB (default 0: mapped in RAM)\n"       \
     "  --refine-miss M skip (default: a miss uses the resident weights, loaded in the background) or wait\n"     \
-    "  --refine-loaders N  disk loader threads (default 2)\n"
+    "  --refine-loaders N  disk loader threads (default 2)\n"                                                         \
+    "  --refine-mlp M  channel (default: gate/up and down by their k) or neuron (the .refine's neuron bundles,\n"   \
+    "                  compress --refine-bundles; gate/up and down k are then 0)\n"                                  \
+    "  --refine-kn K   neuron mode: neurons per 1024 (int >= 0; default round(3k/4) of the gate/up k)\n"
 void cli_refine_defaults(spx_refine_params *p);
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p);
 int cli_apply_refine(spx_model *m, const spx_refine_params *p);
