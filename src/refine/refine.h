@@ -82,9 +82,9 @@
  * the exactness reference, not a kernel).
  *
  * Elsewhere: the .refine container (format/trdc.h refine4), the tier
- * (tier.h), the engine's use (rmat.h, attach.h). Not built yet: the
- * neuron-wise MLP refinement (eq. 6) beyond selecting the k_n largest
- * |h_j| (spx_refine_topk on h), refinement fitting (eqs. 3-4). */
+ * (tier.h), the engine's use (rmat.h, attach.h), the neuron-wise MLP
+ * alternative built from these residuals (bundle.h). Not built yet:
+ * refinement fitting (eqs. 3-4). */
 #ifndef SPX_REFINE_H
 #define SPX_REFINE_H
 

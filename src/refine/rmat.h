@@ -15,6 +15,10 @@
  * columns for every prompt token, while the prompt's own cost is one GEMM
  * over the resident weights.
  *
+ * In neuron mode (rt.mlp, refine/bundle.h) the MLP's gate/up and down
+ * launches run unrefined here and the CPU MLP block applies the layer's
+ * neuron bundles instead (engine/ffn_neuron.h); q/k/v and o stay as above.
+ *
  * Numbers: the base output as without refinement, then the apply kernel's
  * operations (refine.h); a budget of 0, a matrix without a residual, or no
  * available column leave the base bits unchanged. */
