@@ -129,6 +129,29 @@ static void test_build(void) {
     spx_refine_q4buf_free(&dn);
 }
 
+/* The kernel tables' row dot: the avx2 entry gives the scalar's bits, and
+ * the scalar's value is the sum to float rounding. */
+static void test_dot(void) {
+    uint64_t rng = 7;
+    const int64_t ns[5] = {1, 7, 8, 37, 512};
+    uint8_t codes[256];
+    float x[512];
+    const spx_refine_kernels *s = spx_refine_kernels_scalar(), *v = spx_refine_kernels_avx2();
+    for (int t = 0; t < 5; t++) {
+        const int64_t n = ns[t];
+        for (size_t i = 0; i < sizeof codes; i++) codes[i] = (uint8_t)tl_rand_u64(&rng);
+        for (int64_t i = 0; i < n; i++) x[i] = tl_rand_normal(&rng);
+        double ref = 0;
+        for (int64_t c = 0; c < n; c++) ref += (double)x[c] * spx_refine_code(codes, c);
+        const float a = s->dot(codes, x, n);
+        CHECK(fabs(a - ref) <= 1e-5 * (1 + fabs(ref)) * (double)n, "scalar dot n %lld: %g vs %g", (long long)n, a, ref);
+        if (v) {
+            const float b = v->dot(codes, x, n);
+            CHECK(memcmp(&a, &b, 4) == 0, "avx2 dot n %lld: %.9g vs scalar %.9g", (long long)n, b, a);
+        }
+    }
+}
+
 static spx_model *open_model(const char *path) {
     spx_model *m = NULL;
     spx_model_params mp = {.n_threads = 2};
@@ -256,6 +279,15 @@ static void run_fixture(const char *name) {
     fq = decode(m, ids, N_TOK);
     CHECK(memcmp(fq, q4, nv * sizeof(float)) == 0, "%s: the .refine's bundles (mapped) differ from the in-memory ones: "
           "max %g", name, max_diff(fq, q4, nv));
+    if (spx_refine_kernels_avx2()) { /* the other kernel table: the same bits */
+        const spx_refine_kernels *k0 = m->refine->rt.kern;
+        m->refine->rt.kern = k0 == spx_refine_kernels_scalar() ? spx_refine_kernels_avx2() : spx_refine_kernels_scalar();
+        float *fk = decode(m, ids, N_TOK);
+        CHECK(memcmp(fk, fq, nv * sizeof(float)) == 0, "%s: kernel tables %s and %s differ in neuron mode", name,
+              k0->name, m->refine->rt.kern->name);
+        free(fk);
+        m->refine->rt.kern = k0;
+    }
     rp.cache_mb = 64;
     rp.miss_wait = 1;
     CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file on disk: %s", name, spx_model_error(m));
@@ -325,6 +357,7 @@ static void test_no_gated_mlp(void) {
 int main(void) {
     test_pack();
     test_build();
+    test_dot();
     run_fixture("tiny-llama3");
     run_fixture("tiny-granite4"); /* a fused gate_up */
     test_no_gated_mlp();

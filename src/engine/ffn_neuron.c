@@ -41,13 +41,6 @@ static float h_of(float g, float u) {
     return g;
 }
 
-/* sum_c x[c] code[c], a float fmaf chain from +0 in channel order */
-static float row_dot(const uint8_t *codes, const float *x, int64_t H) {
-    float acc = 0.0f;
-    for (int64_t ch = 0; ch < H; ch++) acc = fmaf(x[ch], (float)spx_refine_code(codes, ch), acc);
-    return acc;
-}
-
 static double row_dot_f32(const float *r, const float *x, int64_t H) {
     double acc = 0;
     for (int64_t ch = 0; ch < H; ch++) acc += (double)r[ch] * x[ch];
@@ -94,8 +87,8 @@ spx_status spx_ffn_neuron_select(spx_cpu_ctx *c, const spx_bundle_layer *B, cons
             continue;
         }
         const int64_t j = c->nsel[t];
-        const float gp = g[j] + spx_bundle_row_scale(b, H, 0) * row_dot(spx_bundle_part(b, H, SPX_BUNDLE_GATE), x, H);
-        const float up = u[j] + spx_bundle_row_scale(b, H, 1) * row_dot(spx_bundle_part(b, H, SPX_BUNDLE_UP), x, H);
+        const float gp = g[j] + spx_bundle_row_scale(b, H, 0) * rt->kern->dot(spx_bundle_part(b, H, SPX_BUNDLE_GATE), x, H);
+        const float up = u[j] + spx_bundle_row_scale(b, H, 1) * rt->kern->dot(spx_bundle_part(b, H, SPX_BUNDLE_UP), x, H);
         delta[j] = h_of(gp, up) - h[j];
         dp[t] = spx_bundle_part(b, H, SPX_BUNDLE_D);
         cdp[t] = spx_bundle_part(b, H, SPX_BUNDLE_CD);

@@ -13,10 +13,11 @@
  * The state between the calls lives in the cpu context (cpu/ops.h).
  *
  * Numbers: k_n = 0, or no bundle available, leave y as the base's bits.
- * The row dots of a neuron are one float fmaf chain over c = 0..H-1 (one
- * thread: k_n neurons x 2 x H is small); the down update (H rows x the
- * selected neurons, twice) runs on the pool through refine.h's apply
- * kernel table, scalar or AVX2 (bit-identical to each other). */
+ * A neuron's two row dots are the kernel table's dot (refine.h: 8 fmaf
+ * lanes, a fixed sum), on one thread: k_n neurons x 2 x H is small next
+ * to the down update (H rows x the selected neurons, twice), which runs
+ * on the pool through the table's apply. Scalar and AVX2 tables give the
+ * same bits (tests/test_refine.c, test_refine_bundle.c). */
 #ifndef SPX_ENGINE_FFN_NEURON_H
 #define SPX_ENGINE_FFN_NEURON_H
 
