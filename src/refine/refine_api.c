@@ -51,6 +51,9 @@ static spx_status bind_bundles(spx_model *m, spx_refine_model *rm, const spx_trd
         if (!rm->bundles && !(rm->bundles = calloc((size_t)m->cfg.n_layers, sizeof *rm->bundles)))
             return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
         const int64_t H = t->shape[1];
+        if (p->cache_mb > 0 && spx_bundle_bytes(H) > (int64_t)1 << 30)
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: '%s': bundles of %lld bytes are beyond the tier's requests", p->path,
+                            name, (long long)spx_bundle_bytes(H));
         rm->bundles[l].q4 = (spx_bundle_q4){t->shape[0], H, t->refine.col_stride,
                                             p->cache_mb > 0 ? NULL : t->refine.codes, t->refine.scales,
                                             t->refine.scales + H, t->comp[SPX_TRDC_C_CODES].offset};

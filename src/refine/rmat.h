@@ -44,9 +44,9 @@ typedef struct spx_wmat_refine {
 } spx_wmat_refine;
 
 typedef struct spx_refine_stats {
-    uint64_t launches;   /* refined launches (decode steps x projection sets) */
-    uint64_t selected;   /* channels selected, over matrices */
-    uint64_t applied;    /* of those, columns available and applied */
+    uint64_t launches;   /* refined launches (decode steps x projection sets; neuron mode: + MLP layers) */
+    uint64_t selected;   /* channels selected, over matrices (neuron mode: + neurons) */
+    uint64_t applied;    /* of those, columns (bundles) available and applied */
 } spx_refine_stats;
 
 typedef struct spx_refine_rt {
