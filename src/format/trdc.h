@@ -3,7 +3,7 @@
  * normative format is docs/trdc.md; this header is its C face.
  *
  * Layout (all integers little-endian):
- *   [0, 24)            header: "TRDC4B01", u64 version (1, 2 or 3), u64 manifest_len
+ *   [0, 24)            header: "TRDC4B01", u64 version (1 to 5), u64 manifest_len
  *   [4096, ...)        payload: every tensor component at a 4096-aligned
  *                      offset, zero padding between components
  *   [file_size - manifest_len, file_size)
