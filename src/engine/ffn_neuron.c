@@ -47,47 +47,6 @@ static double row_dot_f32(const float *r, const float *x, int64_t H) {
     return acc;
 }
 
-/* Selections of at least this many neurons split their row dots over the
- * pool; below it one thread's dots cost less than a hand-off. Either way
- * each neuron's numbers are the same. */
-#define POOL_MIN_NEURONS 64
-
-typedef struct {
-    spx_cpu_ctx *c;
-    const spx_bundle_q4 *Q;
-    const float *x, *u, *h;
-    int64_t n, cap;
-} dots_job;
-
-/* For the selected neurons [t0, t1) of this thread: h'_j from the bundle's
- * gate/up rows, delta_j = h'_j - h_j, and the bundle's d and down-residual
- * parts for the apply (both NULL for a missed bundle). nbun[t] holds the
- * bundle on entry and its d part on return. */
-static void dots_task(void *arg, int tid, int nth) {
-    const dots_job *a = arg;
-    spx_cpu_ctx *c = a->c;
-    const int64_t I = a->Q->n, H = a->Q->hidden;
-    const float *g = c->nrn;
-    float *delta = c->nrn + I;
-    const uint8_t **dp = c->nbun, **cdp = c->nbun + a->cap;
-    const spx_refine_kernels *k = c->refine->kern;
-    int64_t t0, t1;
-    spx_pool_range(a->n, tid, nth, 1, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++) {
-        const uint8_t *b = dp[t];
-        if (!b) {
-            cdp[t] = NULL;
-            continue;
-        }
-        const int64_t j = c->nsel[t];
-        const float gp = g[j] + spx_bundle_row_scale(b, H, 0) * k->dot(spx_bundle_part(b, H, SPX_BUNDLE_GATE), a->x, H);
-        const float up = a->u[j] + spx_bundle_row_scale(b, H, 1) * k->dot(spx_bundle_part(b, H, SPX_BUNDLE_UP), a->x, H);
-        delta[j] = h_of(gp, up) - a->h[j];
-        dp[t] = spx_bundle_part(b, H, SPX_BUNDLE_D);
-        cdp[t] = spx_bundle_part(b, H, SPX_BUNDLE_CD);
-    }
-}
-
 spx_status spx_ffn_neuron_select(spx_cpu_ctx *c, const spx_bundle_layer *B, const float *x, const float *u,
                                  const float *h, spx_err *e) {
     spx_refine_rt *rt = c->refine;
@@ -99,7 +58,7 @@ spx_status spx_ffn_neuron_select(spx_cpu_ctx *c, const spx_bundle_layer *B, cons
     const int64_t n = spx_refine_topk(h, I, SPX_REFINE_CHUNK, rt->kn, NULL, c->nsel);
     const float *g = c->nrn;
     float *delta = c->nrn + I;
-    const uint8_t **dp = c->nbun;
+    const uint8_t **dp = c->nbun, **cdp = c->nbun + cap;
     c->n_nsel = n;
     rt->st.launches++;
     rt->st.selected += (uint64_t)n;
@@ -121,10 +80,20 @@ spx_status spx_ffn_neuron_select(spx_cpu_ctx *c, const spx_bundle_layer *B, cons
     else /* the tier: one range per neuron; NULL where it missed */
         SPX_TRY(spx_tier_get_cols(rt->tier, Q->file_off, (uint64_t)Q->stride, (uint32_t)spx_bundle_bytes(H), c->nsel,
                                   n, bp, e));
-    for (int64_t t = 0; t < n; t++) rt->st.applied += bp[t] != NULL;
-    dots_job dj = {c, Q, x, u, h, n, cap};
-    if (n >= POOL_MIN_NEURONS) spx_pool_run(c->pool, dots_task, &dj);
-    else dots_task(&dj, 0, 1);
+    for (int64_t t = 0; t < n; t++) {
+        const uint8_t *b = bp[t];
+        if (!b) {
+            cdp[t] = NULL;
+            continue;
+        }
+        const int64_t j = c->nsel[t];
+        const float gp = g[j] + spx_bundle_row_scale(b, H, 0) * rt->kern->dot(spx_bundle_part(b, H, SPX_BUNDLE_GATE), x, H);
+        const float up = u[j] + spx_bundle_row_scale(b, H, 1) * rt->kern->dot(spx_bundle_part(b, H, SPX_BUNDLE_UP), x, H);
+        delta[j] = h_of(gp, up) - h[j];
+        dp[t] = spx_bundle_part(b, H, SPX_BUNDLE_D);
+        cdp[t] = spx_bundle_part(b, H, SPX_BUNDLE_CD);
+        rt->st.applied++;
+    }
     return SPX_OK;
 }
 

@@ -14,10 +14,9 @@
  *
  * Numbers: k_n = 0, or no bundle available, leave y as the base's bits.
  * A neuron's two row dots are the kernel table's dot (refine.h: 8 fmaf
- * lanes, a fixed sum), neurons split over the pool when there are enough
- * of them (ffn_neuron.c POOL_MIN_NEURONS); the down update (H rows x the
- * selected neurons, twice) runs on the pool by rows through the table's
- * apply. Scalar and AVX2 tables give the
+ * lanes, a fixed sum), on one thread: k_n neurons x 2 x H is small next
+ * to the down update (H rows x the selected neurons, twice), which runs
+ * on the pool through the table's apply. Scalar and AVX2 tables give the
  * same bits (tests/test_refine.c, test_refine_bundle.c). */
 #ifndef SPX_ENGINE_FFN_NEURON_H
 #define SPX_ENGINE_FFN_NEURON_H
