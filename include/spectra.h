@@ -186,8 +186,18 @@ typedef struct spx_refine_params {
      * way, or, when every tuned budget is above it, the smallest one (no
      * entry for the platform: SPX_REFINE_K_DEFAULT); < 0: never */
     double tuned;
+#define SPX_REFINE_TUNED_DEFAULT 0.05
+    /* the MLP's refinement: SPX_REFINE_MLP_CHANNEL (0: gate/up and down by
+     * the k above) or SPX_REFINE_MLP_NEURON (the .refine's neuron bundles,
+     * compress --refine-bundles; the gate/up and down budgets are then 0) */
+    int32_t mlp;
+    /* neuron mode: neurons per 1,024 of the intermediate size; -1: the
+     * paper's round(3 k / 4) of the gate/up budget k; 0: off */
+    int64_t kn;
 } spx_refine_params;
 #define SPX_REFINE_K_DEFAULT 32
+#define SPX_REFINE_MLP_CHANNEL 0
+#define SPX_REFINE_MLP_NEURON 1
 #define SPX_REFINE_TUNED_DEFAULT 0.05
 /* Attaches (or, path NULL, detaches) refinement. Fails naming the file
  * when it is not a .refine, was made for another compression (its base
@@ -197,6 +207,9 @@ typedef struct spx_refine_info {
     int32_t active;
     int64_t k[4];
     int64_t n_mats;               /* matrices with a residual */
+    int32_t mlp;                  /* SPX_REFINE_MLP_CHANNEL or _NEURON */
+    int64_t kn;                   /* neuron mode: neurons per 1,024 */
+    int64_t n_bundle_layers;      /* layers with neuron bundles in the .refine */
     uint64_t residual_bytes;      /* of their columns (the tier) */
     uint64_t bytes_per_token;     /* columns the budgets select per decoded token, every matrix */
     uint64_t launches, selected, applied; /* refined launches; channels selected; columns applied */

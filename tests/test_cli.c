@@ -236,6 +236,28 @@ int main(void) {
     expect(a, 2, "--refine-k '1,2'");
     snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-miss later -p x", tmp, tmp);
     expect(a, 2, "expected skip or wait");
+    /* neuron bundles: compress --refine-bundles, inspect/verify, run/bench/plan neuron-wise, the refusals */
+    snprintf(a, sizeof a, "compress -m %s -o %s/q.trdc --refine %s/qb.refine --refine-bundles -q",
+             tl_shared("models/tiny-qwen3"), tmp, tmp);
+    expect(a, 0, "neuron bundles of");
+    snprintf(a, sizeof a, "inspect %s/qb.refine", tmp);
+    expect(a, 0, "bundle4");
+    snprintf(a, sizeof a, "verify %s/qb.refine", tmp);
+    expect(a, 0, "OK");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/qb.refine --refine-mlp neuron --refine-kn 64 --ids 1,2,3 -n 4 "
+                          "--temp 0", tmp, tmp);
+    expect(a, 0, "MLP neuron-wise: 64 neurons");
+    snprintf(a, sizeof a, "bench -m %s/q.trdc --refine %s/qb.refine --refine-mlp neuron --refine-cache 1 -p 0 -n 8 -r 1 "
+                          "--json", tmp, tmp);
+    expect(a, 0, "\"mlp\": \"neuron\", \"kn\": 24");
+    snprintf(a, sizeof a, "plan -m %s/q.trdc --refine %s/qb.refine --refine-mlp neuron --refine-k 8", tmp, tmp);
+    expect(a, 0, "MLP neuron-wise: 6 neurons");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-mlp neuron -p x", tmp, tmp);
+    expect(a, 1, "--refine-mlp neuron needs neuron bundles");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/qb.refine --refine-mlp rows -p x", tmp, tmp);
+    expect(a, 2, "expected channel or neuron");
+    snprintf(a, sizeof a, "compress -m %s -o %s/q2.trdc --refine-bundles -q", tl_shared("models/tiny-qwen3"), tmp);
+    expect(a, 2, "--refine-bundles needs --refine");
 
     /* refinement fitting (compress --refine --fit): stories260K carries a
      * tokenizer and fits in well under a second */

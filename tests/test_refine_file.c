@@ -1,9 +1,10 @@
-/* test_refine_file.c: the .refine container (docs/trdc.md 2.5): a refine4
- * round trip through the writer and reader, verify over its checksums,
- * and a list of corrupt files, each refused with a message naming the
+/* test_refine_file.c: the .refine container (docs/trdc.md 2.5, 2.6): a
+ * refine4 round trip and a bundle4 one (version 5) through the writer and
+ * reader, verify over their checksums, and a list of corrupt files, each refused with a message naming the
  * file and the problem (never a crash: they also run under ASan). */
 #include "testlib.h"
 #include "format/trdc.h"
+#include "refine/bundle.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,7 @@ static void expect_bad(const char *what, const char *from, const char *to, spx_s
     memcpy(out + mo + (at - man) + nt, at + nf, (size_t)ml - (size_t)(at - man) - nf);
     for (int i = 0; i < 8; i++) out[16 + i] = (uint8_t)(nm >> (8 * i));
     if (strstr(what, "version 3")) out[8] = 3; /* the header too */
+    if (strstr(what, "as version 4")) out[8] = 4;
     char p[640];
     snprintf(p, sizeof p, "%s/bad_%s.refine", tl_tmpdir(), what);
     for (char *c = p + strlen(tl_tmpdir()); *c; c++)
@@ -104,6 +106,50 @@ static void expect_bad(const char *what, const char *from, const char *to, spx_s
           (int)st, e.msg, want);
     spx_trdc_close(f);
     free(out), free(man), free(img);
+}
+
+/* A .refine with one bundle4 (2 neurons of hidden 3). */
+static void write_bundle_file(void) {
+    snprintf(g_path, sizeof g_path, "%s/b.refine", tl_tmpdir());
+    spx_err e;
+    spx_err_clear(&e);
+    spx_trdc_writer *w = NULL;
+    const int64_t stride = spx_bundle_stride(3);
+    uint8_t bd[2 * 128];
+    for (size_t i = 0; i < sizeof bd; i++) bd[i] = (uint8_t)(7 * i + 5);
+    const float s1[3] = {1, 2, 3}, sb[6] = {0.5f, 0.25f, 2, -1, 1e-4f, 3};
+    CHECK(stride == 128, "stride %lld", (long long)stride);
+    CHECK(spx_trdc_writer_open(g_path, &w, &e) == SPX_OK, "%s", e.msg);
+    CHECK(spx_trdc_writer_add_bundles(w, "d.weight.bundles", 2, 3, stride, bd, sb, &e) == SPX_OK, "%s", e.msg);
+    CHECK(spx_trdc_writer_finish(w, "{\"architectures\": [\"LlamaForCausalLM\"]}", NULL, NULL, "{}", NULL, &e) == SPX_OK,
+          "%s", e.msg);
+    spx_trdc *f = NULL;
+    CHECK(spx_trdc_open(g_path, &f, &e) == SPX_OK, "open: %s", e.msg);
+    if (!f) return;
+    const spx_trdc_tensor *t = spx_trdc_find(f, "d.weight.bundles");
+    CHECK(spx_trdc_version(f) == 5 && spx_trdc_contents(f) == SPX_TRDC_CONTENTS_REFINE, "version %llu",
+          (unsigned long long)spx_trdc_version(f));
+    CHECK(t && t->kind == SPX_TRDC_BUNDLE && t->shape[0] == 2 && t->shape[1] == 3 && t->refine.col_stride == stride &&
+              !strcmp(spx_trdc_kind_name(t->kind), "bundle4"),
+          "bundle4 fields");
+    CHECK(t && !memcmp(t->refine.codes, bd, sizeof bd) && !memcmp(t->refine.scales, sb, sizeof sb), "bundle4 bytes");
+    spx_trdc_verify_report rep;
+    CHECK(spx_trdc_verify(f, NULL, NULL, NULL, &rep, &e) == SPX_OK && rep.n_components == 2, "verify: %s", e.msg);
+    spx_trdc_close(f);
+    /* bundles in a model file, and a stride below one bundle, are refused */
+    char p2[640];
+    snprintf(p2, sizeof p2, "%s/bad2.refine", tl_tmpdir());
+    const int64_t shp[1] = {2};
+    CHECK(spx_trdc_writer_open(p2, &w, &e) == SPX_OK, "%s", e.msg);
+    CHECK(spx_trdc_writer_add_dense(w, "n", SPX_DT_F32, 1, shp, s1, 8, &e) == SPX_OK, "%s", e.msg);
+    CHECK(spx_trdc_writer_add_bundles(w, "b", 2, 3, stride, bd, sb, &e) == SPX_ERR_ARG && strstr(e.msg, "model file"),
+          "bundles in a model: %s", e.msg);
+    spx_trdc_writer_abort(w);
+    spx_err_clear(&e);
+    CHECK(spx_trdc_writer_open(p2, &w, &e) == SPX_OK, "%s", e.msg);
+    CHECK(spx_trdc_writer_add_bundles(w, "b", 2, 3, 71, bd, sb, &e) == SPX_ERR_ARG && strstr(e.msg, "not valid"),
+          "stride 71: %s", e.msg);
+    spx_trdc_writer_abort(w);
 }
 
 int main(void) {
@@ -120,5 +166,17 @@ int main(void) {
     expect_bad("a quant kind", "\"kind\":\"refine4\"", "\"kind\":\"quant\"", SPX_ERR_FORMAT,
                "of kind quant in a file whose contents are \"refine\"");
     expect_bad("a missing scales", "\"scales\":", "\"scalez\":", SPX_ERR_FORMAT, "scalez");
+    write_bundle_file();
+    expect_bad("bundle stride too small", "\"bundle_stride\":128", "\"bundle_stride\":71", SPX_ERR_FORMAT,
+               "'bundle_stride' is 71, expected an integer >= 72");
+    expect_bad("bundle codes size", "\"bundle_stride\":128", "\"bundle_stride\":136", SPX_ERR_FORMAT, "has size");
+    expect_bad("bundle scales size", "\"shape\":[2,3],\"bundle_stride\"", "\"shape\":[2,4],\"bundle_stride\"",
+               SPX_ERR_FORMAT, "component 'scales' has size 24, expected 32");
+    expect_bad("bundle as version 4", "\"version\":5", "\"version\":4", SPX_ERR_FORMAT, "came with version 5");
+    expect_bad("bundle in a model", "\"contents\":\"refine\"", "\"contents\":\"model\"", SPX_ERR_FORMAT,
+               "of kind bundle4 in a file whose contents are a model");
+    expect_bad("bundle no stride", "\"bundle_stride\":128,", "", SPX_ERR_FORMAT, "'bundle_stride' is");
+    expect_bad("bundle kind unknown", "\"kind\":\"bundle4\"", "\"kind\":\"bundle5\"", SPX_ERR_FORMAT,
+               "unknown kind 'bundle5'");
     return tl_finish("test_refine_file");
 }

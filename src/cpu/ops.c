@@ -39,6 +39,9 @@ void spx_cpu_ctx_free(spx_cpu_ctx *c) {
     free(c->sel);
     free(c->cols);
     free(c->skip);
+    free(c->nrn);
+    free(c->nsel);
+    free(c->nbun);
     memset(c, 0, sizeof *c);
 }
 
@@ -118,8 +121,8 @@ static spx_status refine_prepare(spx_cpu_ctx *c, int n, const spx_wmat *const *w
     spx_refine_rt *rt = c->refine;
     const spx_wmat_refine *r0 = NULL;
     for (int k = 0; k < n && !r0; k++) r0 = w[k]->ref;
-    if (!r0 || rt->k[r0->set] <= 0) return SPX_OK;
-    const int64_t cols = w[0]->cols, kk = rt->k[r0->set];
+    if (!r0 || spx_refine_rt_k(rt, r0->set) <= 0) return SPX_OK;
+    const int64_t cols = w[0]->cols, kk = spx_refine_rt_k(rt, r0->set);
     const int64_t cap = spx_refine_topk_max(cols, SPX_REFINE_CHUNK, kk);
     if (!grow((void **)&c->sel, &c->sel_cap, (size_t)cap * sizeof *c->sel) ||
         !grow((void **)&c->cols, &c->cols_cap, (size_t)(cap * n) * sizeof *c->cols))

@@ -37,6 +37,15 @@ typedef struct spx_cpu_ctx {
     size_t sel_cap, cols_cap, skip_cap;
     spx_cpu_observe_fn observe; /* NULL, or called with every launch's input */
     void *observe_user;
+    /* neuron-wise MLP refinement of a one-token step (engine/ffn_neuron.c):
+     * the gate pre-activations and the deltas h' - h [2][intermediate],
+     * the selected neurons, and per selected neuron its d and down-residual
+     * parts [2][selection capacity] (NULL: the tier missed its bundle) */
+    float *nrn;
+    int32_t *nsel;
+    const uint8_t **nbun;
+    size_t nrn_cap, nsel_cap, nbun_cap;
+    int64_t n_nsel;
 } spx_cpu_ctx;
 
 #define SPX_MATMUL_MAX 4 /* matrices in one spx_cpu_matmul_n launch */

@@ -30,8 +30,8 @@
  * step and drops its captured graphs when they changed (cu_rf_prepare).
  *
  * Not here (the CPU's alone): the disk tier (--refine-cache), the exact
- * float32 residual of the tests; both are refused at attach with a
- * message. */
+ * float32 residual of the tests, the neuron-wise MLP mode; each is
+ * refused at attach with a message. */
 #include "cuda/cu_backend.cuh"
 #include "cuda/refine.cuh"
 
@@ -68,6 +68,9 @@ extern "C" spx_status cu_refine_attach(spx_model *m, spx_err *e) {
     cu_model *cm = (cu_model *)m->be_state;
     cu_refine_free(cm);
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    if (m->refine && m->refine->rt.mlp == SPX_REFINE_MLP_NEURON)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: neuron-wise MLP refinement (--refine-mlp neuron) runs on the cpu "
+                                                "backend; the cuda backend refines channel-wise", m->path);
     const int64_t nl = m->cfg.n_layers;
     cu_refine *r = (cu_refine *)calloc(1, sizeof *r);
     if (r) r->mats = (cu_rmat *)calloc((size_t)(nl * SPX_SL_COUNT), sizeof *r->mats);
@@ -250,10 +253,10 @@ spx_status cu_rf_fork(const spx_model *m, const cu_model *cm, cu_sess *cs, const
         const cu_rmat *c = &r->mats[L.l * SPX_SL_COUNT + L.slot[i]];
         if (c->codes) first = c;
     }
-    if (!first || rt->k[first->set] <= 0) return SPX_OK;
+    if (!first || spx_refine_rt_k(rt, first->set) <= 0) return SPX_OK;
     cu_rf_sess *f = &cs->rf;
     if (!f->buf) return spx_fail(e, SPX_ERR_INTERNAL, "refinement: the session's buffers were not prepared");
-    const int64_t k = rt->k[first->set], cols = first->cols;
+    const int64_t k = spx_refine_rt_k(rt, first->set), cols = first->cols;
     spx_rf_select_args sa;
     memset(&sa, 0, sizeof sa);
     sa.x = L.x, sa.gain = L.gain, sa.x2 = L.x2, sa.eps = L.eps;

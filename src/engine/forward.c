@@ -16,12 +16,15 @@
  *   Mamba-2:    z, xBC, dt = x Win^T; xBC = silu(conv(xBC)); y = SSD(x, dt,
  *               B, C) with the SSM state; y = gatednorm(y, z); out_proj
  *   SwiGLU:     down(silu(gate x) * up x);  ReLU^2: down(relu(up x)^2)
+ *               (a decode step in neuron-wise refinement mode also adds the
+ *               selected neurons' bundles: engine/ffn_neuron.h)
  *
  * Plain and obviously right: this is what every faster backend is checked
  * against (engine/blocks.h: each function below is the meaning of its
  * block kind; spx_blocks_run walks the model's sequence). Matrix products
  * are split over threads by output row; attention by (token, head). */
 #include "engine/blocks.h"
+#include "engine/ffn_neuron.h"
 #include "engine/session.h"
 #include "refine/rmat.h"
 #include "refine/attach.h"
@@ -139,9 +142,11 @@ static spx_status mamba2(spx_session *s, const spx_layer *L, int64_t n, int64_t 
     return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_SSM_OUT], s->att, n, s->x, L->v[SPX_SL_SSM_OUT_B], e);
 }
 
-static spx_status ffn(spx_session *s, const spx_layer *L, int kind, int64_t n, spx_err *e) {
+static spx_status ffn(spx_session *s, const spx_layer *L, int64_t l, int kind, int64_t n, spx_err *e) {
     const spx_config *c = &s->m->cfg;
     int64_t I = c->intermediate_size;
+    const spx_bundle_layer *nb = kind == SPX_FFN_SWIGLU ? spx_ffn_neuron_layer(&s->cpu, l, n) : NULL;
+    const float *u = NULL; /* neuron mode: the up outputs, still there after silu_mul */
     if (kind == SPX_FFN_RELU2) {
         SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_UP], s->x, n, s->gate, L->v[SPX_SL_B_UP], e));
         for (int64_t i = 0; i < n * I; i++) {
@@ -153,6 +158,8 @@ static spx_status ffn(spx_session *s, const spx_layer *L, int kind, int64_t n, s
          * compacted to [n, I]; row t moves to [tI, tI + I), below every later
          * row's start (t + 1) 2I, so nothing unread is overwritten */
         SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_GATE_UP], s->x, n, s->gate, NULL, e));
+        if (nb) SPX_TRY(spx_ffn_neuron_save(&s->cpu, nb, s->gate, e));
+        u = s->gate + I; /* n == 1: row 0 does not move, so up stays at [I, 2I) */
         for (int64_t t = 0; t < n; t++) {
             float *g = s->gate + t * 2 * I;
             spx_cpu_silu_mul(g, g + I, I);
@@ -163,9 +170,14 @@ static spx_status ffn(spx_session *s, const spx_layer *L, int kind, int64_t n, s
         float *y[2] = {s->gate, s->up};
         const float *b[2] = {L->v[SPX_SL_B_GATE], L->v[SPX_SL_B_UP]};
         SPX_TRY(spx_cpu_matmul_n(&s->cpu, 2, w, s->x, n, y, b, e));
+        if (nb) SPX_TRY(spx_ffn_neuron_save(&s->cpu, nb, s->gate, e));
+        u = s->up;
         spx_cpu_silu_mul(s->gate, s->up, n * I);
     }
-    return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_DOWN], s->gate, n, s->x, L->v[SPX_SL_B_DOWN], e);
+    if (nb) SPX_TRY(spx_ffn_neuron_select(&s->cpu, nb, s->x, u, s->gate, e));
+    SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_DOWN], s->gate, n, s->x, L->v[SPX_SL_B_DOWN], e));
+    if (nb) spx_ffn_neuron_apply(&s->cpu, nb, s->gate, s->x);
+    return SPX_OK;
 }
 
 static void add_residual(float *h, const float *x, int64_t n, float r) {
@@ -219,7 +231,7 @@ static spx_status b_shortconv(void *ctx, int64_t l, int first, spx_err *e) { ret
 static spx_status b_mamba2(void *ctx, int64_t l, int first, spx_err *e) { return b_mixer(ctx, l, mamba2, e); }
 static spx_status b_ffn(const pass *p, int64_t l, int kind, spx_err *e) {
     norm_in(p, LAYER(p, l)->v[SPX_SL_FFN_NORM]);
-    SPX_TRY(ffn(p->s, LAYER(p, l), kind, p->n, e));
+    SPX_TRY(ffn(p->s, LAYER(p, l), l, kind, p->n, e));
     add_out(p);
     return SPX_OK;
 }

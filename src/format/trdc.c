@@ -17,6 +17,7 @@
 #include "core/mapfile.h"
 #include "core/util.h"
 #include "quant/g32.h"
+#include "refine/bundle.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -165,12 +166,19 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
     if (!strcmp(jk->valuestring, "dense")) t->kind = SPX_TRDC_DENSE;
     else if (!strcmp(jk->valuestring, "quant")) t->kind = SPX_TRDC_QUANT;
     else if (!strcmp(jk->valuestring, "refine4")) t->kind = SPX_TRDC_REFINE;
+    else if (!strcmp(jk->valuestring, "bundle4")) t->kind = SPX_TRDC_BUNDLE;
     else
         return spx_fail(e, SPX_ERR_FORMAT,
-                        "%s: tensor '%s': unknown kind '%.60s' (expected \"dense\", \"quant\" or \"refine4\")",
+                        "%s: tensor '%s': unknown kind '%.60s' (expected \"dense\", \"quant\", \"refine4\" or "
+                        "\"bundle4\")",
                         L, N, jk->valuestring);
-    /* refine4 tensors (version 4) are what a .refine holds, and all it holds */
-    if ((t->kind == SPX_TRDC_REFINE) != (f->contents == SPX_TRDC_CONTENTS_REFINE))
+    if (t->kind == SPX_TRDC_BUNDLE && f->version < 5)
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': kind bundle4 in a version %llu file (bundle4 came with "
+                                           "version 5)", L, N, (unsigned long long)f->version);
+    /* refine4 (version 4) and bundle4 (version 5) tensors are what a
+     * .refine holds, and all it holds */
+    const int refine_kind = t->kind == SPX_TRDC_REFINE || t->kind == SPX_TRDC_BUNDLE;
+    if (refine_kind != (f->contents == SPX_TRDC_CONTENTS_REFINE))
         return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' of kind %s in a file whose contents are %s", L, N,
                         jk->valuestring, f->contents == SPX_TRDC_CONTENTS_REFINE ? "\"refine\"" : "a model");
 
@@ -236,6 +244,21 @@ static spx_status parse_tensor(spx_trdc *f, const cJSON *jt, size_t i, spx_err *
         t->refine.col_stride = cs;
         t->refine.has_base_crc = jbc != NULL;
         t->refine.base_crc32 = jbc ? (uint32_t)bc : 0;
+    } else if (t->kind == SPX_TRDC_BUNDLE) { /* [intermediate, hidden] */
+        t->dtype = SPX_DT_COUNT;
+        const int64_t n = t->shape[0], H = t->shape[1], bb = spx_bundle_bytes(H);
+        const cJSON *jbs = cJSON_GetObjectItemCaseSensitive(jt, "bundle_stride");
+        int64_t bs;
+        if (!jint(jbs, bb, SPX_TRDC_MAX_DIM, &bs))
+            return spx_fail(e, SPX_ERR_FORMAT,
+                            "%s: tensor '%s': 'bundle_stride' is %s, expected an integer >= %lld (one bundle of "
+                            "hidden %lld, refine/bundle.h)",
+                            L, N, jdesc(jbs, b1, sizeof b1), (long long)bb, (long long)H);
+        if (__builtin_mul_overflow((uint64_t)n, (uint64_t)bs, &want[SPX_TRDC_C_CODES]) ||
+            want[SPX_TRDC_C_CODES] > TRDC_MAX_U53)
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s': byte size overflows", L, N);
+        want[SPX_TRDC_C_SCALES] = (uint64_t)H * 8;
+        t->refine.col_stride = bs;
     } else {
         int64_t bits, group, nout;
         const cJSON *jb = cJSON_GetObjectItemCaseSensitive(jt, "bits");
@@ -378,7 +401,7 @@ static spx_status bind_tensor(spx_trdc *f, spx_trdc_tensor *t, spx_err *e) {
         t->data = b + t->comp[SPX_TRDC_C_DATA].offset;
         return SPX_OK;
     }
-    if (t->kind == SPX_TRDC_REFINE) { /* components start 4096-aligned: the floats are aligned */
+    if (t->kind == SPX_TRDC_REFINE || t->kind == SPX_TRDC_BUNDLE) { /* components start 4096-aligned: the floats are aligned */
         t->refine.codes = b + t->comp[SPX_TRDC_C_CODES].offset;
         t->refine.scales = (const float *)(b + t->comp[SPX_TRDC_C_SCALES].offset);
         return SPX_OK;

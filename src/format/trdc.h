@@ -3,7 +3,7 @@
  * normative format is docs/trdc.md; this header is its C face.
  *
  * Layout (all integers little-endian):
- *   [0, 24)            header: "TRDC4B01", u64 version (1, 2 or 3), u64 manifest_len
+ *   [0, 24)            header: "TRDC4B01", u64 version (1 to 5), u64 manifest_len
  *   [4096, ...)        payload: every tensor component at a 4096-aligned
  *                      offset, zero padding between components
  *   [file_size - manifest_len, file_size)
@@ -26,8 +26,9 @@
  *
  * Writer: streams tensors in any order to "<path>.tmp.<pid>", computing
  * CRC32 while writing, and renames to <path> only in finish(). The file
- * gets the lowest version that holds its tensors: 3 when a matrix has 2-
- * or 3-bit codes, else 2 when one is tiled, else 1. Memory is
+ * gets the lowest version that holds its tensors: 5 with a bundle4, 4
+ * for a .refine, 3 when a matrix has 2- or 3-bit codes, else 2 when one
+ * is tiled, else 1. Memory is
  * bounded by the manifest (no payload is buffered). One writer is used by
  * one thread at a time. After any failed call the writer is dead: its temp
  * file is already removed and the only remaining calls are finish() (which
@@ -46,8 +47,9 @@
 struct cJSON;
 
 #define SPX_TRDC_MAGIC "TRDC4B01"
-#define SPX_TRDC_VERSION 4u             /* newest; read: SPX_TRDC_VERSION_MIN..this */
-#define SPX_TRDC_VERSION_MIN 1u         /* 1: row-major matrices; 2: + tiled; 3: + 2-/3-bit item packing; 4: + refine4 */
+#define SPX_TRDC_VERSION 5u             /* newest; read: SPX_TRDC_VERSION_MIN..this */
+#define SPX_TRDC_VERSION_MIN 1u         /* 1: row-major matrices; 2: + tiled; 3: + 2-/3-bit item packing; 4: + refine4;
+                                         * 5: + bundle4 */
 #define SPX_TRDC_HEADER_SIZE 24u
 #define SPX_TRDC_ALIGN 4096u            /* component offset alignment */
 #define SPX_TRDC_MAX_MANIFEST (1ull << 30) /* 1 GiB */
@@ -60,8 +62,11 @@ struct cJSON;
 typedef enum spx_trdc_kind {
     SPX_TRDC_DENSE = 0, /* "dense": F32/F16/BF16 array, any rank 1..8 */
     SPX_TRDC_QUANT = 1, /* "quant": group-quantized matrix (qtensor.h) */
-    SPX_TRDC_REFINE = 2 /* "refine4" (version 4, .refine files): a matrix's 4-bit residual columns
+    SPX_TRDC_REFINE = 2, /* "refine4" (version 4, .refine files): a matrix's 4-bit residual columns
                          * (refine/refine.h): codes cols * col_stride bytes, scales rows float32 */
+    SPX_TRDC_BUNDLE = 3 /* "bundle4" (version 5, .refine files): one MLP layer's neuron bundles
+                         * (refine/bundle.h), shape [intermediate, hidden]: codes intermediate *
+                         * bundle_stride bytes, scales 2 * hidden float32 (d's, then the down residual's) */
 } spx_trdc_kind;
 
 /* What a file holds (the manifest's "contents"): a model, or the weight
@@ -98,10 +103,10 @@ typedef struct spx_trdc_tensor {
     spx_qtensor q;             /* quant: pointers into the map (the repacked codes of a version
                                 * 1-2 file's 2-/3-bit matrix: owned by the handle); zeroed for dense */
     double kappa, r;           /* quant: saliency kurtosis, outlier ratio; NaN if absent */
-    struct {                   /* refine4: views into the map */
-        const uint8_t *codes;  /* [cols][col_stride] */
-        const float *scales;   /* [rows] */
-        int64_t col_stride;    /* >= (rows + 1) / 2 */
+    struct {                   /* refine4 and bundle4: views into the map */
+        const uint8_t *codes;  /* refine4 [cols][col_stride]; bundle4 [rows][col_stride] (one bundle a row) */
+        const float *scales;   /* refine4 [rows]; bundle4 [2][cols] */
+        int64_t col_stride;    /* refine4: >= (rows + 1) / 2; bundle4: the bundle stride, >= spx_bundle_bytes(cols) */
         uint32_t base_crc32;   /* the base matrix's codes checksum it was made against */
         int has_base_crc;
     } refine;
@@ -243,6 +248,13 @@ spx_status spx_trdc_writer_add_quant(spx_trdc_writer *w, const char *name,
 spx_status spx_trdc_writer_add_refine(spx_trdc_writer *w, const char *name, int64_t rows, int64_t cols,
                                       int64_t col_stride, const uint8_t *codes, const float *scales,
                                       uint32_t base_crc32, spx_err *e);
+
+/* A bundle4 tensor (a .refine, like refine4; the file becomes version 5):
+ * the neuron bundles of one MLP layer (refine/bundle.h) named `name`, n
+ * bundles of `stride` bytes (>= spx_bundle_bytes(hidden)) and 2 * hidden
+ * float32 scales (d's, then the down residual's). */
+spx_status spx_trdc_writer_add_bundles(spx_trdc_writer *w, const char *name, int64_t n, int64_t hidden, int64_t stride,
+                                       const uint8_t *data, const float *scales, spx_err *e);
 
 /* Appends the manifest, rewrites the header, fsyncs and renames the temp
  * file to the final path; frees w in every case (success or not).

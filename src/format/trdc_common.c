@@ -16,7 +16,7 @@ const char *spx_trdc_comp_name(spx_trdc_comp c) {
 }
 
 const char *spx_trdc_kind_name(spx_trdc_kind k) {
-    return k == SPX_TRDC_DENSE ? "dense" : k == SPX_TRDC_QUANT ? "quant" : k == SPX_TRDC_REFINE ? "refine4" : "?";
+    return k == SPX_TRDC_DENSE ? "dense" : k == SPX_TRDC_QUANT ? "quant" : k == SPX_TRDC_REFINE ? "refine4" : k == SPX_TRDC_BUNDLE ? "bundle4" : "?";
 }
 
 /* ======================================================================

@@ -8,6 +8,7 @@
 #include "format/trdc_impl.h"
 
 #include "core/util.h"
+#include "refine/bundle.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -32,7 +33,7 @@ struct spx_trdc_writer {
     uint64_t pos;        /* bytes written so far */
     cJSON *tensors;      /* manifest "tensors" array, built as we go */
     trdc_nameset names;       /* keys: name strings inside `tensors` */
-    unsigned version;    /* the lowest version holding every tensor added so far (1 .. 4) */
+    unsigned version;    /* the lowest version holding every tensor added so far (1 .. 5) */
     int n_refine, n_model; /* refine4 tensors and the others: a file holds one sort */
 };
 
@@ -354,7 +355,47 @@ spx_status spx_trdc_writer_add_refine(spx_trdc_writer *w, const char *name, int6
     st = writer_component(w, jc, SPX_TRDC_C_CODES, codes, (uint64_t)cols * (uint64_t)col_stride, e);
     if (st == SPX_OK) st = writer_component(w, jc, SPX_TRDC_C_SCALES, scales, (uint64_t)rows * 4, e);
     if (st == SPX_OK) {
-        w->version = 4u; /* refine4 came with version 4 */
+        if (w->version < 4u) w->version = 4u; /* refine4 came with version 4 */
+        w->n_refine++;
+        return writer_commit(w, jt, e);
+    }
+out:
+    cJSON_Delete(jt);
+    return st;
+}
+
+spx_status spx_trdc_writer_add_bundles(spx_trdc_writer *w, const char *name, int64_t n, int64_t hidden, int64_t stride,
+                                       const uint8_t *data, const float *scales, spx_err *e) {
+    if (!w) return spx_fail(e, SPX_ERR_ARG, "spx_trdc_writer_add_bundles: writer is NULL");
+    cJSON *jt;
+    SPX_TRY(writer_begin(w, name, "bundle4", &jt, e));
+    spx_status st = SPX_OK;
+    if (w->n_model) {
+        st = writer_arg_fail(w, e, "%s: tensor '%s': neuron bundles in a model file (a .refine holds them)", w->path,
+                             name);
+        goto out;
+    }
+    if (n < 1 || n > SPX_TRDC_MAX_DIM || hidden < 1 || hidden > SPX_TRDC_MAX_DIM || stride < spx_bundle_bytes(hidden) ||
+        stride > SPX_TRDC_MAX_DIM || !data || !scales || (uint64_t)n * (uint64_t)stride > TRDC_MAX_U53) {
+        st = writer_arg_fail(w, e, "%s: tensor '%s': %lld bundles of hidden %lld with stride %lld are not valid",
+                             w->path, name, (long long)n, (long long)hidden, (long long)stride);
+        goto out;
+    }
+    int64_t shp[2] = {n, hidden};
+    cJSON *js = shape_json(2, shp), *jc = NULL;
+    int ok = js && cJSON_AddItemToObject(jt, "shape", js);
+    if (!ok) cJSON_Delete(js);
+    ok = ok && cJSON_AddNumberToObject(jt, "bundle_stride", (double)stride) &&
+         (jc = cJSON_AddObjectToObject(jt, "components")) != NULL;
+    if (!ok) {
+        writer_kill(w);
+        st = spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", w->path);
+        goto out;
+    }
+    st = writer_component(w, jc, SPX_TRDC_C_CODES, data, (uint64_t)n * (uint64_t)stride, e);
+    if (st == SPX_OK) st = writer_component(w, jc, SPX_TRDC_C_SCALES, scales, (uint64_t)hidden * 8, e);
+    if (st == SPX_OK) {
+        w->version = 5u; /* bundle4 came with version 5 */
         w->n_refine++;
         return writer_commit(w, jt, e);
     }

@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "quant/g32.h"
 #include "quant/saliency.h"
+#include "refine/bundle_write.h"
 #include "refine/refine_write.h"
 
 #include <cjson/cJSON.h>
@@ -131,7 +132,7 @@ static void importance(const spx_config *cfg, const spx_st *st, const spx_st_ten
 
 static spx_status quantize_tensor(const spx_compress_opts *o, const spx_config *cfg, const spx_st *st,
                                   const spx_st_tensor *t, workspace *w, spx_trdc_writer *wr, spx_trdc_writer *rw,
-                                  int64_t *n_out, spx_compress_stats *stats, spx_err *e) {
+                                  spx_bundle_collect *bc, int64_t *n_out, spx_compress_stats *stats, spx_err *e) {
     int64_t rows = t->shape[0], cols = t->shape[1];
     SPX_TRY(ws_reserve(w, cols, e));
     int nth = spx_pool_size(w->pool);
@@ -187,8 +188,12 @@ static spx_status quantize_tensor(const spx_compress_opts *o, const spx_config *
             const size_t k = cb - off < ((size_t)1 << 24) ? cb - off : ((size_t)1 << 24);
             crc = crc32(crc, lq.codes + off, (uInt)k);
         }
-        s = spx_refine_write_tensor(rw, w->pool, t, &qb.q, (uint32_t)crc, &stats->refine_bytes, e);
+        spx_refine_q4buf kept = {0};
+        const int keep = spx_bundle_collect_wants(bc, t->name); /* a gated MLP's matrix: its bundles use it */
+        s = spx_refine_write_tensor(rw, w->pool, t, &qb.q, (uint32_t)crc, &stats->refine_bytes, keep ? &kept : NULL, e);
         if (s == SPX_OK) stats->n_refine++;
+        if (s == SPX_OK && keep) s = spx_bundle_collect_add(bc, rw, st, t->name, &kept, &stats->bundle_bytes, e);
+        spx_refine_q4buf_free(&kept);
     }
     free(mem);
     spx_qbuf_free(&qb);
@@ -216,6 +221,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
     spx_config cfg;
     spx_st *st = NULL;
     spx_trdc_writer *wr = NULL, *rw = NULL;
+    spx_bundle_collect *bc = NULL;
     workspace w = {0};
     w.bad = NULL;
     spx_status s;
@@ -232,6 +238,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
         s = spx_fail(e, SPX_ERR_NOMEM, "out of memory");
     if (s == SPX_OK) s = spx_trdc_writer_open(o->out_path, &wr, e);
     if (s == SPX_OK && o->refine_path) s = spx_trdc_writer_open(o->refine_path, &rw, e);
+    if (s == SPX_OK && rw && o->refine_bundles) s = spx_bundle_collect_new(&cfg, &bc, e);
     if (s != SPX_OK) goto done;
 
     size_t n = spx_st_count(st);
@@ -246,7 +253,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
             if (strstr(t->name, o->keep[k])) quant = 0;
         if (quant) {
             int64_t no = 0;
-            s = quantize_tensor(o, &cfg, st, t, &w, wr, rw, &no, stats, e);
+            s = quantize_tensor(o, &cfg, st, t, &w, wr, rw, bc, &no, stats, e);
             stats->n_quant++;
             stats->params_quant += t->numel;
             stats->n_outlier_cols += no;
@@ -259,6 +266,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
     }
     if (s != SPX_OK) goto done;
     stats->source_bytes = bytes_total;
+    stats->n_bundle_layers = spx_bundle_collect_layers(bc);
     char qs[256];
     char outl[64];
     if (o->outlier_mode == SPX_OUTLIERS_AUTO) snprintf(outl, sizeof outl, "\"auto\"");
@@ -303,6 +311,7 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
         }
     }
 done:
+    spx_bundle_collect_free(bc);
     if (wr) spx_trdc_writer_abort(wr);
     if (rw) spx_trdc_writer_abort(rw);
     spx_st_free(st);

@@ -37,6 +37,7 @@ typedef struct spx_compress_opts {
                               * matrices with cols % 128 == 0 tiled (SPX_Q_TILED, version 2) */
     const char *refine_path; /* NULL, or a .refine to write in the same pass: every quantized layer
                               * matrix's 4-bit residual (refine/refine.h; not the embedding or LM head) */
+    int refine_bundles;      /* with refine_path: also each gated MLP layer's neuron bundles (refine/bundle.h) */
     const char *keep[8];     /* tensors whose name contains one of these stay at source precision */
     int n_keep;
     /* progress: called after each tensor (may be NULL) */
@@ -56,6 +57,8 @@ typedef struct spx_compress_stats {
     uint64_t quant_codes_bytes, quant_scales_bytes, quant_zeros_bytes, quant_outlier_bytes;
     int64_t n_refine;        /* residuals written to the .refine */
     uint64_t refine_bytes;   /* their bytes (codes and scales) */
+    int64_t n_bundle_layers; /* layers whose neuron bundles were written */
+    uint64_t bundle_bytes;   /* their bytes (bundles and shared scales) */
     double seconds;
 } spx_compress_stats;
 

@@ -23,6 +23,13 @@ void spx_refine_detach(spx_model *m) {
     }
     free(rm->f32s);
     free(rm->q4s);
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        if (rm->bq4s) spx_bundle_buf_free(&rm->bq4s[l]);
+        if (rm->bf32s) spx_bundle_f32_free(&rm->bf32s[l]);
+    }
+    free(rm->bq4s);
+    free(rm->bf32s);
+    free(rm->bundles);
     free(rm->mats);
     spx_tier_close(rm->rt.tier);
     spx_trdc_close(rm->file);
@@ -122,5 +129,57 @@ spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], 
         m->refine->rt.k[i] = k[i];
     }
     m->refine_epoch++;
+    return SPX_OK;
+}
+
+spx_status spx_refine_build_bundles(spx_model *m, const spx_model *src, spx_err *e) {
+    spx_refine_model *rm = m->refine;
+    if (!rm) return spx_fail(e, SPX_ERR_ARG, "%s: no refinement is attached", m->path);
+    const int64_t NL = m->cfg.n_layers;
+    const int exact = rm->f32s != NULL;
+    if (!rm->bundles) rm->bundles = calloc((size_t)(NL ? NL : 1), sizeof *rm->bundles);
+    if (exact && !rm->bf32s) rm->bf32s = calloc((size_t)(NL ? NL : 1), sizeof *rm->bf32s);
+    if (!exact && !rm->bq4s) rm->bq4s = calloc((size_t)(NL ? NL : 1), sizeof *rm->bq4s);
+    if (!rm->bundles || (exact ? !rm->bf32s : !rm->bq4s)) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    rm->rt.bundles = rm->bundles;
+    spx_status st = SPX_OK;
+    for (int64_t l = 0; l < NL && st == SPX_OK; l++) {
+        spx_layer *L = &m->layers[l];
+        if (m->cfg.ffn[l] != SPX_FFN_SWIGLU) continue;
+        const int fused = m->cfg.gate_up_fused;
+        const spx_wmat_refine *g = L->w[fused ? SPX_SL_GATE_UP : SPX_SL_GATE].ref;
+        const spx_wmat_refine *u = L->w[fused ? SPX_SL_GATE_UP : SPX_SL_UP].ref, *d = L->w[SPX_SL_DOWN].ref;
+        if (!g || !u || !d) continue; /* a matrix without a residual (kept dense): no bundles */
+        const spx_wmat *sd = &src->layers[l].w[SPX_SL_DOWN];
+        const int64_t H = sd->rows, I = sd->cols;
+        float *w = malloc((size_t)H * (size_t)I * sizeof *w);
+        if (!w) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+        for (int64_t r = 0; r < H; r++) spx_wmat_row_f32(sd, r, w + (size_t)r * (size_t)I);
+        if (exact) {
+            st = spx_bundle_f32_build(&rm->bf32s[l], g->f32, 0, u->f32, fused ? I : 0, d->f32, w, e);
+            if (st == SPX_OK) rm->bundles[l].f32 = &rm->bf32s[l];
+        } else {
+            st = spx_bundle_build(&rm->bq4s[l], &g->q4, 0, &u->q4, fused ? I : 0, &d->q4, w, 0, e);
+            if (st == SPX_OK) rm->bundles[l].q4 = rm->bq4s[l].v;
+        }
+        free(w);
+        if (st == SPX_OK) rm->n_bundle_layers++;
+    }
+    if (st == SPX_OK && rm->n_bundle_layers == 0)
+        st = spx_fail(e, SPX_ERR_ARG, "%s: no layer has a gated MLP with residuals: no neuron bundles", m->path);
+    return st;
+}
+
+spx_status spx_refine_set_mlp(spx_model *m, int mlp, int64_t kn, spx_err *e) {
+    spx_refine_model *rm = m->refine;
+    if (!rm) return spx_fail(e, SPX_ERR_ARG, "%s: no refinement is attached", m->path);
+    if (mlp != SPX_REFINE_MLP_CHANNEL && mlp != SPX_REFINE_MLP_NEURON)
+        return spx_fail(e, SPX_ERR_ARG, "refinement MLP mode %d: expected channel (0) or neuron (1)", mlp);
+    if (mlp == SPX_REFINE_MLP_NEURON && rm->n_bundle_layers == 0)
+        return spx_fail(e, SPX_ERR_ARG, "%s: neuron-wise MLP refinement needs neuron bundles, and none are attached",
+                        m->path);
+    if (kn < 0) return spx_fail(e, SPX_ERR_ARG, "neurons per chunk %lld: must be >= 0", (long long)kn);
+    rm->rt.mlp = mlp;
+    rm->rt.kn = kn;
     return SPX_OK;
 }

@@ -7,6 +7,7 @@
 
 #include "model/model.h"
 #include "format/trdc.h"
+#include "refine/bundle.h"
 #include "refine/rmat.h"
 
 typedef struct spx_refine_model {
@@ -20,6 +21,12 @@ typedef struct spx_refine_model {
     int64_t fit_k[4];        /* the k a fitted .refine was made for (quantization.refine.fit.k), 0: not fitted */
     char platform[256];      /* spx_refine_platform of the binding (a .refine file's) */
     const spx_trdc_tuned *tuned; /* the tuned entry whose budgets are in use (in file), or NULL */
+    /* neuron bundles (refine/bundle.h): per layer (rt.bundles points here),
+     * owned by spx_refine_build_bundles or viewing the file */
+    spx_bundle_layer *bundles;  /* [n_layers] or NULL */
+    spx_bundle_buf *bq4s;       /* [n_layers] (built, 4-bit) or NULL */
+    spx_bundle_f32 *bf32s;      /* [n_layers] (built, exact) or NULL */
+    int64_t n_bundle_layers;
 } spx_refine_model;
 
 /* The model's runtime (for the CPU matmul), or NULL without refinement. */
@@ -35,6 +42,14 @@ spx_status spx_refine_build(spx_model *m, const spx_model *src, int exact, spx_e
 spx_status spx_refine_set_budget(spx_model *m, const int64_t k[SPX_RSET_COUNT], spx_err *e);
 /* SPX_ERR_UNSUPPORTED when m runs on a device backend without refinement
  * (backend.h refine_attach). */
+/* The neuron bundles of every gated MLP layer of m (refine/bundle.h),
+ * built from the residuals spx_refine_build attached (exact or 4-bit, as
+ * it was called) and the source's dense down weights. Leaves the mode
+ * channel-wise. SPX_ERR_ARG without refinement or without a gated MLP. */
+spx_status spx_refine_build_bundles(spx_model *m, const spx_model *src, spx_err *e);
+/* The MLP's mode (SPX_REFINE_MLP_*) and, neuron-wise, kn neurons per
+ * chunk of SPX_REFINE_CHUNK; SPX_ERR_ARG for neuron mode without bundles. */
+spx_status spx_refine_set_mlp(spx_model *m, int mlp, int64_t kn, spx_err *e);
 spx_status spx_refine_host_check(const spx_model *m, spx_err *e);
 /* After m->refine is bound: counts the change (model.h refine_epoch) and
  * hands the refinement to a device backend (its refine_attach), which

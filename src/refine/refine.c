@@ -425,7 +425,13 @@ static void scalar_apply(const spx_refine_q4 *R, const int32_t *sel, const uint8
     }
 }
 
-static const spx_refine_kernels g_scalar = {.name = "scalar", .apply = scalar_apply};
+static float scalar_dot(const uint8_t *codes, const float *x, int64_t n) {
+    float a[8] = {0};
+    for (int64_t c = 0; c < n; c++) a[c & 7] = fmaf(x[c], (float)spx_refine_code(codes, c), a[c & 7]);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+static const spx_refine_kernels g_scalar = {.name = "scalar", .apply = scalar_apply, .dot = scalar_dot};
 
 const spx_refine_kernels *spx_refine_kernels_scalar(void) { return &g_scalar; }
 

@@ -82,9 +82,9 @@
  * the exactness reference, not a kernel).
  *
  * Elsewhere: the .refine container (format/trdc.h refine4), the tier
- * (tier.h), the engine's use (rmat.h, attach.h). Not built yet: the
- * neuron-wise MLP refinement (eq. 6) beyond selecting the k_n largest
- * |h_j| (spx_refine_topk on h). Refinement fitting (eqs. 3-4): fit.h. */
+ * (tier.h), the engine's use (rmat.h, attach.h), the neuron-wise MLP
+ * alternative built from these residuals (bundle.h). Refinement fitting
+ * (eqs. 3-4): fit.h. */
 #ifndef SPX_REFINE_H
 #define SPX_REFINE_H
 
@@ -192,6 +192,12 @@ typedef struct spx_refine_kernels {
      * operations, `col` and missing columns). sel[j] in [0, cols). */
     void (*apply)(const spx_refine_q4 *R, const int32_t *sel, const uint8_t *const *col, int64_t n_sel,
                   const float *x, float *y, int64_t r0, int64_t r1);
+    /* sum_c x[c] q[c] over one row of n codes packed like a column (code
+     * c at byte c / 2, low nibble for even c; a neuron bundle's gate/up
+     * row, bundle.h). Numbers: 8 float lanes, lane k = fmaf chain over
+     * c = k, k + 8, ... from +0, then ((l0 + l1) + (l2 + l3)) + ((l4 +
+     * l5) + (l6 + l7)); the avx2 entry gives the same bits. */
+    float (*dot)(const uint8_t *codes, const float *x, int64_t n);
 } spx_refine_kernels;
 
 /* The scalar reference table (always available). */

@@ -1,6 +1,11 @@
 /* refine_api.c: spx_model_refine / spx_model_refine_info (spectra.h): a
  * .refine file (docs/trdc.md, "refine4" tensors) bound to the model's
- * layer matrices by name, mapped in RAM or read through the tier. */
+ * layer matrices by name, mapped in RAM or read through the tier; its
+ * "bundle4" tensors (named "<down tensor>.bundles") to the gated MLP
+ * layers. Neuron mode: the gate/up and down budgets become 0 (the bundles
+ * replace them) and kn defaults to the paper's round(3 k / 4) of the
+ * gate/up budget k as given (its setting in Table/Appendix B.7 tuples:
+ * fewer neurons than channels, each neuron costing about twice a column). */
 #include "core/pool.h"
 #include "cpu/qkernels.h"
 #include "engine/backend.h"
@@ -90,6 +95,38 @@ static void fit_ks(const spx_trdc *f, int64_t k[4]) {
     }
 }
 
+/* The file's bundle4 tensors, one per gated MLP layer that has them. */
+static spx_status bind_bundles(spx_model *m, spx_refine_model *rm, const spx_trdc *f, const spx_refine_params *p,
+                               spx_err *e) {
+    char name[300];
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        const spx_wmat *d = &m->layers[l].w[SPX_SL_DOWN];
+        if (m->cfg.ffn[l] != SPX_FFN_SWIGLU || !d->rows) continue;
+        spx_slot_tensor_name(&m->cfg, l, SPX_SL_DOWN, name, 256);
+        strcat(name, ".bundles");
+        const spx_trdc_tensor *t = spx_trdc_find(f, name);
+        if (!t) continue;
+        if (t->kind != SPX_TRDC_BUNDLE)
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' is not a bundle4 tensor", p->path, name);
+        if (t->shape[0] != d->cols || t->shape[1] != d->rows)
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: '%s' holds %lld neurons of hidden %lld; the model's MLP has %lld of %lld",
+                            p->path, name, (long long)t->shape[0], (long long)t->shape[1], (long long)d->cols,
+                            (long long)d->rows);
+        if (!rm->bundles && !(rm->bundles = calloc((size_t)m->cfg.n_layers, sizeof *rm->bundles)))
+            return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+        const int64_t H = t->shape[1];
+        if (p->cache_mb > 0 && spx_bundle_bytes(H) > (int64_t)1 << 30)
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: '%s': bundles of %lld bytes are beyond the tier's requests", p->path,
+                            name, (long long)spx_bundle_bytes(H));
+        rm->bundles[l].q4 = (spx_bundle_q4){t->shape[0], H, t->refine.col_stride,
+                                            p->cache_mb > 0 ? NULL : t->refine.codes, t->refine.scales,
+                                            t->refine.scales + H, t->comp[SPX_TRDC_C_CODES].offset};
+        rm->n_bundle_layers++;
+    }
+    rm->rt.bundles = rm->bundles;
+    return SPX_OK;
+}
+
 static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
     spx_trdc *f = NULL;
     SPX_TRY(spx_trdc_open(p->path, &f, e));
@@ -141,6 +178,7 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
         }
     if (rm->n_mats == 0)
         return spx_fail(e, SPX_ERR_FORMAT, "%s: no residual matches a matrix of %s", p->path, m->path);
+    SPX_TRY(bind_bundles(m, rm, f, p, e));
     if (p->cache_mb > 0) {
         const int loaders = p->n_loaders > 0 ? p->n_loaders : DEFAULT_LOADERS;
         SPX_TRY(spx_tier_open(p->path, (uint64_t)p->cache_mb << 20, p->miss_wait ? SPX_TIER_WAIT : SPX_TIER_SKIP,
@@ -153,6 +191,14 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
     else rm->tuned = NULL;
     for (int i = 0; i < SPX_RSET_COUNT; i++)
         rm->rt.k[i] = p->k[i] >= 0 ? p->k[i] : rm->tuned ? rm->tuned->k[i] : SPX_REFINE_K_DEFAULT;
+    if (p->mlp == SPX_REFINE_MLP_NEURON) {
+        if (rm->n_bundle_layers == 0)
+            return spx_fail(e, SPX_ERR_ARG, "%s: --refine-mlp neuron needs neuron bundles and this .refine has none "
+                                            "(write them with spectra compress --refine OUT --refine-bundles)", p->path);
+        rm->rt.mlp = SPX_REFINE_MLP_NEURON;
+        rm->rt.kn = p->kn >= 0 ? p->kn : (3 * rm->rt.k[SPX_RSET_GATE_UP] + 2) / 4;
+        rm->rt.k[SPX_RSET_GATE_UP] = rm->rt.k[SPX_RSET_DOWN] = 0;
+    }
     rm->rt.cuda_blocks = p->cuda_blocks;
     rm->rt.cuda_lag = p->cuda_lag;
     /* fitted values are made for one budget per set (refine/fit.h) */
@@ -183,6 +229,11 @@ spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
                  p->tuned);
         return fail_m(m, &e);
     }
+    if ((p->mlp != SPX_REFINE_MLP_CHANNEL && p->mlp != SPX_REFINE_MLP_NEURON) || p->kn < -1) {
+        spx_fail(&e, SPX_ERR_ARG, "refinement MLP mode %d / %lld neurons per 1024: expected mode channel (0) or neuron "
+                                  "(1) and neurons >= 0 (or -1: the default)", (int)p->mlp, (long long)p->kn);
+        return fail_m(m, &e);
+    }
     if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS || p->cuda_blocks < 0 ||
         p->cuda_blocks > 4096 || p->cuda_lag < 0 || p->cuda_lag > 4) {
         spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders / %d cuda blocks / lag %d half-blocks: out of "
@@ -210,6 +261,9 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
         out->tuned_slowdown = rm->tuned->slowdown;
         out->tuned_kl = rm->tuned->kl;
     }
+    out->mlp = rm->rt.mlp;
+    out->kn = rm->rt.kn;
+    out->n_bundle_layers = rm->n_bundle_layers;
     out->residual_bytes = rm->residual_bytes;
     for (int i = 0; i < 4; i++) out->fit_k[i] = rm->fit_k[i];
     out->launches = rm->rt.st.launches;
@@ -217,9 +271,14 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
     out->applied = rm->rt.st.applied;
     for (int64_t i = 0; i < rm->n_mats; i++) {
         const spx_wmat_refine *r = &rm->mats[i];
-        const int64_t k = rm->rt.k[r->set];
+        const int64_t k = spx_refine_rt_k(&rm->rt, r->set);
         if (k > 0)
             out->bytes_per_token += (uint64_t)spx_refine_topk_max(r->q4.cols, SPX_REFINE_CHUNK, k) * (uint64_t)r->q4.col_bytes;
+    }
+    for (int64_t l = 0; rm->bundles && rm->rt.mlp == SPX_REFINE_MLP_NEURON && rm->rt.kn > 0 && l < m->cfg.n_layers; l++) {
+        const spx_bundle_layer *b = &rm->bundles[l];
+        const int64_t n = b->f32 ? b->f32->n : b->q4.n, H = b->f32 ? b->f32->hidden : b->q4.hidden;
+        if (n > 0) out->bytes_per_token += (uint64_t)spx_refine_topk_max(n, SPX_REFINE_CHUNK, rm->rt.kn) * (uint64_t)spx_bundle_bytes(H);
     }
     if (rm->rt.tier) {
         spx_tier_stats ts;

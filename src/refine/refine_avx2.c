@@ -35,6 +35,7 @@
  * -mavx2; non-x86 builds compile the getter only (NULL). */
 #include "refine/refine.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -152,7 +153,26 @@ static void avx2_apply(const spx_refine_q4 *R, const int32_t *sel, const uint8_t
     if (r < r1) ref->apply(R, sel, col, n_sel, x, y, r, r1);
 }
 
-static const spx_refine_kernels g_avx2 = {.name = "avx2", .apply = avx2_apply};
+/* the scalar dot's 8 lanes in one vector: a 32-bit word of codes holds
+ * channels 8m .. 8m + 7, nibble k in lane k (refine.h's word packing) */
+AVX2_FN static float avx2_dot(const uint8_t *codes, const float *x, int64_t n) {
+    const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), mask = _mm256_set1_epi32(0xf);
+    const __m256i zero = _mm256_set1_epi32(SPX_REFINE_ZERO);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        uint32_t w;
+        memcpy(&w, codes + c / 2, 4);
+        const __m256i q = _mm256_sub_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), mask), zero);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + c), _mm256_cvtepi32_ps(q), acc);
+    }
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    for (; c < n; c++) a[c & 7] = fmaf(x[c], (float)spx_refine_code(codes, c), a[c & 7]);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+static const spx_refine_kernels g_avx2 = {.name = "avx2", .apply = avx2_apply, .dot = avx2_dot};
 
 const spx_refine_kernels *spx_refine_avx2_table(void) { return &g_avx2; }
 

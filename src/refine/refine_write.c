@@ -30,7 +30,8 @@ static void build_task(void *arg, int tid, int nth) {
 }
 
 spx_status spx_refine_write_tensor(spx_trdc_writer *wr, spx_pool *pool, const spx_st_tensor *t,
-                                   const spx_qtensor *q, uint32_t base_crc32, uint64_t *bytes, spx_err *e) {
+                                   const spx_qtensor *q, uint32_t base_crc32, uint64_t *bytes, spx_refine_q4buf *keep,
+                                   spx_err *e) {
     spx_refine_q4buf b;
     SPX_TRY(spx_refine_q4buf_init(&b, q->rows, q->cols, 0, e));
     const int nth = spx_pool_size(pool);
@@ -52,6 +53,7 @@ spx_status spx_refine_write_tensor(spx_trdc_writer *wr, spx_pool *pool, const sp
     free(j.rows);
     free(j.st);
     free(j.errs);
-    spx_refine_q4buf_free(&b);
+    if (st == SPX_OK && keep) *keep = b; /* the caller's now (bundles are built from it) */
+    else spx_refine_q4buf_free(&b);
     return st;
 }

@@ -215,12 +215,14 @@ int cmd_bench(int argc, char **argv) {
         spx_refine_info ri;
         spx_model_refine_info(m, &ri);
         if (ri.active)
-            printf(", \"refine\": {\"k\": [%lld, %lld, %lld, %lld], \"matrices\": %lld, \"residual_bytes\": %llu, "
+            printf(", \"refine\": {\"mlp\": \"%s\", \"kn\": %lld, \"bundle_layers\": %lld, \"bytes_per_token\": %llu, "
+                   "\"k\": [%lld, %lld, %lld, %lld], \"matrices\": %lld, \"residual_bytes\": %llu, "
                    "\"on_disk\": %s, \"direct\": %s, \"cache_bytes\": %llu, \"launches\": %llu, \"selected\": %llu, "
                    "\"applied\": %llu, \"requests\": %llu, \"hits\": %llu, \"bytes_read\": %llu, \"waits\": %llu, "
                    "\"wait_s\": %.6f}",
-                   (long long)ri.k[0], (long long)ri.k[1], (long long)ri.k[2], (long long)ri.k[3], (long long)ri.n_mats,
-                   (unsigned long long)ri.residual_bytes, ri.on_disk ? "true" : "false", ri.direct ? "true" : "false",
+                   ri.mlp == SPX_REFINE_MLP_NEURON ? "neuron" : "channel", (long long)ri.kn, (long long)ri.n_bundle_layers,
+                   (unsigned long long)ri.bytes_per_token, (long long)ri.k[0], (long long)ri.k[1], (long long)ri.k[2],
+                   (long long)ri.k[3], (long long)ri.n_mats, (unsigned long long)ri.residual_bytes, ri.on_disk ? "true" : "false", ri.direct ? "true" : "false",
                    (unsigned long long)ri.cache_bytes, (unsigned long long)ri.launches, (unsigned long long)ri.selected,
                    (unsigned long long)ri.applied, (unsigned long long)ri.requests, (unsigned long long)ri.hits,
                    (unsigned long long)ri.bytes_read, (unsigned long long)ri.waits, ri.wait_s);

@@ -51,6 +51,8 @@ static void usage(FILE *f) {
                "  --fit-ctx N          tokens per calibration window (int 2..65536, at most the model's context;\n"
                "                       default 512)\n"
                "  --fit-tokens N       calibration tokens in all, whole windows (int >= --fit-ctx; default 8192)\n"
+               "  --refine-bundles     with --refine: also each gated MLP layer's neuron bundles (for\n"
+               "                       --refine-mlp neuron; about doubles the .refine)\n"
                "  --threads N          worker threads (int, 1..1024; default: all CPUs)\n"
                "  -q, --quiet          no progress bar\n");
 }
@@ -92,6 +94,7 @@ int cmd_compress(int argc, char **argv) {
         int64_t iv;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--refine-bundles")) o.refine_bundles = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.src_dir = v;
         else if (!strcmp(a, "-o")) o.out_path = v;
@@ -150,6 +153,7 @@ int cmd_compress(int argc, char **argv) {
         } else { cli_error("compress: unknown option '%s'", a); usage(stderr); return 2; }
     }
     if (!o.src_dir || !o.out_path) { cli_error("compress: -m HF_DIR and -o OUT.trdc are required"); usage(stderr); return 2; }
+    if (o.refine_bundles && !o.refine_path) { cli_error("compress: --refine-bundles needs --refine OUT.refine"); return 2; }
     if (!spx_is_dir(o.src_dir)) { cli_error("%s: not a folder (compress reads a Hugging Face model folder)", o.src_dir); return 1; }
     if (fit_text && !o.refine_path) { cli_error("compress: --fit %s needs --refine OUT.refine (it fits the refinement)", fit_text); return 2; }
     if (fit_opts && !fit_text) { cli_error("compress: --fit-k, --fit-ctx and --fit-tokens need --fit TEXT"); return 2; }
@@ -189,6 +193,9 @@ int cmd_compress(int argc, char **argv) {
     if (o.refine_path)
         fprintf(stderr, "%s: %lld residuals, %.2f MB (4-bit columns + float32 row scales)\n", o.refine_path,
                 (long long)st.n_refine, (double)st.refine_bytes / 1e6);
+    if (o.refine_bundles)
+        fprintf(stderr, "%s: neuron bundles of %lld layers, %.2f MB\n", o.refine_path, (long long)st.n_bundle_layers,
+                (double)st.bundle_bytes / 1e6);
     if (fit_text) {
         spx_refine_fit_opts fo = {o.src_dir, o.out_path, refine_path, fit_text, fit_ctx, fit_tokens,
                                   {fit_k[0], fit_k[1], fit_k[2], fit_k[3]}, o.n_threads, p.tty ? on_fit : NULL, NULL};

@@ -151,6 +151,8 @@ static void print_table(const spx_trdc *f) {
             if (!isnan(t->kappa)) snprintf(kap, sizeof kap, "%.2f", t->kappa);
         } else if (t->kind == SPX_TRDC_REFINE) {
             snprintf(type, sizeof type, "4/col"); /* residual columns (refine/refine.h) */
+        } else if (t->kind == SPX_TRDC_BUNDLE) {
+            snprintf(type, sizeof type, "4/neuron"); /* neuron bundles (refine/bundle.h) */
         } else {
             snprintf(type, sizeof type, "%s", spx_dtype_name(t->dtype));
         }
@@ -228,6 +230,9 @@ static int print_json(const spx_trdc *f) {
             cJSON_AddNumberToObject(o, "bits", 4);
             cJSON_AddNumberToObject(o, "col_stride", (double)t->refine.col_stride);
             if (t->refine.has_base_crc) cJSON_AddNumberToObject(o, "base_crc32", (double)t->refine.base_crc32);
+        } else if (t->kind == SPX_TRDC_BUNDLE) {
+            cJSON_AddNumberToObject(o, "bits", 4);
+            cJSON_AddNumberToObject(o, "bundle_stride", (double)t->refine.col_stride);
         } else {
             cJSON_AddStringToObject(o, "layout", t->q.layout == SPX_Q_TILED ? "tile16x128" : "rows");
             cJSON_AddNumberToObject(o, "bits", t->q.bits);

@@ -94,9 +94,13 @@ int cmd_kl(int argc, char **argv) {
         if (!cli_apply_refine(ms[k].m, &ms[k].refine)) goto done;
         spx_refine_info ri;
         spx_model_refine_info(ms[k].m, &ri);
-        if (ri.active)
-            snprintf(ms[k].label, sizeof ms[k].label, "%s +refine k %lld,%lld,%lld,%lld%s", ms[k].path, (long long)ri.k[0],
-                     (long long)ri.k[1], (long long)ri.k[2], (long long)ri.k[3], ri.on_disk ? " disk" : "");
+        if (ri.active) {
+            char kn[40] = "";
+            if (ri.mlp == SPX_REFINE_MLP_NEURON) snprintf(kn, sizeof kn, " neuron kn %lld", (long long)ri.kn);
+            snprintf(ms[k].label, sizeof ms[k].label, "%s +refine k %lld,%lld,%lld,%lld%s%s", ms[k].path,
+                     (long long)ri.k[0], (long long)ri.k[1], (long long)ri.k[2], (long long)ri.k[3], kn,
+                     ri.on_disk ? " disk" : "");
+        }
         else snprintf(ms[k].label, sizeof ms[k].label, "%s", ms[k].path);
         if (spx_model_vocab_size(ms[k].m) != V) {
             cli_error("kl: vocabularies differ (%s: %lld, %s: %lld)", ref, (long long)V, ms[k].path,

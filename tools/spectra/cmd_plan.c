@@ -207,6 +207,9 @@ int cmd_plan(int argc, char **argv) {
                 cJSON_AddNumberToObject(ro, "matrices", (double)ri.n_mats);
                 cJSON_AddNumberToObject(ro, "residual_bytes", (double)ri.residual_bytes);
                 cJSON_AddNumberToObject(ro, "bytes_per_token", (double)ri.bytes_per_token);
+                cJSON_AddStringToObject(ro, "mlp", ri.mlp == SPX_REFINE_MLP_NEURON ? "neuron" : "channel");
+                cJSON_AddNumberToObject(ro, "kn", (double)ri.kn);
+                cJSON_AddNumberToObject(ro, "bundle_layers", (double)ri.n_bundle_layers);
                 cJSON *k = cJSON_AddArrayToObject(ro, "k");
                 for (int i = 0; k && i < 4; i++) cJSON_AddItemToArray(k, cJSON_CreateNumber((double)ri.k[i]));
             }
@@ -245,6 +248,9 @@ int cmd_plan(int argc, char **argv) {
                        (long long)ri.k[0], (long long)ri.k[1], (long long)ri.k[2], (long long)ri.k[3],
                        mib(ri.bytes_per_token), 100.0 * (double)ri.bytes_per_token / (double)p.read_bytes_per_token,
                        mib(p.read_bytes_per_token));
+                if (ri.mlp == SPX_REFINE_MLP_NEURON)
+                    printf("             MLP neuron-wise: %lld neurons per 1024 of the bundles in %lld layers "
+                           "(included above)\n", (long long)ri.kn, (long long)ri.n_bundle_layers);
                 if (ri.on_disk)
                     printf("             read from disk into a %.0f MiB LRU cache, a miss %s\n", mib(ri.cache_bytes),
                            rp.miss_wait ? "waited for" : "skipped (loaded in the background)");

@@ -218,6 +218,7 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
 void cli_refine_defaults(spx_refine_params *p) {
     memset(p, 0, sizeof *p);
     for (int i = 0; i < 4; i++) p->k[i] = -1;
+    p->kn = -1;
 }
 
 /* "K" (every set) or "Kqkv,Ko,Kgateup,Kdown" */
@@ -249,7 +250,8 @@ int cli_refine_ks(const char *flag, const char *v, int64_t k[4]) {
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
     const char *a = argv[*i], *v;
     static const char *const valued[] = {"--refine", "--refine-k", "--refine-cache", "--refine-miss", "--refine-loaders",
-                                         "--refine-blocks", "--refine-lag", "--refine-tuned"};
+                                         "--refine-blocks", "--refine-lag", "--refine-tuned", "--refine-mlp",
+                                         "--refine-kn"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
     if (!known) return 0;
@@ -261,7 +263,14 @@ int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
         else if (!cli_budget(a, v, &p->tuned)) return -1;
     }
     else if (!strcmp(a, "--refine-cache")) return cli_int(a, v, 0, (int64_t)1 << 30, &p->cache_mb) ? 1 : -1;
-    else if (!strcmp(a, "--refine-loaders")) {
+    else if (!strcmp(a, "--refine-kn")) return cli_int(a, v, 0, 1 << 20, &p->kn) ? 1 : -1;
+    else if (!strcmp(a, "--refine-mlp")) {
+        if (strcmp(v, "channel") && strcmp(v, "neuron")) {
+            cli_error("--refine-mlp '%s': expected channel or neuron", v);
+            return -1;
+        }
+        p->mlp = !strcmp(v, "neuron") ? SPX_REFINE_MLP_NEURON : SPX_REFINE_MLP_CHANNEL;
+    } else if (!strcmp(a, "--refine-loaders")) {
         int64_t n;
         if (!cli_int(a, v, 1, 64, &n)) return -1;
         p->n_loaders = (int32_t)n;
@@ -344,6 +353,9 @@ void cli_refine_summary(FILE *f, const spx_model *m) {
     if (r.fit_k[0])
         fprintf(f, "; fitted for k %lld,%lld,%lld,%lld", (long long)r.fit_k[0], (long long)r.fit_k[1],
                 (long long)r.fit_k[2], (long long)r.fit_k[3]);
+    if (r.mlp == SPX_REFINE_MLP_NEURON)
+        fprintf(f, "; MLP neuron-wise: %lld neurons per 1024, bundles in %lld layers", (long long)r.kn,
+                (long long)r.n_bundle_layers);
     if (r.on_disk)
         fprintf(f, "; cache %.0f MiB, hit rate %.1f%%, %.1f MiB read (%s), %llu waits %.3f s",
                 (double)r.cache_bytes / 1048576.0, r.requests ? 100.0 * (double)r.hits / (double)r.requests : 0.0,

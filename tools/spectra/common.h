@@ -61,7 +61,8 @@ typedef struct cli_eval_opts {
 int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
 
 /* Weight refinement flags (--refine FILE, --refine-k K | Kqkv,Ko,Kgu,Kdown,
- * --refine-cache MiB, --refine-miss skip|wait, --refine-loaders N), as
+ * --refine-cache MiB, --refine-miss skip|wait, --refine-loaders N,
+ * --refine-mlp channel|neuron, --refine-kn K), as
  * cli_eval_opt; cli_apply_refine attaches them (1: done or nothing to do;
  * 0: failed, message printed); cli_refine_summary prints one line. */
 #define CLI_REFINE_USAGE                                                                                              \
@@ -75,7 +76,10 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
     "  --refine-lag S  cuda: add the o/down refinement S blocks later (0, 0.5, 1, 1.5, 2; default 0)\n"                 \
     "  --refine-tuned B  take the budgets `spectra tune` recorded in FILE for this platform at slowdown budget B\n" \
     "                  (5%% or 0.05; the largest tuned budget not above B; default 5%%, or the smallest tuned one\n"  \
-    "                  when all are above; off: never); --refine-k overrides them\n"
+    "                  when all are above; off: never); --refine-k overrides them\n"              \
+    "  --refine-mlp M  channel (default: gate/up and down by their k) or neuron (the .refine's neuron bundles,\n"   \
+    "                  compress --refine-bundles; gate/up and down k are then 0)\n"                                  \
+    "  --refine-kn K   neuron mode: neurons per 1024 (int >= 0; default round(3k/4) of the gate/up k)\n"
 void cli_refine_defaults(spx_refine_params *p);
 /* --refine-k's value: "K" (every set) or four, into k (0: message printed). */
 int cli_refine_ks(const char *flag, const char *v, int64_t k[4]);
