@@ -94,7 +94,7 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c -o $@ $<
 
-$(BUILD)/tests/cuda/%: tests/cuda/%.cu $(TEST_COMMON) $(BUILD)/libspectra.a tests/testlib.h
+$(BUILD)/tests/cuda/%: tests/cuda/%.cu $(TEST_COMMON) $(BUILD)/libspectra.a tests/testlib.h tests/cuda/cutest.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Itests -o $@ $< $(TEST_COMMON) $(BUILD)/libspectra.a $(LDLIBS)
 

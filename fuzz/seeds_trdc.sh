@@ -18,12 +18,16 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/seeds_trdc.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
 CC=${SEED_CC:-cc}
 if $CC -std=c11 -O1 -D_GNU_SOURCE -DSPX_TRDC_SEEDGEN -Iinclude -Isrc \
-        fuzz/fuzz_trdc.c src/format/trdc.c src/format/trdc_common.c src/format/trdc_write.c src/quant/qpack.c \
+        fuzz/fuzz_trdc.c src/format/trdc.c src/format/trdc_common.c src/format/trdc_tuned.c src/format/trdc_write.c \
+        src/quant/qpack.c \
         src/core/err.c src/core/util.c src/core/mapfile.c \
         -o "$tmp/seedgen" -lcjson -lz -lm 2>"$tmp/cc.log"; then
     "$tmp/seedgen" "$corpus" || { echo "seeds_trdc: generator failed" >&2; exit 1; }
 else
-    echo "seeds_trdc: warning: could not build the seed generator; starting with an empty corpus" >&2
+    # a fuzzer started from an empty corpus would pass without reaching the
+    # manifest parser: a failure, not a warning
+    echo "seeds_trdc: could not build the seed generator" >&2
     sed 's/^/    /' "$tmp/cc.log" | head -n 20 >&2
+    exit 1
 fi
 exit 0

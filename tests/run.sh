@@ -1,10 +1,13 @@
 #!/bin/sh
 # Runs every test program of a build: tests/run.sh BUILD_DIR SHARED_DIR MODE
 # MODE quick skips the tests listed in tests/slow.txt (they run in the full
-# pass of the same `make check`), for the sanitizer build.
+# pass of the same `make check`), for the sanitizer build, and sets
+# SPECTRA_TEST_QUICK (tests that honour it run fewer random cases).
 build=$1; shared=$2; mode=${3:-full}
 export SPECTRA_SHARED="$shared"
 export SPECTRA_BIN="$(pwd)/$build/spectra"
+# quick (the sanitizer pass): tests that honour it run fewer random cases
+[ "$mode" = quick ] && export SPECTRA_TEST_QUICK=1
 [ -d "$shared/models" ] || { echo "tests: fixtures not found at $shared (set SHARED=...)"; exit 1; }
 fail=0; n=0
 for t in "$build"/tests/test_*; do

@@ -1015,22 +1015,6 @@ static void test_attention(void) {
 
 /* ---- end to end --------------------------------------------------------- */
 
-static double row_err(const float *g, const float *c, int64_t V) {
-    double d = 0, mx = 1;
-    for (int64_t i = 0; i < V; i++) {
-        if (isnan(g[i])) return INFINITY;
-        d = fmax(d, fabs((double)g[i] - c[i]));
-        mx = fmax(mx, fabs((double)c[i]));
-    }
-    return d / mx;
-}
-
-static int32_t argmax_f(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
-}
 
 /* The model on the cpu and on the cuda backend; false (a failed check)
  * if either will not open. */

@@ -170,21 +170,11 @@ static void test_apply(void) {
     printf("apply: bit-identical to the CPU's scalar table\n");
 }
 
-static double row_err(const float *g, const float *c, int64_t V) {
-    double d = 0, mx = 1;
-    for (int64_t i = 0; i < V; i++) {
-        if (isnan(g[i])) return INFINITY;
-        d = fmax(d, fabs((double)g[i] - c[i]));
-        mx = fmax(mx, fabs((double)c[i]));
-    }
-    return d / mx;
-}
-
-static int32_t argmax_f(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
+/* The largest row_err over n rows of V logits. */
+static double rows_err(const std::vector<float> &g, const std::vector<float> &c, int n, int64_t V) {
+    double e = 0;
+    for (int t = 0; t < n; t++) e = fmax(e, row_err(g.data() + (size_t)t * V, c.data() + (size_t)t * V, V));
+    return e;
 }
 
 /* n token-by-token steps of ids on s, logits [n, V]. */
@@ -236,11 +226,7 @@ static void test_model(const char *trdc, const char *refine) {
         CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine: %s", refine, spx_model_error(mg));
         CHECK(steps(sc, ids, n, lc, V), "%s: cpu steps: %s", trdc, spx_session_error(sc));
         CHECK(steps(sg, ids, n, lg, V), "%s: cuda steps: %s", trdc, spx_session_error(sg));
-        double err = 0, err_base = 0;
-        for (int t = 0; t < n; t++) {
-            err = fmax(err, row_err(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
-            err_base = fmax(err_base, row_err(base.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
-        }
+        const double err = rows_err(lg, lc, n, V), err_base = rows_err(base, lc, n, V);
         const double tol = k >= 1024 ? E2E_TOL : fmax(E2E_TOL, 0.1 * err_base);
         CHECK(err <= tol, "%s k %lld: refined cuda logits off the cpu's by %.3g > %.3g (unrefined: %.3g)", refine,
               (long long)k, err, tol, err_base);
@@ -272,11 +258,7 @@ static void test_model(const char *trdc, const char *refine) {
         CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine lag: %s", refine, spx_model_error(mg));
         CHECK(steps(sc, ids, n, lc, V), "%s: cpu steps: %s", trdc, spx_session_error(sc));
         CHECK(steps(sg, ids, n, lg, V), "%s: cuda steps: %s", trdc, spx_session_error(sg));
-        double err = 0, err_base = 0;
-        for (int t = 0; t < n; t++) {
-            err = fmax(err, row_err(lg.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
-            err_base = fmax(err_base, row_err(base.data() + (size_t)t * V, lc.data() + (size_t)t * V, V));
-        }
+        const double err = rows_err(lg, lc, n, V), err_base = rows_err(base, lc, n, V);
         CHECK(err < err_base, "%s lag 1: cuda logits off the cpu's refined by %.3g, the unrefined by %.3g", refine, err,
               err_base);
         spx_session_reset(sg);
