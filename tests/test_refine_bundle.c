@@ -160,29 +160,6 @@ static spx_model *open_model(const char *path) {
     return m;
 }
 
-/* logits of N_TOK tokens fed one at a time, [N_TOK, V] */
-static float *decode(spx_model *m, const int32_t *ids, int n_tok) {
-    const int64_t V = spx_model_vocab_size(m);
-    float *lg = malloc((size_t)n_tok * (size_t)V * sizeof(float));
-    spx_session *s = NULL;
-    spx_session_params sp = {.kv = SPX_KV_F32};
-    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session: %s", spx_model_error(m));
-    for (int t = 0; s && t < n_tok; t++)
-        CHECK(spx_session_eval(s, ids + t, 1, lg + (size_t)t * (size_t)V, 0) == SPX_OK, "eval %d", t);
-    spx_session_free(s);
-    return lg;
-}
-
-static double max_diff(const float *a, const float *b, size_t n) {
-    double mx = 0;
-    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs((double)a[i] - b[i]));
-    return mx;
-}
-static double mean_diff(const float *a, const float *b, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += fabs((double)a[i] - b[i]);
-    return s / (double)n;
-}
 
 static spx_status compress(const char *name, const char *out, const char *rpath, int bundles) {
     char dir[256];
@@ -216,8 +193,8 @@ static void run_fixture(const char *name) {
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
         for (int sl = 0; sl < SPX_SL_COUNT; sl++)
             if (spx_slots[sl].mat && m->layers[l].w[sl].rows) mix->layers[l].w[sl] = dense->layers[l].w[sl];
-    ref = decode(mix, ids, N_TOK);
-    base = decode(m, ids, N_TOK);
+    ref = tl_decode_steps(mix, ids, N_TOK);
+    base = tl_decode_steps(m, ids, N_TOK);
     const int64_t all[SPX_RSET_COUNT] = {SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK};
     const int64_t attn[SPX_RSET_COUNT] = {SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, 0, 0};
     const int64_t none[SPX_RSET_COUNT] = {0, 0, 0, 0};
@@ -227,12 +204,12 @@ static void run_fixture(const char *name) {
           name, e.msg);
     CHECK(spx_refine_set_budget(m, all, &e) == SPX_OK && spx_refine_set_mlp(m, SPX_REFINE_MLP_NEURON, SPX_REFINE_CHUNK, &e) == SPX_OK,
           "%s", e.msg);
-    ex = decode(m, ids, N_TOK);
-    const double ex_err = max_diff(ex, ref, nv);
+    ex = tl_decode_steps(m, ids, N_TOK);
+    const double ex_err = tl_max_diff(ex, ref, nv);
     const spx_refine_stats st = m->refine->rt.st;
     printf("%s: %lld bundle layers; exact bundles, every neuron: max |dlogit| %.2e vs dense layers (tol %g); base mean "
            "%.4f\n",
-           name, (long long)m->refine->n_bundle_layers, ex_err, EXACT_TOL, mean_diff(base, ref, nv));
+           name, (long long)m->refine->n_bundle_layers, ex_err, EXACT_TOL, tl_mean_diff(base, ref, nv));
     CHECK(ex_err <= EXACT_TOL, "%s: exact neuron refinement max |d| %g > %g", name, ex_err, EXACT_TOL);
     CHECK(st.selected >= (uint64_t)(N_TOK * I) && st.applied == st.selected, "%s: selected %llu applied %llu", name,
           (unsigned long long)st.selected, (unsigned long long)st.applied);
@@ -240,28 +217,28 @@ static void run_fixture(const char *name) {
     /* k_n = 0: the channel path with the MLP sets off, bit for bit; and
      * with no budget at all, the base */
     CHECK(spx_refine_set_mlp(m, SPX_REFINE_MLP_NEURON, 0, &e) == SPX_OK, "%s", e.msg);
-    z = decode(m, ids, N_TOK);
+    z = tl_decode_steps(m, ids, N_TOK);
     CHECK(spx_refine_set_mlp(m, SPX_REFINE_MLP_CHANNEL, 0, &e) == SPX_OK && spx_refine_set_budget(m, attn, &e) == SPX_OK,
           "%s", e.msg);
-    ch = decode(m, ids, N_TOK);
+    ch = tl_decode_steps(m, ids, N_TOK);
     CHECK(memcmp(z, ch, nv * sizeof(float)) == 0, "%s: k_n = 0 differs from the MLP sets off: max %g", name,
-          max_diff(z, ch, nv));
+          tl_max_diff(z, ch, nv));
     free(z);
     CHECK(spx_refine_set_budget(m, none, &e) == SPX_OK && spx_refine_set_mlp(m, SPX_REFINE_MLP_NEURON, 0, &e) == SPX_OK,
           "%s", e.msg);
-    z = decode(m, ids, N_TOK);
+    z = tl_decode_steps(m, ids, N_TOK);
     CHECK(memcmp(z, base, nv * sizeof(float)) == 0, "%s: k_n = 0 and budgets 0 differ from the base", name);
 
     /* 4-bit bundles, every neuron (the attention sets off): toward the dense layers */
     CHECK(spx_refine_build(m, dense, 0, &e) == SPX_OK && spx_refine_build_bundles(m, dense, &e) == SPX_OK, "%s: %s",
           name, e.msg);
     CHECK(spx_refine_set_mlp(m, SPX_REFINE_MLP_NEURON, SPX_REFINE_CHUNK, &e) == SPX_OK, "%s", e.msg);
-    q4 = decode(m, ids, N_TOK);
+    q4 = tl_decode_steps(m, ids, N_TOK);
     const int64_t mlp[SPX_RSET_COUNT] = {0, 0, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK};
     CHECK(spx_refine_set_mlp(m, SPX_REFINE_MLP_CHANNEL, 0, &e) == SPX_OK && spx_refine_set_budget(m, mlp, &e) == SPX_OK,
           "%s", e.msg);
-    float *cm = decode(m, ids, N_TOK);
-    const double q4_err = mean_diff(q4, ref, nv), base_err = mean_diff(base, ref, nv), cm_err = mean_diff(cm, ref, nv);
+    float *cm = tl_decode_steps(m, ids, N_TOK);
+    const double q4_err = tl_mean_diff(q4, ref, nv), base_err = tl_mean_diff(base, ref, nv), cm_err = tl_mean_diff(cm, ref, nv);
     free(cm);
     printf("%s: 4-bit bundles, every neuron: mean |dlogit| %.4f (base %.4f, channel-wise MLP every channel %.4f)\n", name,
            q4_err, base_err, cm_err);
@@ -276,13 +253,13 @@ static void run_fixture(const char *name) {
     spx_refine_detach(m);
     spx_refine_params rp = {.path = rpath, .k = {0, 0, 0, 0}, .mlp = SPX_REFINE_MLP_NEURON, .kn = SPX_REFINE_CHUNK};
     CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file: %s", name, spx_model_error(m));
-    fq = decode(m, ids, N_TOK);
+    fq = tl_decode_steps(m, ids, N_TOK);
     CHECK(memcmp(fq, q4, nv * sizeof(float)) == 0, "%s: the .refine's bundles (mapped) differ from the in-memory ones: "
-          "max %g", name, max_diff(fq, q4, nv));
+          "max %g", name, tl_max_diff(fq, q4, nv));
     if (spx_refine_kernels_avx2()) { /* the other kernel table: the same bits */
         const spx_refine_kernels *k0 = m->refine->rt.kern;
         m->refine->rt.kern = k0 == spx_refine_kernels_scalar() ? spx_refine_kernels_avx2() : spx_refine_kernels_scalar();
-        float *fk = decode(m, ids, N_TOK);
+        float *fk = tl_decode_steps(m, ids, N_TOK);
         CHECK(memcmp(fk, fq, nv * sizeof(float)) == 0, "%s: kernel tables %s and %s differ in neuron mode", name,
               k0->name, m->refine->rt.kern->name);
         free(fk);
@@ -291,7 +268,7 @@ static void run_fixture(const char *name) {
     rp.cache_mb = 64;
     rp.miss_wait = 1;
     CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file on disk: %s", name, spx_model_error(m));
-    fd = decode(m, ids, N_TOK);
+    fd = tl_decode_steps(m, ids, N_TOK);
     CHECK(memcmp(fd, q4, nv * sizeof(float)) == 0, "%s: the .refine's bundles (disk, wait) differ", name);
     spx_refine_info ri;
     spx_model_refine_info(m, &ri);
@@ -303,7 +280,7 @@ static void run_fixture(const char *name) {
     rp.miss_wait = 0;
     CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file, skip: %s", name, spx_model_error(m));
     {
-        float *l1 = decode(m, ids, 1);
+        float *l1 = tl_decode_steps(m, ids, 1);
         CHECK(memcmp(l1, base, (size_t)V * sizeof(float)) == 0, "%s: a step whose bundles all missed is not the base",
               name);
         spx_model_refine_info(m, &ri);

@@ -33,30 +33,6 @@ static spx_model *open_model(const char *path) {
     return m;
 }
 
-/* logits of N_TOK tokens fed one at a time (decode steps), [N_TOK, V] */
-static float *decode(spx_model *m, const int32_t *ids) {
-    const int64_t V = spx_model_vocab_size(m);
-    float *lg = malloc((size_t)N_TOK * (size_t)V * sizeof(float));
-    spx_session *s = NULL;
-    spx_session_params sp = {.kv = SPX_KV_F32};
-    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session: %s", spx_model_error(m));
-    for (int t = 0; s && t < N_TOK; t++)
-        CHECK(spx_session_eval(s, ids + t, 1, lg + (size_t)t * (size_t)V, 0) == SPX_OK, "eval %d", t);
-    spx_session_free(s);
-    return lg;
-}
-
-static double max_diff(const float *a, const float *b, size_t n) {
-    double mx = 0;
-    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs((double)a[i] - b[i]));
-    return mx;
-}
-
-static double mean_diff(const float *a, const float *b, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += fabs((double)a[i] - b[i]);
-    return s / (double)n;
-}
 
 static void run_fixture(const char *name) {
     char dir[256], out[600];
@@ -84,17 +60,17 @@ static void run_fixture(const char *name) {
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
         for (int sl = 0; sl < SPX_SL_COUNT; sl++)
             if (spx_slots[sl].mat && m->layers[l].w[sl].rows) mix->layers[l].w[sl] = dense->layers[l].w[sl];
-    float *ref = decode(mix, ids), *base = decode(m, ids);
+    float *ref = tl_decode_steps(mix, ids, N_TOK), *base = tl_decode_steps(m, ids, N_TOK);
     spx_model_free(mix);
-    const double base_err = mean_diff(base, ref, nv);
+    const double base_err = tl_mean_diff(base, ref, nv);
 
     /* exact residual, every channel: the dense logits */
     CHECK(spx_refine_build(m, dense, 1, &e) == SPX_OK, "%s: build: %s", name, e.msg);
     const int64_t all[SPX_RSET_COUNT] = {SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK};
     const int64_t none[SPX_RSET_COUNT] = {0, 0, 0, 0};
     CHECK(spx_refine_set_budget(m, all, &e) == SPX_OK, "%s", e.msg);
-    float *ex = decode(m, ids);
-    const double ex_err = max_diff(ex, ref, nv);
+    float *ex = tl_decode_steps(m, ids, N_TOK);
+    const double ex_err = tl_max_diff(ex, ref, nv);
     printf("%s: base vs dense layers mean |dlogit| %.4f; exact residual, every channel: max %.2e (tol %g), %llu launches\n",
            name, base_err, ex_err, EXACT_TOL, (unsigned long long)m->refine->rt.st.launches);
     CHECK(ex_err <= EXACT_TOL, "%s: exact refinement max |d| %g > %g", name, ex_err, EXACT_TOL);
@@ -103,7 +79,7 @@ static void run_fixture(const char *name) {
 
     /* budget 0: the compressed model's bits */
     CHECK(spx_refine_set_budget(m, none, &e) == SPX_OK, "%s", e.msg);
-    float *z = decode(m, ids);
+    float *z = tl_decode_steps(m, ids, N_TOK);
     CHECK(memcmp(z, base, nv * sizeof(float)) == 0, "%s: budget 0 differs from the base", name);
 
     /* a prompt (T > 1) runs the base weights even with a budget */
@@ -125,14 +101,14 @@ static void run_fixture(const char *name) {
     /* 4-bit residual, every channel: much closer to the dense model */
     CHECK(spx_refine_build(m, dense, 0, &e) == SPX_OK, "%s: build q4: %s", name, e.msg);
     CHECK(spx_refine_set_budget(m, all, &e) == SPX_OK, "%s", e.msg);
-    float *q4 = decode(m, ids);
-    const double q4_err = mean_diff(q4, ref, nv);
+    float *q4 = tl_decode_steps(m, ids, N_TOK);
+    const double q4_err = tl_mean_diff(q4, ref, nv);
     /* only the down projections: the others' launches untouched, so the
      * result lies between base and every set refined */
     const int64_t down[SPX_RSET_COUNT] = {0, 0, 0, SPX_REFINE_CHUNK};
     CHECK(spx_refine_set_budget(m, down, &e) == SPX_OK, "%s", e.msg);
-    float *dn = decode(m, ids);
-    const double dn_err = mean_diff(dn, ref, nv);
+    float *dn = tl_decode_steps(m, ids, N_TOK);
+    const double dn_err = tl_mean_diff(dn, ref, nv);
     printf("%s: 4-bit residual, every channel: mean |dlogit| %.4f (base %.4f); down projections only %.4f\n", name,
            q4_err, base_err, dn_err);
     CHECK(q4_err < 0.35 * base_err, "%s: 4-bit refinement %g, base %g", name, q4_err, base_err);
@@ -142,13 +118,13 @@ static void run_fixture(const char *name) {
     spx_refine_detach(m);
     spx_refine_params rp = {.path = rpath, .k = {SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK, SPX_REFINE_CHUNK}};
     CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file: %s", name, spx_model_error(m));
-    float *fq = decode(m, ids);
+    float *fq = tl_decode_steps(m, ids, N_TOK);
     CHECK(memcmp(fq, q4, nv * sizeof(float)) == 0, "%s: the .refine (mapped) differs from the in-memory residual: max %g",
-          name, max_diff(fq, q4, nv));
+          name, tl_max_diff(fq, q4, nv));
     rp.cache_mb = 64;
     rp.miss_wait = 1;
     CHECK(spx_model_refine(m, &rp) == SPX_OK, "%s: refine file on disk: %s", name, spx_model_error(m));
-    float *fd = decode(m, ids);
+    float *fd = tl_decode_steps(m, ids, N_TOK);
     CHECK(memcmp(fd, q4, nv * sizeof(float)) == 0, "%s: the .refine (disk, wait) differs from the in-memory residual",
           name);
     spx_refine_info ri;

@@ -1,6 +1,7 @@
 /* testlib.c: harness helpers (see testlib.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "testlib.h"
+#include "spectra.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -109,4 +110,30 @@ int tl_finish(const char *name) {
     if (g_tmp[0]) rm_tree(g_tmp);
     printf("%s: %d checks, %d failures\n", name, tl_checks, tl_failures);
     return tl_failures ? 1 : 0;
+}
+
+float *tl_decode_steps(spx_model *m, const int32_t *ids, int n_tok) {
+    const int64_t V = spx_model_vocab_size(m);
+    float *lg = malloc((size_t)n_tok * (size_t)V * sizeof(float));
+    spx_session *s = NULL;
+    spx_session_params sp = {.kv = SPX_KV_F32};
+    CHECK(lg != NULL, "out of memory for %d x %lld logits", n_tok, (long long)V);
+    CHECK(spx_session_new(m, &sp, &s) == SPX_OK, "session: %s", spx_model_error(m));
+    for (int t = 0; lg && s && t < n_tok; t++)
+        CHECK(spx_session_eval(s, ids + t, 1, lg + (size_t)t * (size_t)V, 0) == SPX_OK, "eval %d: %s", t,
+              spx_session_error(s));
+    spx_session_free(s);
+    return lg;
+}
+
+double tl_max_diff(const float *a, const float *b, size_t n) {
+    double mx = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs((double)a[i] - b[i]));
+    return mx;
+}
+
+double tl_mean_diff(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += fabs((double)a[i] - b[i]);
+    return n ? s / (double)n : 0.0;
 }

@@ -48,6 +48,15 @@ uint64_t tl_rand_u64(uint64_t *s);
 float tl_rand_normal(uint64_t *s);
 float tl_rand_uniform(uint64_t *s); /* [0,1) */
 
+/* Logits [n_tok, vocab] (malloc'd) of ids fed one token a step (decode
+ * steps) through a fresh float32-KV session of m; a failing step is a
+ * failed check (its rows stay unwritten). */
+struct spx_model;
+float *tl_decode_steps(struct spx_model *m, const int32_t *ids, int n_tok);
+/* max |a - b| and mean |a - b| over n floats (double sums). */
+double tl_max_diff(const float *a, const float *b, size_t n);
+double tl_mean_diff(const float *a, const float *b, size_t n);
+
 /* Prints "name: N checks, M failures" and returns the exit status. */
 int tl_finish(const char *name);
 
