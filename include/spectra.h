@@ -177,6 +177,7 @@ typedef struct spx_refine_params {
     int32_t n_loaders;  /* disk: loader threads, 0: 2 */
     int32_t cuda_blocks; /* cuda: thread blocks of the refinement kernel beside each GEMV, 0: 16 */
     int32_t cuda_lag;    /* cuda: fetch lag of the o / down refinement in half-blocks, 0..4 (s = 0 .. 2 blocks) */
+    int32_t cuda_lead;   /* cuda: fetch lead of the q/k/v and gate/up refinement in half-blocks, 0..4 */
     /* tuned budgets (`spectra tune` records them in the file per platform
      * and slowdown budget): a set whose k is -1 takes the tuned entry's k
      * for this platform (backend, kernel table, threads, tier placement,

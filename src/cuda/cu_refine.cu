@@ -71,6 +71,9 @@ extern "C" spx_status cu_refine_attach(spx_model *m, spx_err *e) {
     if (m->refine && m->refine->rt.mlp == SPX_REFINE_MLP_NEURON)
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: neuron-wise MLP refinement (--refine-mlp neuron) runs on the cpu "
                                                 "backend; the cuda backend refines channel-wise", m->path);
+    if (m->refine && m->refine->rt.cuda_lead > 0)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: fetch lead (--refine-lead) is not built on the cuda backend yet",
+                        m->path);
     const int64_t nl = m->cfg.n_layers;
     cu_refine *r = (cu_refine *)calloc(1, sizeof *r);
     if (r) r->mats = (cu_rmat *)calloc((size_t)(nl * SPX_SL_COUNT), sizeof *r->mats);

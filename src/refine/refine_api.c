@@ -201,6 +201,7 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
     }
     rm->rt.cuda_blocks = p->cuda_blocks;
     rm->rt.cuda_lag = p->cuda_lag;
+    rm->rt.cuda_lead = p->cuda_lead;
     /* fitted values are made for one budget per set (refine/fit.h) */
     fit_ks(f, rm->fit_k);
     int other = 0;
@@ -235,9 +236,10 @@ spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
         return fail_m(m, &e);
     }
     if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS || p->cuda_blocks < 0 ||
-        p->cuda_blocks > 4096 || p->cuda_lag < 0 || p->cuda_lag > 4) {
-        spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders / %d cuda blocks / lag %d half-blocks: out of "
-                 "range", (long long)p->cache_mb, (int)p->n_loaders, (int)p->cuda_blocks, (int)p->cuda_lag);
+        p->cuda_blocks > 4096 || p->cuda_lag < 0 || p->cuda_lag > 4 || p->cuda_lead < 0 || p->cuda_lead > 4) {
+        spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders / %d cuda blocks / lag %d / lead %d "
+                 "half-blocks: out of range", (long long)p->cache_mb, (int)p->n_loaders, (int)p->cuda_blocks,
+                 (int)p->cuda_lag, (int)p->cuda_lead);
         return fail_m(m, &e);
     }
     if (bind(m, p, &e) != SPX_OK) {

@@ -56,6 +56,7 @@ typedef struct spx_refine_rt {
     spx_refine_stats st;            /* counted by the matmul hook (one thread at a time) */
     int32_t cuda_blocks;            /* CUDA: thread blocks of the apply kernel (0: its default) */
     int32_t cuda_lag;               /* CUDA: fetch lag of the o / down refinement, in half-blocks (0..4: s = 0..2) */
+    int32_t cuda_lead;              /* CUDA: fetch lead of the q/k/v and gate/up refinement, in half-blocks (0..4) */
     /* the MLP's mode: SPX_REFINE_MLP_CHANNEL (the gate/up and down sets
      * above) or SPX_REFINE_MLP_NEURON (refine/bundle.h: the layers'
      * bundles replace those two sets, whose launches then run unrefined) */

@@ -250,7 +250,7 @@ int cli_refine_ks(const char *flag, const char *v, int64_t k[4]) {
 int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
     const char *a = argv[*i], *v;
     static const char *const valued[] = {"--refine", "--refine-k", "--refine-cache", "--refine-miss", "--refine-loaders",
-                                         "--refine-blocks", "--refine-lag", "--refine-tuned", "--refine-mlp",
+                                         "--refine-blocks", "--refine-lag", "--refine-lead", "--refine-tuned", "--refine-mlp",
                                          "--refine-kn"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
@@ -278,13 +278,14 @@ int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
         int64_t n;
         if (!cli_int(a, v, 1, 4096, &n)) return -1;
         p->cuda_blocks = (int32_t)n;
-    } else if (!strcmp(a, "--refine-lag")) {
+    } else if (!strcmp(a, "--refine-lag") || !strcmp(a, "--refine-lead")) {
         double s;
         if (!cli_float(a, v, 0, 2, &s) || s * 2 != (double)(int)(s * 2)) {
-            cli_error("--refine-lag '%s': expected 0, 0.5, 1, 1.5 or 2 (blocks)", v);
+            cli_error("%s '%s': expected 0, 0.5, 1, 1.5 or 2 (blocks)", a, v);
             return -1;
         }
-        p->cuda_lag = (int32_t)(s * 2);
+        if (a[9] == 'a') p->cuda_lag = (int32_t)(s * 2);
+        else p->cuda_lead = (int32_t)(s * 2);
     } else if (!strcmp(v, "skip") || !strcmp(v, "wait")) p->miss_wait = !strcmp(v, "wait");
     else {
         cli_error("--refine-miss '%s': expected skip or wait", v);

@@ -74,6 +74,7 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
     "  --refine-loaders N  disk loader threads (default 2)\n"                                                     \
     "  --refine-blocks N   cuda: thread blocks of the refinement kernel beside each GEMV (default 16)\n"    \
     "  --refine-lag S  cuda: add the o/down refinement S blocks later (0, 0.5, 1, 1.5, 2; default 0)\n"                 \
+    "  --refine-lead S cuda: select q/k/v and gate/up channels S blocks earlier (0 .. 2 by 0.5; default 0)\n"                 \
     "  --refine-tuned B  take the budgets `spectra tune` recorded in FILE for this platform at slowdown budget B\n" \
     "                  (5%% or 0.05; the largest tuned budget not above B; default 5%%, or the smallest tuned one\n"  \
     "                  when all are above; off: never); --refine-k overrides them\n"              \
