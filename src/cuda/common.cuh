@@ -1,10 +1,12 @@
 /* common.cuh: what every CUDA op family shares: the device view of a
  * quantized matrix (spx_dqmat, the .trdc layout of qtensor.h copied
- * component by component, no re-layout), warp/block reductions and the
+ * component by component, or tiled at upload), warp/block reductions and the
  * packed (value, index) key of the device argmax.
  *
- * Limits: 4-bit codes in groups of 32 (the .trdc default); the backend
- * rejects other widths and group sizes at model load with a message. */
+ * Limits: 4-bit codes in groups of 32 (the .trdc default), and 2 and 3
+ * bits in groups of 32 with cols % 128 == 0 (tiled: lowbit.cuh); the
+ * backend rejects other widths and group sizes at model load with a
+ * message. */
 #ifndef SPX_CUDA_COMMON_CUH
 #define SPX_CUDA_COMMON_CUH
 
@@ -17,11 +19,12 @@
 #include <mutex>
 
 #include "engine/tuning.h" /* the SPECTRA_* settings */
+#include "cuda/lowbit.cuh"
 
 #define SPX_CUDA_GROUP 32 /* columns per quantization group */
 
-/* A Group-32 4-bit matrix [rows, cols] in device memory, laid out exactly
- * as in the .trdc (qtensor.h), in either layout:
+/* A Group-32 matrix [rows, cols] in device memory, 4-bit laid out as in
+ * the .trdc (qtensor.h), in either layout, or 2/3-bit tiled (lowbit.cuh):
  *   rows (tiled == 0): row r's codes at codes + r*cols/2, scales at
  *       scales + r*n_groups, zero nibbles at zeros + r*zrow;
  *   tiled (SPX_Q_TILED): 16-row tiles x 128-column items in the int8 MMA
@@ -34,6 +37,7 @@ struct spx_dqmat {
     int zrow;                 /* rows layout: bytes of zero points per row, (n_groups + 1) / 2 */
     int n_out;                /* outlier columns */
     int tiled;                /* 1: SPX_Q_TILED */
+    int bits;                 /* 4, or 2 / 3 (always tiled: cuda/lowbit.cuh); 0 reads as 4 */
     const uint8_t *codes;
     const __half *scales;
     const uint8_t *zeros;
@@ -46,7 +50,14 @@ __device__ __forceinline__ void spx_dq_group(const spx_dqmat &w, int64_t r, int 
     if (w.tiled) {
         const int64_t ti = (r >> 4) * (w.cols >> 7) + (g >> 2);
         const int lane = (int)((r & 7) << 2) + (g & 3), hi = (int)(r >> 3) & 1;
-        c = __ldg(reinterpret_cast<const uint4 *>(w.codes + (ti << 10) + (hi << 9) + (lane << 4)));
+        if (w.bits == 2 || w.bits == 3) { /* lowbit.cuh: a lane-row's words, as nibbles */
+            const uint8_t *base = w.codes + ti * 256 * w.bits;
+            const uint2 ab = __ldg(reinterpret_cast<const uint2 *>(base + 16 * lane + 8 * hi));
+            c = w.bits == 2 ? spx_lb_nibbles<2>(ab.x, ab.y, 0)
+                            : spx_lb_nibbles<3>(ab.x, ab.y, __ldg(reinterpret_cast<const uint32_t *>(base + 512 + 8 * lane + 4 * hi)));
+        } else {
+            c = __ldg(reinterpret_cast<const uint4 *>(w.codes + (ti << 10) + (hi << 9) + (lane << 4)));
+        }
         s = __half2float(w.scales[(ti << 6) + 2 * lane + hi]);
         z = (w.zeros[(ti << 5) + lane] >> (hi << 2)) & 15;
     } else {

@@ -45,7 +45,8 @@ static spx_dqmat up_mat(uploader *u, const spx_wmat *w) {
         tq.layout = SPX_Q_TILED;
         if (!u->dry) {
             spx_err te;
-            if (spx_q_tile_alloc(q, &tq, &mem, &te) != SPX_OK && u->err == cudaSuccess) u->err = cudaErrorMemoryAllocation;
+            const spx_status ts = q->bits == 4 ? spx_q_tile_alloc(q, &tq, &mem, &te) : spx_cu_tile_lowbit(q, &tq, &mem, &te);
+            if (ts != SPX_OK && u->err == cudaSuccess) u->err = cudaErrorMemoryAllocation;
         }
         q = &tq;
     }
@@ -57,6 +58,7 @@ static spx_dqmat up_mat(uploader *u, const spx_wmat *w) {
     d.zrow = (d.n_groups + 1) / 2;
     d.n_out = (int)q->n_outliers;
     d.tiled = q->layout == SPX_Q_TILED;
+    d.bits = (int)q->bits;
     size_t parts[5];
     spx_mem_mat_parts(q, parts);
     d.codes = (const uint8_t *)up_take(u, q->codes, parts[0]);
@@ -77,11 +79,16 @@ static spx_status check_mat(const spx_model *m, const spx_wmat *w, const char *n
                         "(spectra compress -m MODEL -o MODEL.trdc)",
                         m->path, name, spx_dtype_name(w->dtype));
     const spx_qtensor *q = &w->q;
-    if (q->bits != 4 || q->group != SPX_CUDA_GROUP)
+    if ((q->bits != 4 && q->bits != 3 && q->bits != 2) || q->group != SPX_CUDA_GROUP)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "%s: matrix '%s' has %d-bit codes in groups of %d; the cuda backend runs 4 bits in groups of "
-                        "32 (recompress with --bits 4 --group 32)",
+                        "%s: matrix '%s' has %d-bit codes in groups of %d; the cuda backend runs 2, 3 and 4 bits in "
+                        "groups of 32 (recompress with --group 32)",
                         m->path, name, (int)q->bits, (int)q->group);
+    if (q->bits != 4 && !dev_tiled(q))
+        return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                        "%s: matrix '%s' is [%lld, %lld] with %d-bit codes; the cuda backend runs 2 and 3 bits on "
+                        "widths that are a multiple of 128 only (recompress with --bits 4)",
+                        m->path, name, (long long)q->rows, (long long)q->cols, (int)q->bits);
     if (q->cols % SPX_CUDA_GROUP || q->cols > SPX_GEMV_MAX_COLS || q->rows >= ((int64_t)1 << 31))
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: matrix '%s' is [%lld, %lld]; the cuda backend needs cols <= %d",
                         m->path, name, (long long)q->rows, (long long)q->cols, SPX_GEMV_MAX_COLS);

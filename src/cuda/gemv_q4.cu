@@ -81,6 +81,12 @@ struct gemv_kargs {
     int early_store; /* tiled, P = 4: the first tile's bias before the PDL wait, its old y (ADD) right after it */
 };
 
+__device__ __forceinline__ uint2 ld_stream8(const void *p) {
+    uint2 r;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
 __device__ __forceinline__ uint4 ld_stream16(const void *p) {
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -219,13 +225,27 @@ __device__ __forceinline__ float gm_build(const gemv_kargs &k, uint8_t *img, int
 /* The four MMAs of one item: per lane, for rows r and r + 8 of the tile and
  * the lane's group, the exact integer sums D0 + 256 D1 of codes times the
  * input's two digit planes (the zero point's term is the caller's). */
+/* BITS 4: c0, c1 are the two rows' 16-byte groups; BITS 2 and 3: c0 holds
+ * W0, W1 of row r then of row r + 8, c1.x and c1.y their W2 (bits 3;
+ * lowbit.cuh), unpacked into the same fragments. */
+template <int BITS = 4>
 __device__ __forceinline__ void gm_item_dot(const uint4 &c0, const uint4 &c1, const uint4 &bA, const uint4 &bB, int &s0,
                                             int &s1) {
     int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
-    mma_s8(d, c0.x & 0x0f0f0f0fu, c1.x & 0x0f0f0f0fu, (c0.x >> 4) & 0x0f0f0f0fu, (c1.x >> 4) & 0x0f0f0f0fu, bA.x, bA.y);
-    mma_s8(e, c0.z & 0x0f0f0f0fu, c1.z & 0x0f0f0f0fu, (c0.z >> 4) & 0x0f0f0f0fu, (c1.z >> 4) & 0x0f0f0f0fu, bB.x, bB.y);
-    mma_s8(d, c0.y & 0x0f0f0f0fu, c1.y & 0x0f0f0f0fu, (c0.y >> 4) & 0x0f0f0f0fu, (c1.y >> 4) & 0x0f0f0f0fu, bA.z, bA.w);
-    mma_s8(e, c0.w & 0x0f0f0f0fu, c1.w & 0x0f0f0f0fu, (c0.w >> 4) & 0x0f0f0f0fu, (c1.w >> 4) & 0x0f0f0f0fu, bB.z, bB.w);
+    if (BITS == 4) {
+        mma_s8(d, c0.x & 0x0f0f0f0fu, c1.x & 0x0f0f0f0fu, (c0.x >> 4) & 0x0f0f0f0fu, (c1.x >> 4) & 0x0f0f0f0fu, bA.x, bA.y);
+        mma_s8(e, c0.z & 0x0f0f0f0fu, c1.z & 0x0f0f0f0fu, (c0.z >> 4) & 0x0f0f0f0fu, (c1.z >> 4) & 0x0f0f0f0fu, bB.x, bB.y);
+        mma_s8(d, c0.y & 0x0f0f0f0fu, c1.y & 0x0f0f0f0fu, (c0.y >> 4) & 0x0f0f0f0fu, (c1.y >> 4) & 0x0f0f0f0fu, bA.z, bA.w);
+        mma_s8(e, c0.w & 0x0f0f0f0fu, c1.w & 0x0f0f0f0fu, (c0.w >> 4) & 0x0f0f0f0fu, (c1.w >> 4) & 0x0f0f0f0fu, bB.z, bB.w);
+    } else {
+        auto F = [&](int row, int m, int h) {
+            return row ? spx_lb_frag<BITS>(c0.z, c0.w, c1.y, m, h) : spx_lb_frag<BITS>(c0.x, c0.y, c1.x, m, h);
+        };
+        mma_s8(d, F(0, 0, 0), F(1, 0, 0), F(0, 0, 1), F(1, 0, 1), bA.x, bA.y);
+        mma_s8(e, F(0, 2, 0), F(1, 2, 0), F(0, 2, 1), F(1, 2, 1), bB.x, bB.y);
+        mma_s8(d, F(0, 1, 0), F(1, 1, 0), F(0, 1, 1), F(1, 1, 1), bA.z, bA.w);
+        mma_s8(e, F(0, 3, 0), F(1, 3, 0), F(0, 3, 1), F(1, 3, 1), bB.z, bB.w);
+    }
     s0 = (d[0] + e[0]) + (d[1] + e[1]) * 256;
     s1 = (d[2] + e[2]) + (d[3] + e[3]) * 256;
 }
@@ -233,11 +253,12 @@ __device__ __forceinline__ void gm_item_dot(const uint4 &c0, const uint4 &c1, co
 /* One tiled item of a lane into its two row sums: codes c0, c1 (rows r and
  * r + 8), the packed fp16 scale pair s0, the zero byte z0 (low nibble row
  * r), the B fragments at bp and the group's (S, -sum X) meta. */
+template <int BITS>
 __device__ __forceinline__ void gm_tiled_item(const uint4 &c0, const uint4 &c1, unsigned s0, unsigned z0, const uint4 *bp,
                                               int2 mt, float &tot0, float &tot1) {
     const uint4 bA = bp[0], bB = bp[1]; /* two 16-byte shared loads */
     int i0, i1;
-    gm_item_dot(c0, c1, bA, bB, i0, i1);
+    gm_item_dot<BITS>(c0, c1, bA, bB, i0, i1);
     i0 += (int)(z0 & 15u) * mt.y;
     i1 += (int)((z0 >> 4) & 15u) * mt.y;
     const float S = __int_as_float(mt.x);
@@ -511,7 +532,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, MINB) gemv_q4_mma(const __grid_
  * per block, sharing the input image): the first P items of its tiles are
  * issued, then the PDL wait, then the image is built (by the whole block)
  * and the tiles computed. */
-template <int P, int GR>
+template <int P, int GR, int BITS>
 __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int64_t bid, int64_t tile_end,
                                              float (&red)[2][GM_WARPS][16], double *redd, float (*pxg)[16]) {
     extern __shared__ float4 gemv_sm[];
@@ -526,6 +547,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     const int total = ntl * niw;
     const int iw0 = warp * niw;
     const int sl = 32 * niw;
+    constexpr int TB = 256 * BITS; /* code bytes per (tile, item): qtensor.h, lowbit.cuh */
     auto mat_of = [&](int64_t T) { return (int)(T >= k.tstart[1]) + (int)(T >= k.tstart[2]); };
 
     /* Issue side: the tile's code / scale / zero bases for this lane, its
@@ -540,7 +562,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
         const int m = mat_of(is_tile);
         const spx_dqmat &w = a.w[m];
         const int64_t ti = (is_tile - k.tstart[m]) * n_items;
-        ic = w.codes + ti * 1024 + lane * 16;
+        ic = w.codes + ti * TB + lane * 16;
         isc = reinterpret_cast<const uint32_t *>(w.scales) + ti * 32 + lane;
         iz = w.zeros + ti * 32 + lane;
         ino = w.n_out;
@@ -556,8 +578,13 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
             it.c1 = it.c0;
             it.s0 = it.z0 = it.o0 = it.o1 = 0;
             if (item < n_items) {
-                it.c0 = ld_stream16(ic + item * 1024);
-                it.c1 = ld_stream16(ic + item * 1024 + 512);
+                it.c0 = ld_stream16(ic + item * TB);
+                if (BITS == 4) it.c1 = ld_stream16(ic + item * TB + 512);
+                if (BITS == 3) { /* the W2 words: 512 + 8 lane of the item */
+                    const uint2 w2 = ld_stream8(ic + item * TB + 512 - 8 * lane);
+                    it.c1.x = w2.x;
+                    it.c1.y = w2.y;
+                }
                 it.s0 = __ldg(isc + item * 32);
                 it.z0 = __ldg(iz + item * 32);
             }
@@ -631,7 +658,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
     unsigned long long best = 0;
     auto consume = [&](const gm_item &it, int h) {
         const int item = iw0 + cj + h, bi = item < n_items ? item : n_items - 1, g = item * 4 + t;
-        gm_tiled_item(it.c0, it.c1, it.s0, it.z0, reinterpret_cast<const uint4 *>(bbase + bi * bstride),
+        gm_tiled_item<BITS>(it.c0, it.c1, it.s0, it.z0, reinterpret_cast<const uint4 *>(bbase + bi * bstride),
                       meta[bi * 4 + t], tot0, tot1);
         if (g < cno) {
             tot0 = fmaf(__half2float(__ushort_as_half((unsigned short)it.o0)), cxo[g], tot0);
@@ -696,7 +723,7 @@ __device__ __forceinline__ void gm_tiled_run(const gemv_kargs &k, int64_t G, int
  * group through shared memory (a 64-thread named barrier; the groups run
  * in step, tile for tile), which stores silu(gate) * up: the down
  * projection's input is then one vector, not x and x2. */
-template <int P, int MINB, int GR = 1>
+template <int P, int MINB, int GR = 1, int BITS = 4>
 __global__ void __launch_bounds__(GR * GM_WARPS * 32, MINB) gemv_q4_tiled(const __grid_constant__ gemv_kargs k) {
     __shared__ float red[GR][2][GM_WARPS][16];
     __shared__ double redd[32];
@@ -706,7 +733,7 @@ __global__ void __launch_bounds__(GR * GM_WARPS * 32, MINB) gemv_q4_tiled(const 
     const bool pr = GR == 2 && k.pair; /* group g: matrix g's tiles, the same ones in both groups */
     const int64_t G = pr ? (int64_t)gridDim.x : (int64_t)gridDim.x * GR;
     const int64_t bid = pr ? blockIdx.x + (grp ? k.tstart[1] : 0) : (int64_t)blockIdx.x * GR + grp;
-    gm_tiled_run<P, GR>(k, G, bid, pr ? k.tstart[grp + 1] : k.n_tiles, red[grp], redd, pxg);
+    gm_tiled_run<P, GR, BITS>(k, G, bid, pr ? k.tstart[grp + 1] : k.n_tiles, red[grp], redd, pxg);
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
@@ -724,7 +751,11 @@ static const gemv_fn g_mma_rows = gemv_q4_mma<4, 2>;
  * 8-warp groups sharing one input image; the launch picks by its tile count
  * (or spx_gemv_args.groups / pair). A tile's columns over 4 or 2 warps
  * instead of 8 lost everywhere and is gone (NOTES 28). */
-static const gemv_fn g_mma_tl[] = {gemv_q4_tiled<4, 2>, gemv_q4_tiled<2, 3>, gemv_q4_tiled<4, 1, 2>};
+/* per width (g_mma_tl[0] 4 bits, [1] 3, [2] 2: cuda/lowbit.cuh), the same forms */
+static const gemv_fn g_mma_tl[3][3] = {
+    {gemv_q4_tiled<4, 2, 1, 4>, gemv_q4_tiled<2, 3, 1, 4>, gemv_q4_tiled<4, 1, 2, 4>},
+    {gemv_q4_tiled<4, 2, 1, 3>, gemv_q4_tiled<2, 3, 1, 3>, gemv_q4_tiled<4, 1, 2, 3>},
+    {gemv_q4_tiled<4, 2, 1, 2>, gemv_q4_tiled<2, 3, 1, 2>, gemv_q4_tiled<4, 1, 2, 2>}};
 static const int g_mma_tl_maxb[] = {2, 3, 1};
 static const int g_mma_tl_groups[] = {1, 1, 2};
 #define N_TL 3
@@ -752,10 +783,11 @@ cudaError_t spx_gemv_q4_setup(int64_t max_cols) {
     if (max_cols > SPX_GEMV_MAX_COLS) return cudaErrorInvalidValue;
     cudaError_t err = cudaFuncSetAttribute(g_mma_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
     if (err != cudaSuccess) return err;
-    for (int i = 0; i < N_TL; i++) {
-        err = cudaFuncSetAttribute(g_mma_tl[i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
-        if (err != cudaSuccess) return err;
-    }
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < N_TL; i++) {
+            err = cudaFuncSetAttribute(g_mma_tl[b][i], cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM_MAX);
+            if (err != cudaSuccess) return err;
+        }
     /* engine/tuning.h's record, read at each setup; a field at its default
      * leaves the current value (a variant forced by a test included) */
     static_assert(SPX_TUNING_TILED_FORMS == N_TL && SPX_TUNING_GEMV_LAUNCH_KINDS == 5,
@@ -807,6 +839,11 @@ static cudaError_t prep_kargs(const spx_gemv_args &a, gemv_kargs &k, size_t *sme
     for (int i = 1; i < a.n_mats; i++)
         if ((a.w[i].tiled != 0) != tl) return cudaErrorInvalidValue;
     if (tl && (a.mode == SPX_GEMV_SWIGLU || k.cols % 128)) return cudaErrorInvalidValue;
+    /* one width per launch; bits 2 and 3 only tiled (cuda/lowbit.cuh) */
+    const int bits = a.w[0].bits ? a.w[0].bits : 4;
+    for (int i = 0; i < a.n_mats; i++)
+        if ((a.w[i].bits ? a.w[i].bits : 4) != bits) return cudaErrorInvalidValue;
+    if ((bits != 4 && !tl) || (bits != 2 && bits != 3 && bits != 4)) return cudaErrorInvalidValue;
     if (a.x2 && (a.gain || (reinterpret_cast<uintptr_t>(a.x2) & 15))) return cudaErrorInvalidValue;
     bool silu = false; /* STORE only */
     for (int i = 0; i < a.n_mats; i++) silu |= a.o[i].silu != 0;
@@ -852,7 +889,8 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
                    : groups ? 2
                    : k.n_tiles >= 48 * nsm1 ? 1
                             : 0;
-    const gemv_fn fn = tl ? g_mma_tl[tv] : g_mma_rows;
+    const int wb = a.w[0].bits == 3 ? 1 : a.w[0].bits == 2 ? 2 : 0;
+    const gemv_fn fn = tl ? g_mma_tl[wb][tv] : g_mma_rows;
     const int maxb = tl ? g_mma_tl_maxb[tv] : G_MMA_ROWS_MAXB, gr = tl ? g_mma_tl_groups[tv] : 1;
     int occ = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, gr * GM_WARPS * 32, smem) != cudaSuccess || occ < 1)
@@ -867,7 +905,7 @@ cudaError_t spx_gemv_q4(const spx_gemv_args &a, int n_sm, cudaStream_t st, bool 
 
 int spx_gemv_q4_carveout(void) {
     cudaFuncAttributes fa;
-    return cudaFuncGetAttributes(&fa, g_mma_tl[0]) == cudaSuccess ? fa.preferredShmemCarveout : -2;
+    return cudaFuncGetAttributes(&fa, g_mma_tl[0][0]) == cudaSuccess ? fa.preferredShmemCarveout : -2;
 }
 
 bool spx_gemv_q4_fits(int64_t cols, int64_t n_out_total) {

@@ -10,7 +10,8 @@ size_t spx_mem_take(size_t *off, size_t n) {
 }
 
 int spx_mem_dev_tiled(const spx_qtensor *q) {
-    return q->layout == SPX_Q_TILED || spx_q_tiled_ok((int)q->bits, (int)q->group, q->cols);
+    const int lowbit = (q->bits == 2 || q->bits == 3) && q->group == 32 && q->cols > 0 && q->cols % 128 == 0;
+    return q->layout == SPX_Q_TILED || lowbit || spx_q_tiled_ok((int)q->bits, (int)q->group, q->cols);
 }
 
 void spx_mem_mat_parts(const spx_qtensor *q, size_t parts[5]) {

@@ -32,7 +32,10 @@
 /* Reserves n bytes at *off (rounded up to SPX_MEM_ALIGN) plus the slack;
  * returns the component's offset. */
 size_t spx_mem_take(size_t *off, size_t n);
-/* Whether q is tiled on the device. */
+/* Whether q is tiled on the device: wherever tile16x128 holds it (4 bits,
+ * groups of 32, cols % 128 == 0), and bits 2 and 3 under the same
+ * conditions in the device's own tiled layout (cuda/lowbit.cuh; the CUDA
+ * backend runs those widths tiled only). */
 int spx_mem_dev_tiled(const spx_qtensor *q);
 /* The five component sizes of q on the device: codes, scales, zeros,
  * outlier indices, outlier values (the last two 0 without outliers). */

@@ -145,11 +145,19 @@ static spx_status add_refine(spx_trdc_writer *rw, const char *name, const spx_qt
     return st;
 }
 
-spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, double outlier_ratio, uint64_t seed,
-                                int row_major, const char *refine_path, spx_err *e) {
+spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, int bits, double outlier_ratio,
+                                uint64_t seed, int row_major, const char *refine_path, spx_err *e) {
+    if (bits != 2 && bits != 3 && bits != 4) return spx_fail(e, SPX_ERR_ARG, "synth: %d-bit codes: expected 2, 3 or 4", bits);
     tdesc *td = malloc(MAX_TENSORS * sizeof *td);
     if (!td) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
     int64_t nt = list_tensors(s, td);
+    for (int64_t i = 0; i < nt; i++)
+        if (bits != 4 && td[i].cols % 128) { /* a row's last item would need zero padding bits */
+            spx_status bad = spx_fail(e, SPX_ERR_ARG, "synth: shape %s: '%s' has %lld columns; %d-bit codes need a "
+                                      "multiple of 128", s->name, td[i].name, (long long)td[i].cols, bits);
+            free(td);
+            return bad;
+        }
     spx_trdc_writer *w = NULL, *rw = NULL;
     spx_status st = spx_trdc_writer_open(path, &w, e);
     if (st == SPX_OK && refine_path) st = spx_trdc_writer_open(refine_path, &rw, e);
@@ -168,7 +176,7 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, doub
         }
         int64_t rows = t->rows, cols = t->cols, ng = cols / 32;
         int64_t n_out = (int64_t)floor(outlier_ratio * (double)cols + 0.5);
-        size_t cb = (size_t)(rows * spx_q_codes_row_bytes(cols, 4)), sb = (size_t)(rows * ng) * 2,
+        size_t cb = (size_t)(rows * spx_q_codes_row_bytes(cols, bits)), sb = (size_t)(rows * ng) * 2,
                zb = (size_t)(rows * spx_q_zeros_row_bytes(cols, 32));
         uint8_t *codes = malloc(cb), *zeros = malloc(zb);
         uint16_t *scales = malloc(sb), *ov = malloc((size_t)(rows * (n_out ? n_out : 1)) * 2);
@@ -179,12 +187,16 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, doub
             break;
         }
         for (size_t k = 0; k < cb; k += 8) { uint64_t r = rnd(&rng); memcpy(codes + k, &r, cb - k < 8 ? cb - k : 8); }
-        for (size_t k = 0; k < zb; k++) zeros[k] = 0x77 + (uint8_t)(rnd(&rng) & 0x11); /* zero points 7..8 */
-        /* std of (q - z) for uniform codes is ~4.6: s = 0.02 / 4.6 */
-        for (int64_t k = 0; k < rows * ng; k++) scales[k] = spx_f32_to_f16(0.0043f * (0.75f + 0.5f * (float)(rnd(&rng) >> 40) / 16777216.0f));
+        /* zero points at the middle of the range (4 bits: 7..8), scales so
+         * that the weights' rms is about 0.02: the std of uniform codes is
+         * sqrt((4^bits - 1) / 12) */
+        const uint8_t zb0 = (uint8_t)(((1 << (bits - 1)) - 1) * 0x11);
+        const float s0 = 0.02f / (float)sqrt(((double)(1 << (2 * bits)) - 1) / 12);
+        for (size_t k = 0; k < zb; k++) zeros[k] = zb0 + (uint8_t)(rnd(&rng) & 0x11);
+        for (int64_t k = 0; k < rows * ng; k++) scales[k] = spx_f32_to_f16(s0 * (0.75f + 0.5f * (float)(rnd(&rng) >> 40) / 16777216.0f));
         for (int64_t k = 0; k < n_out; k++) oi[k] = (int32_t)((k * cols) / n_out + (int64_t)(rnd(&rng) % (uint64_t)(cols / n_out > 1 ? cols / n_out : 1)));
         for (int64_t k = 0; k < rows * n_out; k++) ov[k] = spx_f32_to_f16(0.1f * rnd_normal(&rng));
-        spx_qtensor q = {rows, cols, 4, 32, n_out, codes, scales, zeros, n_out ? oi : NULL, n_out ? ov : NULL, SPX_Q_ROWS};
+        spx_qtensor q = {rows, cols, bits, 32, n_out, codes, scales, zeros, n_out ? oi : NULL, n_out ? ov : NULL, SPX_Q_ROWS};
         spx_qtensor lq;
         void *mem;
         st = spx_q_as_layout(&q, row_major, &lq, &mem, e);
@@ -201,7 +213,8 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, doub
     }
     char *cfg = spx_synth_config_json(s);
     char qs[160];
-    snprintf(qs, sizeof qs, "{\"bits\": 4, \"group\": 32, \"outliers\": %g, \"method\": \"synthetic\"}", outlier_ratio);
+    snprintf(qs, sizeof qs, "{\"bits\": %d, \"group\": 32, \"outliers\": %g, \"method\": \"synthetic\"}", bits,
+             outlier_ratio);
     if (rw) { /* as compress: the .refine first */
         char rs[320];
         snprintf(rs, sizeof rs, "{\"refine\": {\"bits\": 4, \"layout\": \"column\", \"scales\": \"float32 per row\", "

@@ -23,11 +23,13 @@ const spx_synth_shape *spx_synth_find(const char *name);
 /* config.json text for a shape (malloc'd). */
 char *spx_synth_config_json(const spx_synth_shape *s);
 
-/* row_major: 0 stores the matrices tiled (SPX_Q_TILED, as compress does
+/* bits: the codes' width, 4, 3 or 2 (bits 2 and 3 need every matrix's
+ * cols % 128 == 0 and are stored row-major, as compress stores them).
+ * row_major: 0 stores 4-bit matrices tiled (SPX_Q_TILED, as compress does
  * by default), 1 row-major. refine_path: NULL, or also a .refine of random
  * residuals for every layer matrix, bound to these codes (speed only: the
  * residual is noise, not the weights' error). */
-spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, double outlier_ratio,
+spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, int bits, double outlier_ratio,
                                 uint64_t seed, int row_major, const char *refine_path, spx_err *e);
 /* dir is created if missing; writes config.json and model.safetensors. */
 spx_status spx_synth_write_hf(const spx_synth_shape *s, const char *dir, uint64_t seed, spx_err *e);

@@ -7,17 +7,18 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: spectra synth --shape NAME -o OUT.trdc [--refine OUT.refine] [--hf DIR] [--outliers R] [--seed S]\n"
-               "                     [--layout tiled|rows]\n"
+               "                     [--layout tiled|rows] [--bits 4|3|2]\n"
                "  --shape NAME    one of:");
     for (const spx_synth_shape *s = spx_synth_shapes(); s->name; s++) fprintf(f, " %s", s->name);
     fprintf(f, "\n"
-               "  -o OUT.trdc     a .trdc of that shape with random valid 4-bit codes (G32) and scales\n"
+               "  -o OUT.trdc     a .trdc of that shape with random valid codes (G32) and scales\n"
                "  --refine OUT.refine  with -o: also a .refine of random 4-bit residuals bound to it (speed\n"
                "                  measurements: the residual is noise, not the weights' error)\n"
                "  --hf DIR        also (or only, without -o) write an HF folder of random bf16 weights\n"
                "  --outliers R    fraction of fp16 outlier columns per matrix (float in [0, 0.25]; default 0.01)\n"
                "  --seed S        random seed (uint64; default 1)\n"
-               "  --layout L      tiled (default) or rows: the matrices' storage, as for compress\n");
+               "  --layout L      tiled (default) or rows: the matrices' storage, as for compress\n"
+               "  --bits B        the codes' width: 4 (default), 3 or 2 (packed at their width, as compress)\n");
 }
 
 int cmd_synth(int argc, char **argv) {
@@ -25,6 +26,7 @@ int cmd_synth(int argc, char **argv) {
     double ratio = 0.01;
     int64_t seed = 1;
     int row_major = 0;
+    int64_t bits = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -36,6 +38,7 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--outliers")) { if (!cli_float(a, v, 0, 0.25, &ratio)) return 2; }
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
         else if (!strcmp(a, "--layout")) { if (!cli_layout(v, &row_major)) return 2; }
+        else if (!strcmp(a, "--bits")) { if (!cli_int(a, v, 2, 4, &bits)) return 2; }
         else { cli_error("synth: unknown option '%s'", a); usage(stderr); return 2; }
     }
     const spx_synth_shape *s = shape ? spx_synth_find(shape) : NULL;
@@ -45,7 +48,7 @@ int cmd_synth(int argc, char **argv) {
     spx_err e;
     spx_err_clear(&e);
     if (out) {
-        if (spx_synth_write_trdc(s, out, ratio, (uint64_t)seed, row_major, refine, &e) != SPX_OK) return cli_fail(&e);
+        if (spx_synth_write_trdc(s, out, (int)bits, ratio, (uint64_t)seed, row_major, refine, &e) != SPX_OK) return cli_fail(&e);
         fprintf(stderr, "wrote %s (%s shape)%s%s\n", out, s->name, refine ? " and " : "", refine ? refine : "");
     }
     if (hf) {
