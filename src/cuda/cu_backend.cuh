@@ -140,6 +140,22 @@ struct cu_pp {
 /* A session's refinement state (cu_refine.cu): the side stream, its fork
  * and join events, the selection and the deltas of the current launch. */
 #define CU_RF_LAG_SLOTS 8 /* lagged deltas in flight: at most 2 per half-block of the longest lag (4) */
+#define CU_RF_LEAD_SLOTS 5 /* fetches in flight: lead + 1 at most (the next lead targets and the one about to run) */
+/* One pending fetch lead (cu_refine.cu): the snapshot of the residual
+ * stream it selected from, its selection and staged columns (refine.cuh's
+ * staging layout) for the launch of half-block target. */
+struct cu_rf_lead {
+    float *snap;          /* [lead_rows] */
+    int32_t *sel;         /* [SPX_RF_MAX_COLS] selection (chunk c at c * kcap), values in selx, counts in cnt */
+    float *selx;
+    int *cnt;
+    uint8_t *stage_base;  /* lead_stage bytes: the launch's matrices' staging, each 256-byte aligned */
+    uint8_t *stage[3];    /* per matrix of the launch (its order), NULL: no residual */
+    cudaEvent_t start, fetched; /* st reached the fetch's point; its columns are staged */
+    int target;           /* the half-block whose launch applies it; -1: free */
+    int64_t l;            /* the target launch's layer and first slot (checked when it is taken) */
+    int slot0;
+};
 struct cu_rf_sess {
     cudaStream_t rs, rs_lag; /* the side streams: joined at once, and lagged (so that a lagged refinement
                               * does not hold up the next launch's on rs) */
@@ -162,6 +178,13 @@ struct cu_rf_sess {
     int lag_due[CU_RF_LAG_SLOTS];   /* half-block after which it is added; -1: free */
     float lag_mult[CU_RF_LAG_SLOTS];
     int lag_next;
+    /* fetch lead: n_lead slots (0: no lead) in lead_buf, fetched on rs_lead */
+    cudaStream_t rs_lead;
+    void *lead_buf;
+    size_t lead_bytes, lead_stage; /* lead_buf's size; staging bytes per slot */
+    int64_t lead_rows;             /* the snapshot's length: hidden_size */
+    int n_lead;
+    cu_rf_lead lead[CU_RF_LEAD_SLOTS];
 };
 
 /* One decode launch's refinement: layer, the matrices' slots (in launch
@@ -254,7 +277,27 @@ spx_status cu_rf_prepare(spx_session *s, cu_sess *cs, spx_err *e);
  * enqueued (the launch's input); *on: whether it did (the set's budget > 0
  * and some matrix of the launch has a residual). */
 spx_status cu_rf_fork(const spx_model *m, const cu_model *cm, cu_sess *cs, const cu_rf_launch &L, cudaStream_t st,
-                      bool *on, spx_err *e, int lag_slot = -1);
+                      bool *on, spx_err *e, int lag_slot = -1, int lead_slot = -1);
+/* Fetch lead (spx_refine_rt cuda_lead, half-blocks; attention q/k/v and
+ * MLP gate/up launches of resident layers). cu_rf_input_launch: the
+ * decode launch of block kind k of layer l that reads rmsnorm(x) (n = 0:
+ * the kind has none that lead serves). cu_rf_lead_start, at a half-block
+ * point with x = h as it is there: snapshots it on st and starts on
+ * rs_lead the selection of launch L's channels (with L's norm) and the
+ * fetch of their columns, for the launch of half-block target (*on: it
+ * did; not when L is not refined or no slot is free: the launch then
+ * refines as without lead). cu_rf_lead_take, in half-block hb before the
+ * launch's cu_rf_fork: the slot to pass it (-1: none), freed for later
+ * fetches (st joins its apply before the next point). cu_rf_lead_end,
+ * at the end of the pass: st waits for any fetch not taken (nothing may
+ * stay forked past a graph capture) and every slot is freed. */
+int cu_rf_lead_of(const spx_model *m);
+cu_rf_launch cu_rf_input_launch(const spx_config *c, const cu_layer *L, int64_t l, spx_block_kind k, const float *x,
+                                float eps);
+spx_status cu_rf_lead_start(const spx_model *m, const cu_model *cm, cu_sess *cs, const cu_rf_launch &L, int target,
+                            cudaStream_t st, bool *on, spx_err *e);
+spx_status cu_rf_lead_take(cu_sess *cs, int hb, const cu_rf_launch &L, int *slot, spx_err *e);
+spx_status cu_rf_lead_end(cu_sess *cs, cudaStream_t st, spx_err *e);
 /* Fetch lag of an output projection (o, down, out_proj: one matrix into
  * h): the half-blocks its refinement is deferred by (spx_refine_rt
  * cuda_lag), and the slot to fork it into (-1: none free, or no lag).

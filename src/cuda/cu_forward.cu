@@ -7,7 +7,10 @@
 /* Weight refinement (cu_refine.cu) runs beside the decode launches: each
  * refined launch forks the side stream before its GEMV and joins it after,
  * adding the selected columns' contribution to the raw outputs. A refined
- * gate/up launch stores gate and up raw (its SwiGLU moves to the join). */
+ * gate/up launch stores gate and up raw (its SwiGLU moves to the join).
+ * With fetch lead the q/k/v and gate/up launches' channels were chosen and
+ * their columns fetched some half-blocks earlier (lead_point below); the
+ * launch takes its slot (cu_rf_lead_take) and forks as before. */
 
 /* ---- the forward pass ---------------------------------------------------- */
 
@@ -111,7 +114,8 @@ struct fwd {
      * first kernel may use PDL (not after a ping-pong wait) */
     int lmode;
     int64_t l;
-    int hb; /* half-blocks (a layer's mixer, then its MLP) done so far: fetch lag counts them */
+    int hb; /* half-blocks (a layer's mixer, then its MLP) done so far: fetch lag and lead count them */
+    bool lead_brk; /* a lead fetch was forked off st after the last kernel: the next block's first kernel has no PDL */
     const cu_layer *L;
     cu_layer ls;
     bool streamed, pdl0;
@@ -133,7 +137,9 @@ static spx_status in_proj(const fwd &f, int slot, const float *gain, const float
     if (f.n == 1) {
         const cu_rf_launch rl = {f.l, 1, {slot, 0, 0}, f.cs->h, gain, NULL, f.eps};
         bool on;
-        SPX_TRY(cu_rf_fork(f.m, f.cm, f.cs, rl, f.st, &on, e));
+        int lead;
+        SPX_TRY(cu_rf_lead_take(f.cs, f.hb, rl, &lead, e)); /* a fused gate/up launch may have one */
+        SPX_TRY(cu_rf_fork(f.m, f.cm, f.cs, rl, f.st, &on, e, -1, lead));
         spx_gemv_args g = gemv_one(w, f.cs->h, y, bias, SPX_GEMV_STORE);
         g.gain = gain;
         g.eps = f.eps;
@@ -197,9 +203,11 @@ static spx_status blk_attention(const fwd &f, const cu_layer *L, int64_t l, bool
     __half *kc = cs->kc + (size_t)kvi * (size_t)s->n_ctx * (size_t)kvd;
     __half *vc = cs->vc + (size_t)kvi * (size_t)s->n_ctx * (size_t)kvd;
     if (f.n == 1) {
-        const cu_rf_launch rl = {l, 3, {SPX_SL_Q, SPX_SL_K, SPX_SL_V}, cs->h, L->v[SPX_SL_MIX_NORM], NULL, f.eps};
+        const cu_rf_launch rl = cu_rf_input_launch(c, L, l, SPX_BLK_ATTENTION, cs->h, f.eps);
         bool on;
-        SPX_TRY(cu_rf_fork(f.m, f.cm, cs, rl, f.st, &on, e));
+        int lead;
+        SPX_TRY(cu_rf_lead_take(cs, f.hb, rl, &lead, e));
+        SPX_TRY(cu_rf_fork(f.m, f.cm, cs, rl, f.st, &on, e, -1, lead));
         spx_gemv_args g = gemv_qkv(L, cs, f.eps);
         SPX_CUDA_TRY(e, spx_gemv_q4(dec(f, g), f.nsm, f.st, pdl0 && !on));
         float *y[3] = {cs->q, cs->k, cs->v};
@@ -272,9 +280,11 @@ static spx_status blk_swiglu(const fwd &f, const cu_layer *L, bool pdl1, spx_err
         return out_proj(f, SPX_SL_DOWN, L->v[SPX_SL_B_DOWN], cs->up, NULL, false, e);
     }
     if (f.n == 1) {
-        const cu_rf_launch rl = {f.l, 2, {SPX_SL_GATE, SPX_SL_UP, 0}, cs->h, L->v[SPX_SL_FFN_NORM], NULL, f.eps};
+        const cu_rf_launch rl = cu_rf_input_launch(c, L, f.l, SPX_BLK_SWIGLU, cs->h, f.eps);
         bool on;
-        SPX_TRY(cu_rf_fork(f.m, f.cm, cs, rl, f.st, &on, e));
+        int lead;
+        SPX_TRY(cu_rf_lead_take(cs, f.hb, rl, &lead, e));
+        SPX_TRY(cu_rf_fork(f.m, f.cm, cs, rl, f.st, &on, e, -1, lead));
         const bool pair = f.cm->gemv_pair != 0 && !on;
         spx_gemv_args g = gemv_gate_up(L, cs, f.eps, pair);
         if (on) { /* raw gate and up: the join adds the refinement, then the SwiGLU */
@@ -352,13 +362,15 @@ static spx_status blk_mamba2(const fwd &f, const cu_layer *L, int64_t l, bool pd
 
 /* ---- the block interface (engine/blocks.h): the pass ---------------------- */
 
+static spx_status lead_point(fwd &f, spx_err *e);
+
 static spx_status p_embed(void *ctx, spx_err *e) {
     fwd &f = *(fwd *)ctx;
     SPX_TRY(cu_pp_begin(f.m, f.cm, f.cs, e));
     SPX_CUDA_TRY(e, spx_embed_q4(f.cm->embed, f.cs->d_ids, f.n, f.cs->h, f.st, f.pdl));
     if (f.c->embed_mult != 1.0f)
         SPX_CUDA_TRY(e, spx_cu_scale(f.cs->h, (int64_t)f.n * f.c->hidden_size, f.c->embed_mult, 0, f.st));
-    return SPX_OK;
+    return lead_point(f, e); /* point 0 */
 }
 
 static spx_status p_layer_begin(void *ctx, int64_t l, spx_err *e) {
@@ -380,15 +392,56 @@ static spx_status p_layer_end(void *ctx, int64_t l, spx_err *e) {
     return SPX_OK;
 }
 
-/* After each block: the lagged refinements now due join the residual stream. */
-static spx_status half_block_done(fwd &f, spx_err *e) {
-    f.hb++;
-    if (f.n == 1) SPX_TRY(cu_rf_flush(f.cs, f.cs->h, f.c->hidden_size, f.hb, f.st, e));
+/* The layer and kind of the pass's half-block t (its t-th block, from 0);
+ * false: the pass has fewer. */
+static bool block_at(const spx_config *c, int t, int64_t *l, spx_block_kind *k) {
+    for (int64_t i = 0, n = 0; i < c->n_layers; i++)
+        for (int j = 0; j < 2; j++) {
+            const spx_block_kind b = j ? spx_block_ffn(c, i) : spx_block_mixer(c, i);
+            if (b == SPX_BLK_NONE) continue;
+            if (n++ == t) {
+                *l = i, *k = b;
+                return true;
+            }
+        }
+    return false;
+}
+
+/* Fetch lead at half-block point f.hb (h as the next block reads it, the
+ * lagged deltas due here added): the fetches of the launches lead
+ * half-blocks ahead start (at point 0 those of points 1 .. lead: a launch
+ * at point 0 has lead 0). Resident layers only (cu_refine.cu). */
+static spx_status lead_point(fwd &f, spx_err *e) {
+    const int d = f.n == 1 && f.cm->ref ? cu_rf_lead_of(f.m) : 0;
+    if (d <= 0) return SPX_OK;
+    for (int t = f.hb == 0 ? 1 : f.hb + d; t <= f.hb + d; t++) {
+        int64_t l;
+        spx_block_kind k;
+        if (!block_at(f.c, t, &l, &k)) break;
+        if (l >= f.cm->n_resident) continue;
+        const cu_rf_launch rl = cu_rf_input_launch(f.c, &f.cm->layers[l], l, k, f.cs->h, f.eps);
+        bool on = false;
+        if (rl.n) SPX_TRY(cu_rf_lead_start(f.m, f.cm, f.cs, rl, t, f.st, &on, e));
+        f.lead_brk |= on;
+    }
     return SPX_OK;
 }
 
-/* a block's first kernel: PDL as the layer's first (pdl0) or as the chain's */
-static bool pdl_of(const fwd &f, int first) { return first ? f.pdl0 : f.pdl; }
+/* After each block: the lagged refinements now due join the residual
+ * stream, then the lead fetches of this point start. */
+static spx_status half_block_done(fwd &f, spx_err *e) {
+    f.hb++;
+    if (f.n == 1) SPX_TRY(cu_rf_flush(f.cs, f.cs->h, f.c->hidden_size, f.hb, f.st, e));
+    return lead_point(f, e);
+}
+
+/* a block's first kernel: PDL as the layer's first (pdl0) or as the
+ * chain's, unless a lead fetch forked off st just before it */
+static bool pdl_of(fwd &f, int first) {
+    const bool p = (first ? f.pdl0 : f.pdl) && !f.lead_brk;
+    f.lead_brk = false;
+    return p;
+}
 static spx_status p_attention(void *ctx, int64_t l, int first, spx_err *e) {
     fwd &f = *(fwd *)ctx;
     SPX_TRY(blk_attention(f, f.L, l, pdl_of(f, first), e));
@@ -426,6 +479,7 @@ static spx_status p_head(void *ctx, spx_err *e) {
     const int n = f.n, lmode = f.lmode;
     SPX_TRY(cu_pp_end(f.m, cm, cs, e));
     if (f.n == 1) SPX_TRY(cu_rf_flush(cs, cs->h, H, -1, st, e)); /* every lagged refinement, before the final norm */
+    if (f.n == 1) SPX_TRY(cu_rf_lead_end(cs, st, e));            /* (none left: every lead was taken) */
     if (lmode == LM_NONE) return SPX_OK;
     const int nsm = cm->n_sm;
     const float eps = f.eps;
@@ -488,7 +542,9 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
     f.lmode = lmode;
     f.L = NULL;
     f.hb = 0;
+    f.lead_brk = false;
     f.streamed = f.pdl0 = false;
+    for (int i = 0; i < CU_RF_LEAD_SLOTS; i++) cs->rf.lead[i].target = -1; /* none from a pass that failed midway */
     return spx_blocks_run(c, &cuda_blocks, &f, e);
 }
 

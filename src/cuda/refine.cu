@@ -26,28 +26,36 @@ __device__ __forceinline__ int block_prefix(int flag, int *ws, int *total) {
     return base + before;
 }
 
+/* The rmsnorm factor of the launch's input (1 without a gain), over the
+ * whole input: every block of SEL_THREADS threads recomputes it, in the
+ * same order in every kernel (rf_select, rf_select_x). red: 32 floats. */
+__device__ __forceinline__ float input_inv(const spx_rf_select_args &a, float *red) {
+    if (!a.gain) return 1.0f;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < a.cols; j += SEL_THREADS) ss = fmaf(a.x[j], a.x[j], ss);
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < 32; w++) t += red[w];
+    return rsqrtf(t / (float)a.cols + a.eps);
+}
+
+/* channel i of the launch's input (i < cols) */
+__device__ __forceinline__ float input_at(const spx_rf_select_args &a, int64_t i, float inv) {
+    float xi = a.x[i];
+    if (a.gain) xi = xi * inv * a.gain[i];
+    else if (a.x2) xi = xi * a.x2[i];
+    return xi;
+}
+
 __global__ void __launch_bounds__(SEL_THREADS) rf_select(spx_rf_select_args a) {
     __shared__ int ws[32];
     __shared__ float red[32];
     const int64_t c0 = (int64_t)blockIdx.x * SPX_RF_CHUNK, i = c0 + threadIdx.x;
     const bool in = i < a.cols;
-    float inv = 1.0f;
-    if (a.gain) { /* rmsnorm over the whole input (every block recomputes it) */
-        float ss = 0.0f;
-        for (int64_t j = threadIdx.x; j < a.cols; j += SEL_THREADS) ss = fmaf(a.x[j], a.x[j], ss);
-        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-        __syncthreads();
-        float t = 0.0f;
-        for (int w = 0; w < 32; w++) t += red[w];
-        inv = rsqrtf(t / (float)a.cols + a.eps);
-    }
-    float xi = 0.0f;
-    if (in) {
-        xi = a.x[i];
-        if (a.gain) xi = xi * inv * a.gain[i];
-        else if (a.x2) xi = xi * a.x2[i];
-    }
+    const float inv = input_inv(a, red);
+    const float xi = in ? input_at(a, i, inv) : 0.0f;
     /* key: 0 never chosen (outside, skipped), 1 a NaN, else 2 + the bits of |x| */
     unsigned key = 0;
     if (in && !(a.skip && a.skip[i])) key = isnan(xi) ? 1u : 2u + (__float_as_uint(xi) & 0x7fffffffu);
@@ -73,6 +81,51 @@ __global__ void __launch_bounds__(SEL_THREADS) rf_select(spx_rf_select_args a) {
         a.selx[(int64_t)blockIdx.x * kc + pos] = xi;
     }
     if (threadIdx.x == 0) a.cnt[blockIdx.x] = n_take;
+}
+
+/* one block per chunk: its chosen channels' values of the current input */
+__global__ void __launch_bounds__(SEL_THREADS) rf_select_x(spx_rf_select_args a) {
+    __shared__ float red[32];
+    const float inv = input_inv(a, red);
+    const int kc = a.k < SPX_RF_CHUNK ? a.k : SPX_RF_CHUNK;
+    const int64_t e = (int64_t)blockIdx.x * kc + threadIdx.x;
+    if ((int)threadIdx.x < kc && (int)threadIdx.x < a.cnt[blockIdx.x]) a.selx[e] = input_at(a, a.sel[e], inv);
+}
+
+/* Grid-stride over (matrix, selection entry, 16- or 4-byte unit of the
+ * column's 4 * ceil(rows / 8) code bytes): consecutive threads copy
+ * consecutive units of one column, so a warp reads contiguous host bytes. */
+__global__ void __launch_bounds__(APPLY_THREADS) rf_fetch(spx_rf_fetch_args a) {
+    const int64_t E = (int64_t)a.n_chunks * a.kcap;
+    int64_t units[SPX_RF_MAX_MATS], start[SPX_RF_MAX_MATS + 1];
+    bool wide[SPX_RF_MAX_MATS];
+    start[0] = 0;
+    for (int m = 0; m < a.n_mats; m++) {
+        const int64_t bytes = 4 * ((a.m[m].rows + 7) / 8);
+        wide[m] = (((uintptr_t)a.m[m].codes | (uintptr_t)a.stage[m] | (uintptr_t)a.m[m].col_stride) & 15) == 0;
+        units[m] = wide[m] ? (bytes + 15) / 16 : bytes / 4;
+        start[m + 1] = start[m] + E * units[m];
+    }
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < start[a.n_mats]; t += step) {
+        int m = 0;
+        while (t >= start[m + 1]) m++;
+        const int64_t r = t - start[m], e = r / units[m], u = r - e * units[m];
+        const int c = (int)(e / a.kcap), j = (int)(e - (int64_t)c * a.kcap);
+        if (j >= a.cnt[c]) continue;
+        const spx_rf_mat &M = a.m[m];
+        const uint8_t *src = M.codes + (int64_t)a.sel[e] * M.col_stride;
+        uint8_t *dst = a.stage[m] + e * M.col_stride;
+        if (wide[m]) /* 16-byte units stay inside the column: col_stride >= 16 * units */
+            reinterpret_cast<uint4 *>(dst)[u] = reinterpret_cast<const uint4 *>(src)[u];
+        else
+            reinterpret_cast<uint32_t *>(dst)[u] = reinterpret_cast<const uint32_t *>(src)[u];
+    }
+}
+
+__global__ void rf_copy(float *dst, const float *src, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
 }
 
 __global__ void __launch_bounds__(APPLY_THREADS) rf_apply(spx_rf_apply_args a) {
@@ -110,7 +163,7 @@ __global__ void __launch_bounds__(APPLY_THREADS) rf_apply(spx_rf_apply_args a) {
                 int c = 0;
                 while (g >= s_pre[c + 1]) c++;
                 const int64_t src = (int64_t)c * a.kcap + (g - s_pre[c]);
-                s_idx[e] = a.sel[src];
+                s_idx[e] = a.staged ? (int32_t)src : a.sel[src]; /* the column's index in m[].codes */
                 s_x[e] = a.selx[src];
             }
             __syncthreads();
@@ -168,6 +221,30 @@ cudaError_t spx_rf_apply(const spx_rf_apply_args &a, int blocks, cudaStream_t st
     for (int m = 0; m < a.n_mats; m++) tiles += (a.m[m].rows + 8 * APPLY_THREADS - 1) / (8 * APPLY_THREADS);
     const int grid = (int)(tiles < blocks ? tiles : blocks);
     rf_apply<<<grid, APPLY_THREADS, 0, st>>>(a);
+    return cudaGetLastError();
+}
+
+cudaError_t spx_rf_select_x(const spx_rf_select_args &a, cudaStream_t st) {
+    if (a.cols < 1 || a.cols > SPX_RF_MAX_COLS || a.k < 1) return cudaErrorInvalidValue;
+    const int n_chunks = (int)((a.cols + SPX_RF_CHUNK - 1) / SPX_RF_CHUNK);
+    rf_select_x<<<n_chunks, SEL_THREADS, 0, st>>>(a);
+    return cudaGetLastError();
+}
+
+cudaError_t spx_rf_fetch(const spx_rf_fetch_args &a, int blocks, cudaStream_t st) {
+    if (a.n_mats < 1 || a.n_mats > SPX_RF_MAX_MATS || a.n_chunks < 1 || a.n_chunks > SPX_RF_MAX_COLS / SPX_RF_CHUNK ||
+        a.kcap < 1 || a.kcap > SPX_RF_CHUNK || blocks < 1)
+        return cudaErrorInvalidValue;
+    int64_t work = 0;
+    for (int m = 0; m < a.n_mats; m++) work += (int64_t)a.n_chunks * a.kcap * ((a.m[m].rows + 7) / 8);
+    const int64_t need = (work + APPLY_THREADS - 1) / APPLY_THREADS;
+    const int grid = (int)(need < blocks ? (need > 0 ? need : 1) : blocks);
+    rf_fetch<<<grid, APPLY_THREADS, 0, st>>>(a);
+    return cudaGetLastError();
+}
+
+cudaError_t spx_rf_copy(float *dst, const float *src, int64_t n, cudaStream_t st) {
+    rf_copy<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dst, src, n);
     return cudaGetLastError();
 }
 

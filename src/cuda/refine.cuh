@@ -33,6 +33,21 @@
  * reads 128 contiguous bytes of a column per load; eight columns' loads
  * are issued before their FMAs so that enough host reads are in flight.
  *
+ * Fetch lead (cu_refine.cu): the selection is made earlier, from another
+ * vector (spx_rf_select on a snapshot of the residual stream), and
+ * spx_rf_fetch copies the selected columns of every matrix of the launch
+ * from the host tier into a device staging buffer, one per matrix:
+ *     stage[e * col_stride ..] = column sel[e] (col_stride bytes, the
+ *     residual's own stride), e = c * kcap + j for chunk c's j-th choice,
+ * the selection array's own index (entries j >= cnt[c] are left as they
+ * are and never read). When the launch's input exists, spx_rf_select_x
+ * rewrites selx with its values at the chosen channels (the same
+ * arithmetic as spx_rf_select, so with the same channels the same bits),
+ * and the one apply kernel reads the staging with staged = 1: entry e's
+ * column at codes + e * col_stride instead of codes + sel[e] * col_stride.
+ * Everything else (order, fmaf chain) is the same, so a staged apply
+ * equals the direct one bit for bit given the same selection and x.
+ *
  * Limits: cols <= SPX_RF_MAX_COLS (the chunk count of the selection
  * buffers); up to SPX_RF_MAX_MATS matrices a launch; col_stride a multiple
  * of 4 with 4 * ceil(rows / 8) <= col_stride (the .refine writer rounds
@@ -73,12 +88,35 @@ struct spx_rf_apply_args {
     const float *selx;
     const int *cnt;
     int n_chunks, kcap;
+    int staged;            /* 0: m[].codes are the model's columns (channel sel[e] at sel[e] * col_stride);
+                            * 1: staging buffers of spx_rf_fetch (entry e at e * col_stride) */
+};
+
+/* Fetch lead's copy of the selected columns into staging (see above):
+ * m[i].codes the source columns (mapped host memory), stage[i] its
+ * [n_chunks * kcap][m[i].col_stride] device buffer; scales, delta unused. */
+struct spx_rf_fetch_args {
+    spx_rf_mat m[SPX_RF_MAX_MATS];
+    uint8_t *stage[SPX_RF_MAX_MATS];
+    int n_mats;
+    const int32_t *sel;
+    const int *cnt;
+    int n_chunks, kcap;
 };
 
 /* Enqueues the selection of one launch's input (n_chunks blocks). */
 cudaError_t spx_rf_select(const spx_rf_select_args &a, cudaStream_t st);
 /* Enqueues the application on at most `blocks` blocks (>= 1). */
 cudaError_t spx_rf_apply(const spx_rf_apply_args &a, int blocks, cudaStream_t st);
+/* Rewrites a.selx at the selection in a.sel / a.cnt (made by spx_rf_select
+ * with the same cols and k, from any vector) with the values of a.x's
+ * input (x, gain, x2, eps as for spx_rf_select; skip is not read). */
+cudaError_t spx_rf_select_x(const spx_rf_select_args &a, cudaStream_t st);
+/* Enqueues the copy of the selected columns into staging on at most
+ * `blocks` blocks (>= 1). */
+cudaError_t spx_rf_fetch(const spx_rf_fetch_args &a, int blocks, cudaStream_t st);
+/* dst[i] = src[i] for i < n (a kernel, so that a PDL launch may follow). */
+cudaError_t spx_rf_copy(float *dst, const float *src, int64_t n, cudaStream_t st);
 /* y[i] += mult * d[i] for i < n. */
 cudaError_t spx_rf_add(float *y, const float *d, int64_t n, float mult, cudaStream_t st);
 /* gate[i] = silu(gate[i] + dg[i]) * (up[i] + du[i]) for i < n: the

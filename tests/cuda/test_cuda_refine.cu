@@ -18,10 +18,19 @@
  * capture is seen by the next step. Fetch lag (s = 1: o and down added
  * one block later): closer to the CPU's refined logits than the unrefined
  * are, and the graph's greedy tokens are the eager steps' argmax (the
- * same kernels). Without a device: skipped. */
+ * same kernels). Fetch lead (the q/k/v and gate/up channels chosen d
+ * half-blocks early, their columns staged on the device): the staged
+ * apply equals the direct one bit for bit for the same selection and
+ * input, and select_x gives select's values; at every channel (the
+ * selection cannot depend on the input) lead 1 .. 4, and lead 3 with lag
+ * 2, give the logits of lead 0 within LEAD_TOL; at k = 32 lead 2 is closer
+ * to the every-channel refined logits than the unrefined on average, is
+ * not lead 0 (the channels came from elsewhere), and the graph's greedy
+ * tokens are the eager steps' argmax. Without a device: skipped. */
 #include "cuda/refine.cuh"
 #include "cuda/cutest.cuh"
 
+#include <algorithm>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +44,7 @@ extern "C" {
 }
 
 #define E2E_TOL 4e-3 /* test_cuda's token-by-token bound (E2E_GEMV_TOL) */
+#define LEAD_TOL 1e-5 /* lead d vs lead 0 with the same channels: the same kernels on the same values (expected 0) */
 
 static uint64_t g_rng = 0x5eedf00dULL;
 
@@ -170,6 +180,131 @@ static void test_apply(void) {
     printf("apply: bit-identical to the CPU's scalar table\n");
 }
 
+/* Fetch lead's kernels: select on one vector, fetch the chosen columns
+ * of 1 .. 3 matrices into poisoned staging, select_x with another input;
+ * the staged apply equals the direct apply (host columns, the same
+ * selection and values) bit for bit, and select_x's values are
+ * spx_rf_select's for the same input (at k = every channel). Strides with
+ * and without 16-byte alignment (the fetch's two copy widths). */
+static void test_staged(void) {
+    struct shape { int64_t cols; int n_mats; int64_t rows[3]; int64_t pad; };
+    /* strides 4 * ceil(rows / 8) + pad; {3000, 2, ..} all 16-byte units, {1025, 2, ..} a 16-byte stride
+     * whose columns start off 16 (after 1,025 columns of 4 bytes) */
+    const shape shapes[] = {{64, 1, {64, 0, 0}, 0},        {1500, 3, {1000, 200, 200}, 4}, {4096, 2, {2048, 700, 0}, 12},
+                            {2100, 3, {7, 33, 4100}, 0},   {1024, 1, {96, 0, 0}, 8},       {3000, 2, {512, 256, 0}, 0},
+                            {1025, 2, {8, 128, 0}, 0}};
+    int cases = 0;
+    for (const shape &sh : shapes)
+        for (int k : {1, 32, 1024})
+            for (int gain : {0, 1}) {
+                const int64_t cols = sh.cols;
+                const int n_chunks = (int)((cols + 1023) / 1024), kc = k < 1024 ? k : 1024;
+                /* the matrices' columns in one mapped allocation, back to back (the second may start off 16 bytes) */
+                int64_t stride[3], off[3], host_bytes = 0;
+                for (int m = 0; m < sh.n_mats; m++) {
+                    stride[m] = 4 * ((sh.rows[m] + 7) / 8) + sh.pad;
+                    off[m] = host_bytes;
+                    host_bytes += cols * stride[m];
+                }
+                uint8_t *host = NULL, *host_d = NULL;
+                CK(cudaHostAlloc((void **)&host, (size_t)host_bytes, cudaHostAllocMapped));
+                CK(cudaHostGetDevicePointer((void **)&host_d, host, 0));
+                for (int64_t i = 0; i < host_bytes; i++) host[i] = (uint8_t)tl_rand_u64(&g_rng);
+                std::vector<float> x0((size_t)cols), x1((size_t)cols), g((size_t)cols);
+                for (int64_t i = 0; i < cols; i++) x0[i] = frand() * 2.0f, x1[i] = frand() * 3.0f, g[i] = 0.5f + frand();
+                float *dx0 = dev_copy(x0.data(), x0.size()), *dx1 = dev_copy(x1.data(), x1.size());
+                float *dg = dev_copy(g.data(), g.size());
+                const size_t E = (size_t)n_chunks * kc;
+                int32_t *dsel, *dsel_all;
+                float *dselx, *dselx_all, *ddelta[2][3], *dsc[3];
+                int *dcnt, *dcnt_all;
+                uint8_t *stage[3];
+                CK(cudaMalloc(&dsel, E * 4));
+                CK(cudaMalloc(&dselx, E * 4));
+                CK(cudaMalloc(&dcnt, (size_t)n_chunks * 4));
+                CK(cudaMalloc(&dsel_all, (size_t)n_chunks * 1024 * 4));
+                CK(cudaMalloc(&dselx_all, (size_t)n_chunks * 1024 * 4));
+                CK(cudaMalloc(&dcnt_all, (size_t)n_chunks * 4));
+                spx_rf_fetch_args fa;
+                spx_rf_apply_args aa[2];
+                memset(&fa, 0, sizeof fa);
+                memset(aa, 0, sizeof aa);
+                for (int m = 0; m < sh.n_mats; m++) {
+                    std::vector<float> sc((size_t)sh.rows[m]);
+                    for (auto &v : sc) v = 1e-2f * (1.0f + frand());
+                    dsc[m] = dev_copy(sc.data(), sc.size());
+                    CK(cudaMalloc(&stage[m], E * (size_t)stride[m] + 16));
+                    CK(cudaMemset(stage[m], 0xff, E * (size_t)stride[m] + 16)); /* poison: unfetched bytes show */
+                    fa.m[m].codes = host_d + off[m], fa.m[m].rows = sh.rows[m], fa.m[m].col_stride = stride[m];
+                    fa.stage[m] = stage[m];
+                    for (int v = 0; v < 2; v++) {
+                        CK(cudaMalloc(&ddelta[v][m], (size_t)sh.rows[m] * 4));
+                        CK(cudaMemset(ddelta[v][m], 0xff, (size_t)sh.rows[m] * 4));
+                        spx_rf_mat &M = aa[v].m[m];
+                        M.codes = v ? stage[m] : host_d + off[m], M.scales = dsc[m], M.delta = ddelta[v][m];
+                        M.rows = sh.rows[m], M.col_stride = stride[m];
+                    }
+                }
+                fa.n_mats = sh.n_mats, fa.sel = dsel, fa.cnt = dcnt, fa.n_chunks = n_chunks, fa.kcap = kc;
+                for (int v = 0; v < 2; v++) {
+                    aa[v].n_mats = sh.n_mats, aa[v].sel = dsel, aa[v].selx = dselx, aa[v].cnt = dcnt;
+                    aa[v].n_chunks = n_chunks, aa[v].kcap = kc, aa[v].staged = v;
+                }
+                spx_rf_select_args sa;
+                memset(&sa, 0, sizeof sa);
+                sa.x = dx0, sa.gain = gain ? dg : NULL, sa.eps = 1e-5f, sa.cols = cols, sa.k = k;
+                sa.sel = dsel, sa.selx = dselx, sa.cnt = dcnt;
+                CK(spx_rf_select(sa, 0));           /* the channels, from x0 */
+                CK(spx_rf_fetch(fa, 5, 0));         /* their columns */
+                sa.x = dx1;
+                CK(spx_rf_select_x(sa, 0));         /* the values, from x1 */
+                CK(spx_rf_apply(aa[0], 16, 0));     /* host columns */
+                CK(spx_rf_apply(aa[1], 3, 0));      /* staged */
+                spx_rf_select_args s_all = sa;      /* every channel of x1, as select writes their values */
+                s_all.k = 1024, s_all.sel = dsel_all, s_all.selx = dselx_all, s_all.cnt = dcnt_all;
+                CK(spx_rf_select(s_all, 0));
+                CK(cudaDeviceSynchronize());
+                std::vector<int32_t> sel(E);
+                std::vector<float> selx(E), selx_all((size_t)n_chunks * 1024);
+                std::vector<int> cnt((size_t)n_chunks);
+                CK(cudaMemcpy(sel.data(), dsel, E * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(selx.data(), dselx, E * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(cnt.data(), dcnt, (size_t)n_chunks * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(selx_all.data(), dselx_all, selx_all.size() * 4, cudaMemcpyDeviceToHost));
+                int64_t bad_x = -1, n_sel = 0;
+                for (int c = 0; c < n_chunks; c++)
+                    for (int j = 0; j < cnt[c]; j++, n_sel++) {
+                        const size_t e = (size_t)c * kc + j;
+                        const int32_t i = sel[e]; /* select at every channel: channel i's value at i */
+                        if (bad_x < 0 && (i < 0 || i >= cols || memcmp(&selx[e], &selx_all[i], 4))) bad_x = (int64_t)e;
+                    }
+                CHECK(bad_x < 0, "select_x cols %lld k %d gain %d: entry %lld (channel %d) %.9g, select's %.9g",
+                      (long long)cols, k, gain, (long long)bad_x, bad_x >= 0 ? sel[bad_x] : -1,
+                      bad_x >= 0 ? selx[bad_x] : 0.0, bad_x >= 0 && sel[bad_x] >= 0 && sel[bad_x] < cols ? selx_all[sel[bad_x]] : 0.0);
+                int64_t n_want = 0; /* no skipped channels: min(k, width) per chunk */
+                for (int c = 0; c < n_chunks; c++) n_want += std::min<int64_t>(kc, std::min<int64_t>(1024, cols - 1024 * c));
+                CHECK(n_sel == n_want, "staged cols %lld k %d: %lld channels chosen, want %lld", (long long)cols, k,
+                      (long long)n_sel, (long long)n_want);
+                for (int m = 0; m < sh.n_mats; m++) {
+                    std::vector<float> want((size_t)sh.rows[m]), got((size_t)sh.rows[m]);
+                    CK(cudaMemcpy(want.data(), ddelta[0][m], want.size() * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(got.data(), ddelta[1][m], got.size() * 4, cudaMemcpyDeviceToHost));
+                    int64_t bad = -1;
+                    for (int64_t r = 0; r < sh.rows[m] && bad < 0; r++)
+                        if (memcmp(&got[r], &want[r], 4) || isnan(want[r])) bad = r;
+                    CHECK(bad < 0, "staged apply cols %lld k %d gain %d matrix %d (%lld rows, stride %lld): row %lld %.9g, "
+                          "the direct apply's %.9g", (long long)cols, k, gain, m, (long long)sh.rows[m], (long long)stride[m],
+                          (long long)bad, bad >= 0 ? got[bad] : 0.0, bad >= 0 ? want[bad] : 0.0);
+                    for (int v = 0; v < 2; v++) cudaFree(ddelta[v][m]);
+                    cudaFree(dsc[m]), cudaFree(stage[m]);
+                }
+                cudaFreeHost(host), cudaFree(dx0), cudaFree(dx1), cudaFree(dg), cudaFree(dsel), cudaFree(dselx);
+                cudaFree(dcnt), cudaFree(dsel_all), cudaFree(dselx_all), cudaFree(dcnt_all);
+                cases++;
+            }
+    printf("staged: %d cases, staged apply = direct apply bit for bit, select_x = select's values\n", cases);
+}
+
 /* The largest row_err over n rows of V logits. */
 static double rows_err(const std::vector<float> &g, const std::vector<float> &c, int n, int64_t V) {
     double e = 0;
@@ -273,6 +408,69 @@ static void test_model(const char *trdc, const char *refine) {
                err, err_base, same, n - 1);
     }
     {
+        /* fetch lead at every channel: the selection cannot depend on the input, so lead d is lead 0 */
+        std::vector<float> ref_all, l0, ld;
+        spx_refine_params p = rparams(refine, 1024);
+        CHECK(spx_model_refine(mc, &p) == SPX_OK, "%s: cpu refine: %s", refine, spx_model_error(mc));
+        CHECK(steps(sc, ids, n, ref_all, V), "%s: cpu steps: %s", trdc, spx_session_error(sc));
+        CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine: %s", refine, spx_model_error(mg));
+        CHECK(steps(sg, ids, n, l0, V), "%s: cuda steps: %s", trdc, spx_session_error(sg));
+        for (int lag : {0, 2})
+            for (int d = 1; d <= 4; d++) {
+                if (lag && d != 3) continue; /* lead and lag together: lead 3 with lag 2 is lag 2 */
+                p.cuda_lag = lag;
+                if (lag) {
+                    p.cuda_lead = 0;
+                    CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine lag %d: %s", refine, lag, spx_model_error(mg));
+                    CHECK(steps(sg, ids, n, l0, V), "%s: cuda steps lag %d: %s", trdc, lag, spx_session_error(sg));
+                }
+                p.cuda_lead = d;
+                CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine lead %d: %s", refine, d, spx_model_error(mg));
+                CHECK(steps(sg, ids, n, ld, V), "%s: cuda steps lead %d lag %d: %s", trdc, d, lag, spx_session_error(sg));
+                const double dmax = tl_max_diff(ld.data(), l0.data(), ld.size()), err = rows_err(ld, ref_all, n, V);
+                CHECK(dmax <= LEAD_TOL, "%s lead %d lag %d (every channel): logits off lead 0's by %.3g > %.3g (the staged "
+                      "apply or its x values differ from the direct path)", refine, d, lag, dmax, LEAD_TOL);
+                CHECK(lag || err <= E2E_TOL, "%s lead %d (every channel): cuda logits off the cpu's refined by %.3g > %.3g",
+                      refine, d, err, E2E_TOL);
+                printf("e2e %s lead %d lag %d (every channel): vs lead 0 %.3g%s, vs cpu refined %.3g\n", refine, d, lag,
+                       dmax, memcmp(ld.data(), l0.data(), ld.size() * 4) ? "" : " (bit-identical)", err);
+            }
+        /* k = 32, lead 2 (one block): the channels come from h one block earlier, each refined with the
+         * launch's own input: still closer to the every-channel refinement than the unrefined on
+         * average, and not lead 0's logits */
+        std::vector<float> k0, k2, kg;
+        p = rparams(refine, 32);
+        CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine: %s", refine, spx_model_error(mg));
+        CHECK(steps(sg, ids, n, k0, V), "%s: cuda steps: %s", trdc, spx_session_error(sg));
+        p.cuda_lead = 2;
+        CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine lead 2: %s", refine, spx_model_error(mg));
+        CHECK(steps(sg, ids, n, k2, V), "%s: cuda steps lead 2: %s", trdc, spx_session_error(sg));
+        const size_t nv = k2.size();
+        const double m_base = tl_mean_diff(base.data(), ref_all.data(), nv), m0 = tl_mean_diff(k0.data(), ref_all.data(), nv),
+                     m2 = tl_mean_diff(k2.data(), ref_all.data(), nv), d02 = tl_max_diff(k2.data(), k0.data(), nv);
+        CHECK(m2 < m_base, "%s lead 2 k 32: mean |logit - every-channel refined cpu logit| %.4g, not below the unrefined "
+              "cuda logits' %.4g (lead 0: %.4g): the lead's refinement does not help", refine, m2, m_base, m0);
+        CHECK(d02 > LEAD_TOL, "%s lead 2 k 32: logits within %.3g of lead 0's: the launch did not use the lead's "
+              "channels", refine, d02);
+        /* with lag 2 too, through the captured graph: the eager steps' tokens */
+        p.cuda_lag = 2;
+        CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine lead 2 lag 2: %s", refine, spx_model_error(mg));
+        CHECK(steps(sg, ids, n, kg, V), "%s: cuda steps lead 2 lag 2: %s", trdc, spx_session_error(sg));
+        const double mg2 = tl_mean_diff(kg.data(), ref_all.data(), nv);
+        CHECK(mg2 < m_base, "%s lead 2 lag 2 k 32: mean |logit - every-channel refined| %.4g, not below the unrefined's "
+              "%.4g", refine, mg2, m_base);
+        spx_session_reset(sg);
+        int same = 0;
+        for (int t = 0; t + 1 < n; t++) {
+            int32_t ng = -1;
+            CHECK(spx_session_step_greedy(sg, ids[t], &ng) == SPX_OK, "cuda greedy lead 2 lag 2: %s", spx_session_error(sg));
+            same += ng == argmax_f(kg.data() + (size_t)t * V, V);
+        }
+        CHECK(same == n - 1, "%s lead 2 lag 2 k 32: graph steps chose the eager steps' token %d of %d", refine, same, n - 1);
+        printf("e2e %s k 32 mean |diff| to every-channel refined: unrefined %.4g, lead 0 %.4g, lead 2 %.4g (max vs lead 0 "
+               "%.3g), lead 2 lag 2 %.4g; graph = eager %d/%d\n", refine, m_base, m0, m2, d02, mg2, same, n - 1);
+    }
+    {
         /* a budget change after the graph was captured: the next steps use it (budget 0 again: the base) */
         spx_refine_params p = rparams(refine, 0);
         CHECK(spx_model_refine(mg, &p) == SPX_OK, "%s: cuda refine: %s", refine, spx_model_error(mg));
@@ -307,6 +505,7 @@ int main(int argc, char **argv) {
     spx_tuning_reload();
     test_select();
     test_apply();
+    test_staged();
     for (int i = 1; i + 1 < argc; i += 2) test_model(argv[i], argv[i + 1]);
     return tl_finish("test_cuda_refine");
 }
