@@ -447,6 +447,12 @@ int cmd_tune(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    const int cuda = o.backend && !strcmp(o.backend, "cuda");
+    if (!cuda && (given_blocks || (given_lags && (n_lags > 1 || lags[0])) || (given_leads && (n_leads > 1 || leads[0])))) {
+        cli_error("tune: --search-blocks, --search-lag and --search-lead are the cuda schedule (--backend cuda); the cpu "
+                  "has none");
+        return 2;
+    }
     spx_err e;
     spx_err_clear(&e);
     /* before minutes of measuring: can the result be written? */
@@ -461,12 +467,6 @@ int cmd_tune(int argc, char **argv) {
     t.rounds = rounds;
     spx_model *mr = NULL;
     char platform[256], windows[256], k[128];
-    const int cuda = o.backend && !strcmp(o.backend, "cuda");
-    if (!cuda && (given_blocks || (given_lags && (n_lags > 1 || lags[0])) || (given_leads && (n_leads > 1 || leads[0])))) {
-        cli_error("tune: --search-blocks, --search-lag and --search-lead are the cuda schedule (--backend cuda); the cpu "
-                  "has none");
-        goto done;
-    }
     if (!cuda) n_blocks = 0, n_lags = n_leads = 1, lags[0] = leads[0] = 0;
     if (!(t.m = cli_open_model_on(model, o.threads, cuda ? "cuda" : "cpu"))) goto done;
     rp.tuned = -1; /* tuning starts from nothing */
