@@ -175,6 +175,7 @@ typedef struct spx_refine_params {
     int64_t cache_mb;   /* 0: the file mapped in RAM; > 0: read from disk into an LRU cache of this many MiB */
     int32_t miss_wait;  /* disk: 1 a miss waits for its columns; 0 it is skipped and loaded in the background */
     int32_t n_loaders;  /* disk: loader threads, 0: 2 */
+    /* the schedule; -1 in any of the three: the tuned entry's (below), else 0 */
     int32_t cuda_blocks; /* cuda: thread blocks of the refinement kernel beside each GEMV, 0: 16 */
     int32_t cuda_lag;    /* cuda: fetch lag of the o / down refinement in half-blocks, 0..4 (s = 0 .. 2 blocks) */
     int32_t cuda_lead;   /* cuda: fetch lead of the q/k/v and gate/up refinement in half-blocks, 0..4 */
@@ -185,15 +186,20 @@ typedef struct spx_refine_params {
      * entry to take, the largest tuned budget not above it, failing with
      * SPX_ERR_ARG when there is none; 0: SPX_REFINE_TUNED_DEFAULT the same
      * way, or, when every tuned budget is above it, the smallest one (no
-     * entry for the platform: SPX_REFINE_K_DEFAULT); < 0: never */
+     * entry for the platform: SPX_REFINE_K_DEFAULT); < 0: never. The
+     * entry is consulted when some k is -1; it then also fills mlp, kn and
+     * the schedule where they are -1 (the values it was measured with; a
+     * field given explicitly wins, as an explicit k does) */
     double tuned;
 #define SPX_REFINE_TUNED_DEFAULT 0.05
     /* the MLP's refinement: SPX_REFINE_MLP_CHANNEL (0: gate/up and down by
      * the k above) or SPX_REFINE_MLP_NEURON (the .refine's neuron bundles,
-     * compress --refine-bundles; the gate/up and down budgets are then 0) */
+     * compress --refine-bundles; the gate/up and down budgets are then 0);
+     * -1: the tuned entry's, else channel */
     int32_t mlp;
-    /* neuron mode: neurons per 1,024 of the intermediate size; -1: the
-     * paper's round(3 k / 4) of the gate/up budget k; 0: off */
+    /* neuron mode: neurons per 1,024 of the intermediate size; -1: a
+     * neuron tuned entry's kn, else the paper's round(3 k / 4) of the
+     * gate/up budget k; 0: off */
     int64_t kn;
 } spx_refine_params;
 #define SPX_REFINE_K_DEFAULT 32
@@ -221,6 +227,7 @@ typedef struct spx_refine_info {
     char platform[256];           /* this platform's key in the file's tuned entries */
     int32_t tuned;                /* 1: some k came from a tuned entry */
     double tuned_budget, tuned_slowdown, tuned_kl; /* that entry's budget, measured slowdown and KL */
+    int32_t cuda_blocks, cuda_lag, cuda_lead; /* the schedule in effect (0: the defaults) */
 } spx_refine_info;
 void spx_model_refine_info(const spx_model *m, spx_refine_info *out);
 

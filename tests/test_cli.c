@@ -71,6 +71,55 @@ static int json_k(const char *out, long long k[4]) {
     return ok;
 }
 
+/* tune's MLP mode (docllama-58m: a gated MLP with neuron bundles and a
+ * tokenizer): neuron mode searched, recorded, printed by inspect, applied
+ * by run and kl (whose KL is the one tune recorded), overridden by an
+ * explicit --refine-mlp */
+static void tune_neuron_cases(const char *tmp) {
+    char a[3000], c[3200], *out;
+    const char *dl = tl_shared("models/docllama-58m");
+    snprintf(a, sizeof a, "compress -m %s -o %s/dl.trdc --refine %s/dl.refine --refine-bundles -q", dl, tmp, tmp);
+    expect(a, 0, "neuron bundles of");
+    const char *quick = "--ctx 32 --chunks 2 --tokens 8 --rounds 1 --max-trials 2 --ladder 0,4,16 --threads 2";
+    snprintf(c, sizeof c, "%s tune -m %s/dl.trdc --refine %s/dl.refine --ref %s -f %s/eval.txt %s --budget 60%% --json",
+             bin(), tmp, tmp, dl, dl, quick);
+    int rc = sh(c, &out); /* both modes: which wins is this machine's timing */
+    CHECK(rc == 0 && strstr(out, "tune: 2 modes (MLP channel and neuron)") && strstr(out, "(neuron)") &&
+              strstr(out, "\"mlp\": \"neuron\""),
+          "%s: %d\n%s", c, rc, out);
+    free(out);
+    snprintf(c, sizeof c, "%s tune -m %s/dl.trdc --refine %s/dl.refine --ref %s -f %s/eval.txt %s --budget 70%% --json "
+             "--search-mlp neuron", bin(), tmp, tmp, dl, dl, quick);
+    rc = sh(c, &out);
+    const char *kn_at = strstr(out, "\"kn\": ");
+    const long long kn = kn_at ? atoll(kn_at + 6) : -1;
+    const char *kl_at = strstr(out, "\"kl\": ");
+    const double tune_kl = kl_at ? atof(kl_at + 6) : -1;
+    CHECK(rc == 0 && strstr(out, "tune: 1 mode (MLP neuron)") && strstr(out, "\"k\": [") &&
+              strstr(out, "\"mlp\": \"neuron\", \"kn\": ") && kn >= 0,
+          "%s: %d\n%s", c, rc, out);
+    free(out);
+    char want[160];
+    snprintf(a, sizeof a, "inspect %s/dl.refine", tmp);
+    snprintf(want, sizeof want, "MLP neuron kn %lld", kn);
+    expect(a, 0, want);
+    snprintf(a, sizeof a, "run -m %s/dl.trdc --refine %s/dl.refine --refine-tuned 70%% --ids 1,2 -n 2 --threads 2", tmp,
+             tmp);
+    snprintf(want, sizeof want, "MLP neuron-wise kn %lld", kn);
+    expect(a, 0, want);
+    snprintf(c, sizeof c, "%s %s --refine-mlp channel", bin(), a);
+    rc = sh(c, &out);
+    CHECK(rc == 0 && strstr(out, "tuned budgets") && !strstr(out, "neuron-wise"), "--refine-mlp channel:\n%s", out);
+    free(out);
+    snprintf(c, sizeof c, "%s kl -m %s/dl.trdc --refine %s/dl.refine --refine-tuned 70%% --ref %s -f %s/eval.txt --ctx 32 "
+             "--chunks 2 --threads 2 --json", bin(), tmp, tmp, dl, dl);
+    rc = sh(c, &out);
+    const char *km = strstr(out, "\"kl_mean\": ");
+    CHECK(rc == 0 && km && fabs(atof(km + 11) - tune_kl) < 2e-6, "neuron kl %s, tune's %.6f:\n%s", km ? km + 11 : "?",
+          tune_kl, out);
+    free(out);
+}
+
 static void tune_cases(const char *tmp) {
     char a[3000], c[3200], *out;
     const char *st = tl_shared("models/stories260K");
@@ -88,6 +137,10 @@ static void tune_cases(const char *tmp) {
     int rc = sh(c, &out);
     long long k[4] = {-1, -1, -1, -1};
     CHECK(rc == 0 && json_k(out, k) && strstr(out, "\"written\": true"), "%s: %d\n%s", c, rc, out);
+    /* no bundles and the cpu: one mode, channel-wise, no schedule */
+    CHECK(strstr(out, "\"mlp\": \"channel\", \"kn\": 0, \"cuda_blocks\": 0, \"cuda_lag\": 0, \"cuda_lead\": 0") &&
+              strstr(out, "tune: 1 mode (MLP channel)"),
+          "tune's mode fields:\n%s", out);
     double tune_kl = -1;
     const char *kl_at = strstr(out, "\"kl\": ");
     if (kl_at) tune_kl = atof(kl_at + 6);
@@ -132,12 +185,18 @@ static void tune_cases(const char *tmp) {
     /* refusals: one message, non-zero exit */
     const char *bad[][2] = {{"--budget 0", "--budget '0'"}, {"--budget 100%", "below 100%"},
                             {"--budget 5", "5% is 0.05"}, {"--budget fast", "such as 5%"},
-                            {"--refine-k 8", "what tune chooses"}};
+                            {"--refine-k 8", "what tune chooses"}, {"--refine-lag 1", "what tune chooses"},
+                            {"--refine-mlp neuron", "--search-mlp"}, {"--search-lag 0.5", "cuda schedule"},
+                            {"--search-blocks 8,16", "cuda schedule"}, {"--search-lag 3", "distinct distances"},
+                            {"--search-mlp rows", "channel, neuron or both"}, {"--backend metal", "cpu or cuda"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt %s", tmp, tmp, st, tmp,
                  bad[i][0]);
         expect(a, 2, bad[i][1]);
     }
+    snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt %s --search-mlp neuron", tmp,
+             tmp, st, tmp, quick);
+    expect(a, 1, "no neuron bundles");
     snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.refine --ref %s", tmp, tmp, st);
     expect(a, 2, "-f TEXT are required");
     snprintf(a, sizeof a, "tune -m %s/st.trdc --refine %s/st.refine -f %s/story.txt", tmp, tmp, tmp);
@@ -305,6 +364,7 @@ int main(void) {
      * the record in the .refine, what inspect/verify/run/kl make of it, and
      * the refusals */
     tune_cases(tmp);
+    tune_neuron_cases(tmp);
 
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
      * row-major with --layout rows; both give the same greedy tokens */

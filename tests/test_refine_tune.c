@@ -4,9 +4,15 @@
  *     known: the largest feasible common k, greedy raises where they fit
  *     and help, none where they do not help, the base when nothing fits,
  *     noisy measurements, argument and callback errors;
+ *   - the other dimensions against a synthetic model of them: neuron mode
+ *     winning (and kn raised), the fastest block count chosen by speed
+ *     alone, the lag whose larger feasible budget outweighs its KL cost,
+ *     every result within the budget; bad modes refused;
  *   - the "tuned" section: written twice (ascending, replacing one budget),
  *     read back, the payload's checksums unchanged, the nearest entry not
- *     above a level picked; hand-corrupted sections refused with messages;
+ *     above a level picked; the optional mode and schedule written and
+ *     read back, an entry without them read with the defaults;
+ *     hand-corrupted sections refused with messages;
  *     a model file and a missing file refused, no temp file left behind. */
 #define _POSIX_C_SOURCE 200809L
 #include "testlib.h"
@@ -205,6 +211,169 @@ static void test_search(void) {
           (long long)r.best.k[0], (long long)r.best.k[1], c2.n_sd);
 }
 
+/* ---- MLP mode and GPU schedule ----------------------------------------- */
+
+/* channel mode as `model`; neuron mode: q/k/v and o as there, the MLP by
+ * kn at ncost / ngain. The schedule scales the slowdown: by bf[] per
+ * block count, by 1 / (1 + lag / 2) (a later fetch hides more), and adds
+ * lag_kl * lag to the KL (a stale residual stream). */
+typedef struct ext {
+    model m;
+    double ncost, ngain;
+    double lag_kl;
+    int n_sched_kl; /* KL calls whose configuration differs from an earlier one only in blocks */
+    spx_refine_config kl_seen[512];
+    int n_kl_seen;
+} ext;
+
+static double block_factor(int32_t b) { return b == 8 ? 1.5 : b == 32 ? 0.7 : b == 64 ? 0.9 : 1.0; }
+
+static double ext_slow(const ext *x, const spx_refine_config *c) {
+    double s = x->m.cost[0] * (double)c->k[0] + x->m.cost[1] * (double)c->k[1];
+    if (c->mlp == SPX_REFINE_MLP_NEURON) s += x->ncost * (double)c->kn;
+    else s += x->m.cost[2] * (double)c->k[2] + x->m.cost[3] * (double)c->k[3];
+    return s * block_factor(c->blocks) / (1 + 0.5 * c->lag);
+}
+
+static double ext_kl(const ext *x, const spx_refine_config *c) {
+    double s = x->m.gain[0] / (1.0 + (double)c->k[0]) + x->m.gain[1] / (1.0 + (double)c->k[1]);
+    if (c->mlp == SPX_REFINE_MLP_NEURON) s += x->ngain / (1.0 + (double)c->kn);
+    else s += x->m.gain[2] / (1.0 + (double)c->k[2]) + x->m.gain[3] / (1.0 + (double)c->k[3]);
+    return s + x->lag_kl * c->lag;
+}
+
+static spx_status ext_sd_fn(void *u, const spx_refine_config *c, double *out, spx_err *e) {
+    ext *x = u;
+    x->m.n_sd++;
+    *out = ext_slow(x, c);
+    return SPX_OK;
+}
+
+static spx_status ext_kl_fn(void *u, const spx_refine_config *c, double *out, spx_err *e) {
+    ext *x = u;
+    x->m.n_kl++;
+    for (int i = 0; i < x->n_kl_seen; i++) x->n_sched_kl += spx_refine_config_eq(&x->kl_seen[i], c, 0);
+    if (x->n_kl_seen < 512) x->kl_seen[x->n_kl_seen++] = *c;
+    *out = ext_kl(x, c);
+    return SPX_OK;
+}
+
+typedef struct trials {
+    int n_sched, n_sched_kept;
+    int32_t chosen_blocks;
+} trials;
+
+static trials g_trials;
+static void ext_progress(void *u, const spx_tune_trial *t) {
+    (void)u;
+    if (t->phase != SPX_TUNE_SCHEDULE) return;
+    g_trials.n_sched++;
+    if (t->kept) {
+        g_trials.n_sched_kept++;
+        g_trials.chosen_blocks = t->c.blocks;
+    }
+    CHECK(isnan(t->kl), "a block-count trial measured KL");
+}
+
+static spx_status ext_run(ext *x, double budget, const spx_refine_config *modes, size_t n_modes, const int32_t *blocks,
+                          size_t n_blocks, spx_tune_result *r, spx_err *e) {
+    spx_tune_params p = {.budget = budget, .modes = modes, .n_modes = n_modes, .blocks = blocks, .n_blocks = n_blocks};
+    spx_tune_ops ops = {.user = x, .slowdown = ext_sd_fn, .kl = ext_kl_fn, .progress = ext_progress};
+    memset(&g_trials, 0, sizeof g_trials);
+    spx_err_clear(e);
+    return spx_refine_tune(&p, &ops, r, e);
+}
+
+/* The largest ladder value k whose common configuration of mode fits. */
+static int64_t common_of(const ext *x, const spx_refine_config *mode, double budget) {
+    size_t nl;
+    const int64_t *lad = spx_tune_default_ladder(&nl);
+    int64_t best = 0;
+    for (size_t i = 0; i < nl; i++) {
+        spx_refine_config c = spx_refine_config_common(mode, lad[i]);
+        if (ext_slow(x, &c) <= budget) best = lad[i];
+    }
+    return best;
+}
+
+static void test_dimensions(void) {
+    spx_err e;
+    spx_tune_result r;
+    char buf[128];
+
+    /* the common configuration of each mode, and its string */
+    const spx_refine_config nm = {.mlp = SPX_REFINE_MLP_NEURON}, ch = {.mlp = SPX_REFINE_MLP_CHANNEL};
+    spx_refine_config c = spx_refine_config_common(&nm, 32);
+    CHECK(same_k(&c, 32, 32, 0, 0) && c.kn == 24, "neuron common 32: k %lld,%lld,%lld,%lld kn %lld",
+          (long long)c.k[0], (long long)c.k[1], (long long)c.k[2], (long long)c.k[3], (long long)c.kn);
+    CHECK(!strcmp(spx_refine_config_str(&c, buf, sizeof buf), "k 32,32 kn 24 (neuron)"), "str '%s'", buf);
+    c = spx_refine_config_common(&ch, 8);
+    c.blocks = 32, c.lag = 1;
+    CHECK(!strcmp(spx_refine_config_str(&c, buf, sizeof buf), "k 8,8,8,8 blocks 32 lag 0.5 lead 0"), "str '%s'", buf);
+
+    /* 1. neuron mode wins: its MLP is cheaper per unit of budget and helps
+     * more, so its common k is larger and its KL lower; kn is raised */
+    ext x = {.m = {.cost = {0.001, 0.001, 0.002, 0.002}, .gain = {1, 1, 2, 2}}, .ncost = 0.0005, .ngain = 4};
+    const spx_refine_config two[] = {ch, nm};
+    CHECK(ext_run(&x, 0.06, two, 2, NULL, 0, &r, &e) == SPX_OK, "%s", e.msg);
+    CHECK(r.best.mlp == SPX_REFINE_MLP_NEURON && r.best.k[2] == 0 && r.best.k[3] == 0,
+          "neuron cheaper: chose mlp %d k %lld,%lld,%lld,%lld", (int)r.best.mlp, (long long)r.best.k[0],
+          (long long)r.best.k[1], (long long)r.best.k[2], (long long)r.best.k[3]);
+    CHECK(ext_slow(&x, &r.best) <= 0.06 && r.slowdown <= 0.06, "neuron: over the budget (%g)", ext_slow(&x, &r.best));
+    c = spx_refine_config_common(&nm, common_of(&x, &nm, 0.06));
+    CHECK(r.best.kn > c.kn && r.kl < ext_kl(&x, &c), "neuron: kn %lld not raised above the common %lld",
+          (long long)r.best.kn, (long long)c.kn);
+    /* ... and loses when its MLP costs more than channel-wise refinement */
+    ext y = {.m = {.cost = {0.001, 0.001, 0.0005, 0.0005}, .gain = {1, 1, 2, 2}}, .ncost = 0.004, .ngain = 4};
+    CHECK(ext_run(&y, 0.06, two, 2, NULL, 0, &r, &e) == SPX_OK, "%s", e.msg);
+    CHECK(r.best.mlp == SPX_REFINE_MLP_CHANNEL && r.best.kn == 0 && ext_slow(&y, &r.best) <= 0.06,
+          "neuron dearer: chose mlp %d", (int)r.best.mlp);
+
+    /* 2. block counts: the fastest (32) is chosen by speed and kept for
+     * every mode; blocks never cause a KL measurement of their own */
+    const int32_t blocks[] = {8, 16, 32, 64};
+    ext z = {.m = {.cost = {0.001, 0.001, 0.001, 0.001}, .gain = {1, 1, 1, 1}}};
+    spx_refine_config lagged[3] = {ch, ch, ch};
+    lagged[1].lag = 2, lagged[2].lag = 4;
+    CHECK(ext_run(&z, 0.05, lagged, 3, blocks, 4, &r, &e) == SPX_OK, "%s", e.msg);
+    CHECK(r.best.blocks == 32 && g_trials.chosen_blocks == 32 && g_trials.n_sched == 5 && g_trials.n_sched_kept == 1,
+          "blocks: chose %d (reported %d; %d trials, %d kept)", (int)r.best.blocks, (int)g_trials.chosen_blocks,
+          g_trials.n_sched, g_trials.n_sched_kept);
+    CHECK(z.n_sched_kl == 0, "%d KL measurements differed from an earlier one only in blocks", z.n_sched_kl);
+    CHECK(ext_slow(&z, &r.best) <= 0.05 && r.slowdown <= 0.05, "blocks: over the budget");
+    /* 3. lag: without a KL cost the longest lag affords the largest k and wins */
+    CHECK(r.best.lag == 4, "free lag: chose %d half-blocks", (int)r.best.lag);
+    /* with a KL cost, the mode whose common k has the lowest KL (checked
+     * against the modes' own common k) */
+    for (int pen = 0; pen < 4; pen++) {
+        ext w = {.m = {.cost = {0.001, 0.001, 0.001, 0.001}, .gain = {1, 1, 1, 1}}, .lag_kl = 0.02 * pen};
+        CHECK(ext_run(&w, 0.05, lagged, 3, NULL, 0, &r, &e) == SPX_OK, "%s", e.msg);
+        int want = 0;
+        double best_kl = 1e30;
+        for (int m = 0; m < 3; m++) {
+            spx_refine_config cm = spx_refine_config_common(&lagged[m], common_of(&w, &lagged[m], 0.05));
+            if (ext_kl(&w, &cm) < best_kl) best_kl = ext_kl(&w, &cm), want = lagged[m].lag;
+        }
+        CHECK(r.best.lag == want && ext_slow(&w, &r.best) <= 0.05 && r.kl <= best_kl,
+              "lag KL cost %g: chose lag %d, expected %d (KL %g vs %g)", w.lag_kl, (int)r.best.lag, want, r.kl, best_kl);
+    }
+    /* one block count: no step 0, the modes' own kept */
+    lagged[0].blocks = 64;
+    CHECK(ext_run(&z, 0.05, lagged, 1, blocks, 1, &r, &e) == SPX_OK && r.best.blocks == 64 && g_trials.n_sched == 0,
+          "one block count: %d, %d trials", (int)r.best.blocks, g_trials.n_sched);
+
+    /* 4. refusals */
+    spx_refine_config bad = ch;
+    bad.mlp = 2;
+    CHECK(ext_run(&z, 0.05, &bad, 1, NULL, 0, &r, &e) == SPX_ERR_ARG && strstr(e.msg, "mode 0"), "mlp 2: %s", e.msg);
+    bad = ch;
+    bad.lead = 5;
+    CHECK(ext_run(&z, 0.05, &bad, 1, NULL, 0, &r, &e) == SPX_ERR_ARG, "lead 5 accepted");
+    const int32_t bad_blocks[] = {16, 0};
+    CHECK(ext_run(&z, 0.05, &ch, 1, bad_blocks, 2, &r, &e) == SPX_ERR_ARG && strstr(e.msg, "block count 0"),
+          "block count 0: %s", e.msg);
+}
+
 /* ---- the manifest record ---------------------------------------------- */
 
 static void write_refine(const char *path) {
@@ -303,6 +472,36 @@ static void test_manifest(void) {
         CHECK(spx_trdc_verify(f, NULL, NULL, NULL, NULL, &e) == SPX_OK, "verify: %s", e.msg);
         spx_trdc_close(f);
     }
+    /* the optional mode and schedule: a cuda neuron entry (a combination
+     * the engine does not run today; the record does not judge) round trips,
+     * and the channel entries written without a schedule read as 0 */
+    spx_trdc_tuned g5 = entry("cuda/avx2/2t/ram/X", 0.05, 16);
+    g5.mlp = SPX_REFINE_MLP_NEURON, g5.kn = 24, g5.k[2] = g5.k[3] = 0;
+    g5.cuda_blocks = 32, g5.cuda_lag = 2, g5.cuda_lead = 1;
+    CHECK(spx_trdc_set_tuned(path, &g5, &e) == SPX_OK, "%s", e.msg);
+    f = NULL;
+    CHECK(spx_trdc_open(path, &f, &e) == SPX_OK, "reopen: %s", e.msg);
+    if (f) {
+        const spx_trdc_tuned *g = spx_trdc_tuned_pick(f, g5.platform, 0.05), *a = spx_trdc_tuned_pick(f, t10.platform, 0.05);
+        CHECK(g && g->mlp == SPX_REFINE_MLP_NEURON && g->kn == 24 && g->cuda_blocks == 32 && g->cuda_lag == 2 &&
+                  g->cuda_lead == 1 && g->k[0] == 16 && g->k[2] == 0,
+              "cuda neuron entry read back wrong");
+        CHECK(a && a->mlp == SPX_REFINE_MLP_CHANNEL && a->kn == 0 && a->cuda_blocks == 0 && a->cuda_lag == 0 &&
+                  a->cuda_lead == 0, "cpu channel entry: mode fields not the defaults");
+        CHECK(spx_trdc_tuned_count(f) == 4, "%zu entries after the cuda one", spx_trdc_tuned_count(f));
+        spx_trdc_close(f);
+    }
+    /* an entry written before the mode existed (no "mlp" key: here renamed
+     * to an unknown one, which readers ignore) reads as channel-wise */
+    patch(path, bad, "\"mlp\":\"channel\"", "\"xlp\":\"channel\"");
+    f = NULL;
+    spx_err_clear(&e);
+    CHECK(spx_trdc_open(bad, &f, &e) == SPX_OK, "entry without mlp: %s", e.msg);
+    if (f) {
+        const spx_trdc_tuned *a = spx_trdc_tuned_at(f, 0);
+        CHECK(a && a->mlp == SPX_REFINE_MLP_CHANNEL && a->kn == 0 && a->cuda_blocks == 0, "old entry: not the defaults");
+        spx_trdc_close(f);
+    }
     /* hand-corrupted sections: each refused, naming the file and the field */
     struct { const char *from, *to, *msg; } cases[] = {
         {"\"budget\":0.05", "\"budget\":1.05", "'budget'"},
@@ -310,6 +509,12 @@ static void test_manifest(void) {
         {"\"date\":\"", "\"date\":1", "not valid JSON"},
         {"\"k\":[12,", "\"k\":[-1,", "k[0]"},
         {"\"budget\":0.1,", "\"budget\":.01,", "not valid JSON"},
+        {"\"mlp\":\"neuron\"", "\"mlp\":\"neurin\"", "'mlp'"},
+        {"\"kn\":24", "\"kx\":24", "needs 'kn'"},
+        {"\"kn\":24", "\"kn\":-4", "needs 'kn'"},
+        {"\"cuda_lag\":2", "\"cuda_lag\":7", "'cuda_lag'"},
+        {"\"cuda_blocks\":32", "\"cuda_blocks\":-1", "'cuda_blocks'"},
+        {"\"mlp\":\"channel\",\"windows\":\"eval.txt: 2 windows", "\"mlp\":\"channel\",\"kn\":3,\"windows\":\"eval.txt: 2 ", "belongs to a neuron entry"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         patch(path, bad, cases[i].from, cases[i].to);
@@ -339,6 +544,14 @@ static void test_manifest(void) {
     wrong.k[2] = -3;
     spx_err_clear(&e);
     CHECK(spx_trdc_set_tuned(path, &wrong, &e) == SPX_ERR_ARG, "k -3 written");
+    wrong = t10;
+    wrong.kn = 5; /* kn in a channel entry */
+    spx_err_clear(&e);
+    CHECK(spx_trdc_set_tuned(path, &wrong, &e) == SPX_ERR_ARG && strstr(e.msg, "mode"), "channel kn written: %s", e.msg);
+    wrong = t10;
+    wrong.cuda_lead = 5;
+    spx_err_clear(&e);
+    CHECK(spx_trdc_set_tuned(path, &wrong, &e) == SPX_ERR_ARG, "lead 5 written");
     CHECK(temp_left(dir) == 0, "a temp file was left in %s after a refusal", dir);
     /* a read-only directory (only meaningful when not root: root writes anyway) */
     if (geteuid() != 0) {
@@ -355,6 +568,7 @@ static void test_manifest(void) {
 
 int main(void) {
     test_search();
+    test_dimensions();
     test_manifest();
     return tl_finish("test_refine_tune");
 }

@@ -172,6 +172,14 @@ typedef struct spx_trdc_tuned {
     int64_t k[SPX_TRDC_TUNED_SETS]; /* channels per 1,024, per set */
     double slowdown;              /* measured decode slowdown against the base, a fraction */
     double kl, kl_base;           /* mean KL on the tuning windows: tuned, and the base (k = 0) */
+    /* optional in the file (absent: these defaults, what an entry written
+     * before them meant): the MLP mode (SPX_REFINE_MLP_*, absent: channel)
+     * and its neuron budget (neuron mode only; else 0), the GPU schedule
+     * (thread blocks, 0: the backend's default; lag and lead in
+     * half-blocks 0..4, absent: 0) */
+    int32_t mlp;
+    int64_t kn;
+    int32_t cuda_blocks, cuda_lag, cuda_lead;
     char date[32];                /* when measured, ISO 8601 UTC */
     char windows[256];            /* informative: the tuning text and windows ("" when absent) */
 } spx_trdc_tuned;

@@ -1,6 +1,6 @@
 /* trdc_tuned.c: the "tuned" section of a .refine manifest (docs/trdc.md
  * §2.6): the refinement budgets `spectra tune` measured per platform and
- * slowdown budget, read (validated at open, like every other field) and
+ * slowdown budget (with the MLP mode and GPU schedule, optional keys), read (validated at open, like every other field) and
  * rewritten.
  *
  * Rewriting never touches the payload: the new file is the old one's bytes
@@ -15,6 +15,7 @@
 #include "format/trdc_impl.h"
 
 #include "core/util.h"
+#include "spectra.h" /* SPX_REFINE_MLP_* */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -71,6 +72,32 @@ static spx_status parse_entry(const char *L, const cJSON *o, const char *plat, s
     if (!str_into(cJSON_GetObjectItemCaseSensitive(o, "date"), t->date, sizeof t->date))
         return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest tuned['%s'][%zu]: 'date' must be a string under %zu bytes", L,
                         plat, i, sizeof t->date);
+    /* the optional mode and schedule (entries written before them have none) */
+    const cJSON *jm = cJSON_GetObjectItemCaseSensitive(o, "mlp");
+    if (jm && !(cJSON_IsString(jm) && (!strcmp(jm->valuestring, "channel") || !strcmp(jm->valuestring, "neuron"))))
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest tuned['%s'][%zu]: 'mlp' must be \"channel\" or \"neuron\"", L,
+                        plat, i);
+    t->mlp = jm && !strcmp(jm->valuestring, "neuron") ? SPX_REFINE_MLP_NEURON : SPX_REFINE_MLP_CHANNEL;
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(o, "kn");
+    double d;
+    if (t->mlp == SPX_REFINE_MLP_NEURON) {
+        if (!num_in(jn, 0, SPX_TRDC_TUNED_KMAX, &d) || d != floor(d))
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest tuned['%s'][%zu]: a neuron entry needs 'kn', an integer in "
+                            "[0, %d]", L, plat, i, SPX_TRDC_TUNED_KMAX);
+        t->kn = (int64_t)d;
+    } else if (jn)
+        return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest tuned['%s'][%zu]: 'kn' belongs to a neuron entry ('mlp' is "
+                        "channel)", L, plat, i);
+    static const struct { const char *key; double hi; } sched[] = {{"cuda_blocks", 4096}, {"cuda_lag", 4}, {"cuda_lead", 4}};
+    int32_t *dst[] = {&t->cuda_blocks, &t->cuda_lag, &t->cuda_lead};
+    for (int j = 0; j < 3; j++) {
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(o, sched[j].key);
+        if (!js) continue;
+        if (!num_in(js, 0, sched[j].hi, &d) || d != floor(d))
+            return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest tuned['%s'][%zu]: '%s' must be an integer in [0, %g]", L,
+                            plat, i, sched[j].key, sched[j].hi);
+        *dst[j] = (int32_t)d;
+    }
     const cJSON *jw = cJSON_GetObjectItemCaseSensitive(o, "windows");
     if (jw && !str_into(jw, t->windows, sizeof t->windows))
         return spx_fail(e, SPX_ERR_FORMAT, "%s: manifest tuned['%s'][%zu]: 'windows' must be a string under %zu bytes",
@@ -152,6 +179,13 @@ static cJSON *entry_json(const spx_trdc_tuned *t) {
     cJSON_AddNumberToObject(o, "kl", t->kl);
     cJSON_AddNumberToObject(o, "kl_base", t->kl_base);
     cJSON_AddStringToObject(o, "date", t->date);
+    cJSON_AddStringToObject(o, "mlp", t->mlp == SPX_REFINE_MLP_NEURON ? "neuron" : "channel");
+    if (t->mlp == SPX_REFINE_MLP_NEURON) cJSON_AddNumberToObject(o, "kn", (double)t->kn);
+    if (t->cuda_blocks || t->cuda_lag || t->cuda_lead) { /* a GPU's entry; a CPU's has no schedule */
+        cJSON_AddNumberToObject(o, "cuda_blocks", t->cuda_blocks);
+        cJSON_AddNumberToObject(o, "cuda_lag", t->cuda_lag);
+        cJSON_AddNumberToObject(o, "cuda_lead", t->cuda_lead);
+    }
     if (t->windows[0]) cJSON_AddStringToObject(o, "windows", t->windows);
     return o;
 }
@@ -260,6 +294,11 @@ spx_status spx_trdc_set_tuned(const char *path, const spx_trdc_tuned *t, spx_err
     for (int s = 0; s < SPX_TRDC_TUNED_SETS; s++)
         if (t->k[s] < 0 || t->k[s] > SPX_TRDC_TUNED_KMAX)
             return spx_fail(e, SPX_ERR_ARG, "%s: tuned k[%d] = %lld out of range", path, s, (long long)t->k[s]);
+    if ((t->mlp != SPX_REFINE_MLP_CHANNEL && t->mlp != SPX_REFINE_MLP_NEURON) || t->kn < 0 ||
+        t->kn > SPX_TRDC_TUNED_KMAX || (t->mlp == SPX_REFINE_MLP_CHANNEL && t->kn != 0) || t->cuda_blocks < 0 ||
+        t->cuda_blocks > 4096 || t->cuda_lag < 0 || t->cuda_lag > 4 || t->cuda_lead < 0 || t->cuda_lead > 4)
+        return spx_fail(e, SPX_ERR_ARG, "%s: tuned mode out of range (mlp %d, kn %lld, blocks %d, lag %d, lead %d)", path,
+                        (int)t->mlp, (long long)t->kn, (int)t->cuda_blocks, (int)t->cuda_lag, (int)t->cuda_lead);
     spx_trdc *f = NULL;
     SPX_TRY(spx_trdc_open(path, &f, e));
     if (spx_trdc_contents(f) != SPX_TRDC_CONTENTS_REFINE) {

@@ -179,7 +179,54 @@ spx_status spx_refine_set_mlp(spx_model *m, int mlp, int64_t kn, spx_err *e) {
         return spx_fail(e, SPX_ERR_ARG, "%s: neuron-wise MLP refinement needs neuron bundles, and none are attached",
                         m->path);
     if (kn < 0) return spx_fail(e, SPX_ERR_ARG, "neurons per chunk %lld: must be >= 0", (long long)kn);
+    if (rm->rt.mlp != mlp && m->be && m->be->device) { /* a device backend checks the mode at attach */
+        const int32_t old_mlp = rm->rt.mlp;
+        const int64_t old_kn = rm->rt.kn;
+        rm->rt.mlp = mlp;
+        rm->rt.kn = kn;
+        spx_status st = spx_refine_device_attach(m, e);
+        if (st != SPX_OK) {
+            rm->rt.mlp = old_mlp;
+            rm->rt.kn = old_kn;
+            spx_err e2;
+            spx_err_clear(&e2);
+            if (spx_refine_device_attach(m, &e2) != SPX_OK) spx_refine_detach(m); /* cannot restore: none at all */
+        }
+        return st;
+    }
     rm->rt.mlp = mlp;
     rm->rt.kn = kn;
+    m->refine_epoch++;
     return SPX_OK;
+}
+
+spx_status spx_refine_set_schedule(spx_model *m, int32_t blocks, int32_t lag, int32_t lead, spx_err *e) {
+    spx_refine_model *rm = m->refine;
+    if (!rm) return spx_fail(e, SPX_ERR_ARG, "%s: no refinement is attached", m->path);
+    if (blocks < 0 || blocks > 4096 || lag < 0 || lag > 4 || lead < 0 || lead > 4)
+        return spx_fail(e, SPX_ERR_ARG, "refinement schedule: %d blocks / lag %d / lead %d half-blocks: out of range",
+                        (int)blocks, (int)lag, (int)lead);
+    spx_refine_rt *rt = &rm->rt;
+    if (rt->cuda_lead == lead || !m->be || !m->be->device) {
+        rt->cuda_blocks = blocks;
+        rt->cuda_lag = lag;
+        rt->cuda_lead = lead;
+        m->refine_epoch++; /* read when a pass is enqueued: captured graphs are dropped */
+        return SPX_OK;
+    }
+    /* a device backend checks the lead at attach (and may refuse it) */
+    const int32_t ob = rt->cuda_blocks, og = rt->cuda_lag, od = rt->cuda_lead;
+    rt->cuda_blocks = blocks;
+    rt->cuda_lag = lag;
+    rt->cuda_lead = lead;
+    spx_status st = spx_refine_device_attach(m, e);
+    if (st != SPX_OK) {
+        rt->cuda_blocks = ob;
+        rt->cuda_lag = og;
+        rt->cuda_lead = od;
+        spx_err e2;
+        spx_err_clear(&e2);
+        if (spx_refine_device_attach(m, &e2) != SPX_OK) spx_refine_detach(m); /* cannot restore: none at all */
+    }
+    return st;
 }

@@ -50,6 +50,12 @@ spx_status spx_refine_build_bundles(spx_model *m, const spx_model *src, spx_err 
 /* The MLP's mode (SPX_REFINE_MLP_*) and, neuron-wise, kn neurons per
  * chunk of SPX_REFINE_CHUNK; SPX_ERR_ARG for neuron mode without bundles. */
 spx_status spx_refine_set_mlp(spx_model *m, int mlp, int64_t kn, spx_err *e);
+/* The GPU schedule (spx_refine_rt.cuda_blocks, cuda_lag, cuda_lead; the
+ * CPU ignores it). A change of the lead, or of the MLP mode above, on a
+ * device backend attaches again (the backend checks them there: e.g.
+ * SPX_ERR_UNSUPPORTED for what it has not built); on a refusal the
+ * previous values are restored and attached, the error returned. */
+spx_status spx_refine_set_schedule(spx_model *m, int32_t blocks, int32_t lag, int32_t lead, spx_err *e);
 spx_status spx_refine_host_check(const spx_model *m, spx_err *e);
 /* After m->refine is bound: counts the change (model.h refine_epoch) and
  * hands the refinement to a device backend (its refine_attach), which

@@ -191,17 +191,21 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
     else rm->tuned = NULL;
     for (int i = 0; i < SPX_RSET_COUNT; i++)
         rm->rt.k[i] = p->k[i] >= 0 ? p->k[i] : rm->tuned ? rm->tuned->k[i] : SPX_REFINE_K_DEFAULT;
-    if (p->mlp == SPX_REFINE_MLP_NEURON) {
+    /* the tuned entry's mode and schedule where p leaves them at -1 */
+    const spx_trdc_tuned *tu = rm->tuned;
+    const int32_t mlp = p->mlp >= 0 ? p->mlp : tu ? tu->mlp : SPX_REFINE_MLP_CHANNEL;
+    const int64_t kn = p->kn >= 0 ? p->kn : tu && tu->mlp == SPX_REFINE_MLP_NEURON ? tu->kn : -1;
+    if (mlp == SPX_REFINE_MLP_NEURON) {
         if (rm->n_bundle_layers == 0)
             return spx_fail(e, SPX_ERR_ARG, "%s: --refine-mlp neuron needs neuron bundles and this .refine has none "
                                             "(write them with spectra compress --refine OUT --refine-bundles)", p->path);
         rm->rt.mlp = SPX_REFINE_MLP_NEURON;
-        rm->rt.kn = p->kn >= 0 ? p->kn : (3 * rm->rt.k[SPX_RSET_GATE_UP] + 2) / 4;
+        rm->rt.kn = kn >= 0 ? kn : (3 * rm->rt.k[SPX_RSET_GATE_UP] + 2) / 4;
         rm->rt.k[SPX_RSET_GATE_UP] = rm->rt.k[SPX_RSET_DOWN] = 0;
     }
-    rm->rt.cuda_blocks = p->cuda_blocks;
-    rm->rt.cuda_lag = p->cuda_lag;
-    rm->rt.cuda_lead = p->cuda_lead;
+    rm->rt.cuda_blocks = p->cuda_blocks >= 0 ? p->cuda_blocks : tu ? tu->cuda_blocks : 0;
+    rm->rt.cuda_lag = p->cuda_lag >= 0 ? p->cuda_lag : tu ? tu->cuda_lag : 0;
+    rm->rt.cuda_lead = p->cuda_lead >= 0 ? p->cuda_lead : tu ? tu->cuda_lead : 0;
     /* fitted values are made for one budget per set (refine/fit.h) */
     fit_ks(f, rm->fit_k);
     int other = 0;
@@ -230,13 +234,14 @@ spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
                  p->tuned);
         return fail_m(m, &e);
     }
-    if ((p->mlp != SPX_REFINE_MLP_CHANNEL && p->mlp != SPX_REFINE_MLP_NEURON) || p->kn < -1) {
+    if ((p->mlp != SPX_REFINE_MLP_CHANNEL && p->mlp != SPX_REFINE_MLP_NEURON && p->mlp != -1) || p->kn < -1) {
         spx_fail(&e, SPX_ERR_ARG, "refinement MLP mode %d / %lld neurons per 1024: expected mode channel (0) or neuron "
-                                  "(1) and neurons >= 0 (or -1: the default)", (int)p->mlp, (long long)p->kn);
+                                  "(1) (or -1: the tuned one) and neurons >= 0 (or -1: the default)", (int)p->mlp,
+                 (long long)p->kn);
         return fail_m(m, &e);
     }
-    if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS || p->cuda_blocks < 0 ||
-        p->cuda_blocks > 4096 || p->cuda_lag < 0 || p->cuda_lag > 4 || p->cuda_lead < 0 || p->cuda_lead > 4) {
+    if (p->cache_mb < 0 || p->n_loaders < 0 || p->n_loaders > SPX_TIER_MAX_LOADERS || p->cuda_blocks < -1 ||
+        p->cuda_blocks > 4096 || p->cuda_lag < -1 || p->cuda_lag > 4 || p->cuda_lead < -1 || p->cuda_lead > 4) {
         spx_fail(&e, SPX_ERR_ARG, "refinement cache %lld MiB / %d loaders / %d cuda blocks / lag %d / lead %d "
                  "half-blocks: out of range", (long long)p->cache_mb, (int)p->n_loaders, (int)p->cuda_blocks,
                  (int)p->cuda_lag, (int)p->cuda_lead);
@@ -266,6 +271,9 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
     out->mlp = rm->rt.mlp;
     out->kn = rm->rt.kn;
     out->n_bundle_layers = rm->n_bundle_layers;
+    out->cuda_blocks = rm->rt.cuda_blocks;
+    out->cuda_lag = rm->rt.cuda_lag;
+    out->cuda_lead = rm->rt.cuda_lead;
     out->residual_bytes = rm->residual_bytes;
     for (int i = 0; i < 4; i++) out->fit_k[i] = rm->fit_k[i];
     out->launches = rm->rt.st.launches;

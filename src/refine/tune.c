@@ -16,19 +16,31 @@ const int64_t *spx_tune_default_ladder(size_t *n) {
 spx_refine_config spx_refine_config_common(const spx_refine_config *mode, int64_t k) {
     spx_refine_config c = *mode;
     for (int s = 0; s < SPX_RSET_COUNT; s++) c.k[s] = k;
+    c.kn = 0;
+    if (c.mlp == SPX_REFINE_MLP_NEURON) {
+        c.k[SPX_RSET_GATE_UP] = c.k[SPX_RSET_DOWN] = 0;
+        c.kn = (3 * k + 2) / 4; /* the paper's round(3 k / 4), as refine_api.c's default */
+    }
     return c;
 }
 
 const char *spx_refine_config_str(const spx_refine_config *c, char *buf, size_t cap) {
-    snprintf(buf, cap, "k %lld,%lld,%lld,%lld", (long long)c->k[0], (long long)c->k[1], (long long)c->k[2],
-             (long long)c->k[3]);
+    int n;
+    if (c->mlp == SPX_REFINE_MLP_NEURON)
+        n = snprintf(buf, cap, "k %lld,%lld kn %lld (neuron)", (long long)c->k[0], (long long)c->k[1], (long long)c->kn);
+    else
+        n = snprintf(buf, cap, "k %lld,%lld,%lld,%lld", (long long)c->k[0], (long long)c->k[1], (long long)c->k[2],
+                     (long long)c->k[3]);
+    if (n >= 0 && (size_t)n < cap && (c->blocks || c->lag || c->lead))
+        snprintf(buf + n, cap - (size_t)n, " blocks %d lag %g lead %g", (int)c->blocks, 0.5 * c->lag, 0.5 * c->lead);
     return buf;
 }
 
-static int config_eq(const spx_refine_config *a, const spx_refine_config *b) {
+int spx_refine_config_eq(const spx_refine_config *a, const spx_refine_config *b, int with_blocks) {
     for (int s = 0; s < SPX_RSET_COUNT; s++)
         if (a->k[s] != b->k[s]) return 0;
-    return 1;
+    return a->mlp == b->mlp && a->kn == b->kn && a->lag == b->lag && a->lead == b->lead &&
+           (!with_blocks || a->blocks == b->blocks);
 }
 
 /* The search's state: parameters, callbacks, the KL memo, the counts. */
@@ -53,7 +65,7 @@ static void report(const tuner *t, spx_tune_phase ph, const spx_refine_config *c
 
 static spx_status measure_kl(tuner *t, const spx_refine_config *c, double *kl, spx_err *e) {
     for (int i = 0; i < t->n_memo; i++)
-        if (config_eq(&t->memo_c[i], c)) {
+        if (spx_refine_config_eq(&t->memo_c[i], c, 0)) {
             *kl = t->memo_kl[i];
             return SPX_OK;
         }
@@ -106,13 +118,17 @@ static spx_status common_k(tuner *t, const spx_refine_config *mode, spx_refine_c
     return SPX_OK;
 }
 
-/* The raises of the greedy phase: one per set. */
+/* The raises of the greedy phase: one per set; in neuron mode q/k/v, o
+ * and the neuron budget kn (in gate/up's place; down has none). */
 static int steps(const tuner *t, const spx_refine_config *cur, int step, spx_refine_config *next) {
     if (step >= SPX_RSET_COUNT) return -1; /* no such step */
-    size_t i = ladder_at(t, cur->k[step]);
-    if (i + 1 >= t->n_ladder) return 0; /* at the top already */
+    const int neuron = cur->mlp == SPX_REFINE_MLP_NEURON;
+    if (neuron && step == SPX_RSET_DOWN) return -1;
     *next = *cur;
-    next->k[step] = t->ladder[i + 1];
+    int64_t *v = neuron && step == SPX_RSET_GATE_UP ? &next->kn : &next->k[step];
+    size_t i = ladder_at(t, *v);
+    if (i + 1 >= t->n_ladder) return 0; /* at the top already */
+    *v = t->ladder[i + 1];
     return 1;
 }
 #define N_STEPS SPX_RSET_COUNT
@@ -135,18 +151,55 @@ spx_status spx_refine_tune(const spx_tune_params *p, const spx_tune_ops *ops, sp
         if (t->ladder[i] <= t->ladder[i - 1])
             return spx_fail(e, SPX_ERR_ARG, "tuner: the ladder must be strictly ascending (%lld after %lld)",
                             (long long)t->ladder[i], (long long)t->ladder[i - 1]);
-    const spx_refine_config channel = {{0}};
-    const spx_refine_config *modes = p->modes ? p->modes : &channel;
+    const spx_refine_config channel = {0};
     const size_t n_modes = p->modes ? p->n_modes : 1;
     if (n_modes < 1 || n_modes > SPX_TUNE_MAX_MODES)
         return spx_fail(e, SPX_ERR_ARG, "tuner: %zu modes: expected 1..%d", n_modes, SPX_TUNE_MAX_MODES);
+    spx_refine_config modes[SPX_TUNE_MAX_MODES]; /* step 0 writes the chosen block count into them */
+    for (size_t m = 0; m < n_modes; m++) {
+        modes[m] = p->modes ? p->modes[m] : channel;
+        const spx_refine_config *c = &modes[m];
+        if ((c->mlp != SPX_REFINE_MLP_CHANNEL && c->mlp != SPX_REFINE_MLP_NEURON) || c->blocks < 0 ||
+            c->blocks > 4096 || c->lag < 0 || c->lag > 4 || c->lead < 0 || c->lead > 4)
+            return spx_fail(e, SPX_ERR_ARG, "tuner: mode %zu (mlp %d, blocks %d, lag %d, lead %d): expected mlp 0 or 1, "
+                            "blocks 0..4096, lag and lead 0..4 half-blocks", m, (int)c->mlp, (int)c->blocks,
+                            (int)c->lag, (int)c->lead);
+    }
+    if (p->n_blocks > SPX_TUNE_MAX_BLOCKS || (p->n_blocks && !p->blocks))
+        return spx_fail(e, SPX_ERR_ARG, "tuner: %zu block counts: at most %d", p->n_blocks, SPX_TUNE_MAX_BLOCKS);
+    for (size_t i = 0; i < p->n_blocks; i++)
+        if (p->blocks[i] < 1 || p->blocks[i] > 4096)
+            return spx_fail(e, SPX_ERR_ARG, "tuner: block count %d: expected 1..4096", (int)p->blocks[i]);
     const int32_t max_trials = p->max_trials > 0 ? p->max_trials : SPX_TUNE_DEFAULT_TRIALS;
     if (max_trials > SPX_TUNE_MAX_TRIALS)
         return spx_fail(e, SPX_ERR_ARG, "tuner: %d greedy trials: at most %d", (int)max_trials, SPX_TUNE_MAX_TRIALS);
 
-    const spx_refine_config base = spx_refine_config_common(&modes[0], 0);
+    spx_refine_config base = spx_refine_config_common(&modes[0], 0);
     SPX_TRY(measure_kl(t, &base, &out->kl_base, e));
     report(t, SPX_TUNE_BASE, &base, 0, out->kl_base, 1, 0);
+
+    /* 0. the block count: the fastest at the first mode's common k */
+    if (p->n_blocks >= 2) {
+        spx_refine_config ref;
+        double sd;
+        SPX_TRY(common_k(t, &modes[0], &ref, &sd, e));
+        if (ref.k[0] == 0) ref = spx_refine_config_common(&modes[0], t->ladder[1]);
+        size_t best = 0;
+        double best_sd = 0;
+        for (size_t i = 0; i < p->n_blocks; i++) {
+            ref.blocks = p->blocks[i];
+            SPX_TRY(measure_slowdown(t, &ref, &sd, e));
+            report(t, SPX_TUNE_SCHEDULE, &ref, sd, NAN, sd <= p->budget, 0);
+            if (i == 0 || sd < best_sd) {
+                best = i;
+                best_sd = sd;
+            }
+        }
+        ref.blocks = p->blocks[best];
+        report(t, SPX_TUNE_SCHEDULE, &ref, best_sd, NAN, best_sd <= p->budget, 1);
+        for (size_t m = 0; m < n_modes; m++) modes[m].blocks = p->blocks[best];
+        base.blocks = p->blocks[best];
+    }
 
     /* 1. each mode's largest feasible common k; the lowest KL among them */
     spx_refine_config cur = base;
@@ -170,7 +223,7 @@ spx_status spx_refine_tune(const spx_tune_params *p, const spx_tune_ops *ops, sp
     int n_chain = 0;
     chain[n_chain] = base;
     chain_kl[n_chain++] = out->kl_base;
-    if (!config_eq(&cur, &base)) {
+    if (!spx_refine_config_eq(&cur, &base, 1)) {
         chain[n_chain] = cur;
         chain_kl[n_chain++] = cur_kl;
     }

@@ -5,62 +5,94 @@
  * `spectra tune` times decode and scores windows; tests pass synthetic
  * functions), so the search is plain logic and is tested alone.
  *
- * A configuration is one record, spx_refine_config. Its dimensions are the
- * ones the engine has: a budget k per projection set (SPX_RSET_*, channels
- * per 1,024). The search's two lists are where a new dimension goes:
- *   - modes (spx_tune_params.modes): each candidate mode is a record whose
- *     budgets the common-k search fills (spx_refine_config_common), e.g. a
- *     neuron-wise MLP mode or a lead/lag distance is one more record in the
- *     list;
+ * A configuration is one record, spx_refine_config, with the paper's
+ * dimensions as the engine has them: a budget k per projection set
+ * (SPX_RSET_*, channels per 1,024); the MLP mode (channel-wise, or
+ * neuron-wise with one neuron budget kn in place of the gate/up and down
+ * k); and, on a GPU, the schedule: the refinement kernel's thread blocks
+ * and the fetch lag / lead in half-blocks. The search's lists:
+ *   - modes (spx_tune_params.modes): each candidate mode is a record (MLP
+ *     mode, lag, lead) whose budgets the common-k search fills
+ *     (spx_refine_config_common); the caller lists the combinations it
+ *     can run (the paper: "for each combination of shift distances and
+ *     channel-wise or neuron-wise MLP refinement");
+ *   - blocks (spx_tune_params.blocks): the thread-block counts tried;
  *   - steps (the greedy phase): the individual budgets raised one at a
- *     time, today each set's k (tune.c steps()).
+ *     time, each set's k, or in neuron mode q/k/v, o and kn (tune.c steps()).
  *
  * The algorithm (the paper's, with the choices it leaves open):
+ *   0. Schedule, with two or more block counts: the thread-block count
+ *      only changes speed (the same channels are applied), so it is chosen
+ *      once, by speed, before the budgets (the paper's "resource
+ *      allocation" profile): the first mode's largest feasible common k
+ *      (step 1) under the first mode's own block count is the reference
+ *      budget (the smallest non-zero ladder value when that is 0); each
+ *      block count is measured there and the fastest (ties: the earlier)
+ *      is written into every mode. A full k search per block count would
+ *      multiply the measurements by their number for a choice that does
+ *      not move the KL; a count that is fastest at the reference budget is
+ *      taken to stay so at the nearby budgets the later steps reach. Lag
+ *      and lead trade speed against KL (a later or earlier residual
+ *      stream), so they are modes: each gets its own common k and KL.
  *   1. For each mode, the largest k of the ladder (ascending, from 0) such
- *      that the mode with every set at k measures a slowdown <= budget:
+ *      that the mode with every set at k (neuron mode: q/k/v and o at k, kn
+ *      = round(3 k / 4), the paper's) measures a slowdown <= budget:
  *      binary search over the ladder, taking slowdown as increasing in k
  *      (k = 0 is the base and feasible without a measurement). Each
  *      retained candidate's KL is measured.
  *   2. From the lowest-KL candidate (ties: the earlier mode), rounds of
- *      greedy increases: each step not yet exhausted raises one set's k to
+ *      greedy increases: each step not yet exhausted raises one budget to
  *      the next ladder value above it; a raise whose slowdown exceeds the
  *      budget exhausts that step (slowdown is taken as increasing in every
- *      k, so it stays infeasible as the others grow); the feasible raise
- *      with the lowest KL is kept if its KL is below the current one, and
- *      the round repeats; the search ends when no raise lowers the KL or
- *      after max_trials raises. The paper keeps every raise that meets the
- *      limit; a raise that does not lower the measured KL (which is
+ *      budget, so it stays infeasible as the others grow); the feasible
+ *      raise with the lowest KL is kept if its KL is below the current one,
+ *      and the round repeats; the search ends when no raise lowers the KL
+ *      or after max_trials raises. The paper keeps every raise that meets
+ *      the limit; a raise that does not lower the measured KL (which is
  *      deterministic) would spend speed for nothing, so it is not kept.
-   3. Confirmation: the configurations kept on the way (the base, the
-      chosen common k, each kept raise) form a chain; the last is measured
-      again and kept if this second measurement is within the budget too,
-      else the one before it, and so on down to the base (feasible by
-      definition). On a noisy machine a single favourable measurement
-      would otherwise decide; the recorded slowdown is the confirming one.
- * KL values are memoized per configuration (deterministic); slowdowns are
- * measured afresh each time (noisy; each measurement stands alone). */
+ *   3. Confirmation: the configurations kept on the way (the base, the
+ *      chosen common k, each kept raise) form a chain; the last is measured
+ *      again and kept if this second measurement is within the budget too,
+ *      else the one before it, and so on down to the base (feasible by
+ *      definition). On a noisy machine a single favourable measurement
+ *      would otherwise decide; the recorded slowdown is the confirming one.
+ * KL values are memoized per configuration, the block count left out of
+ * the key (deterministic, and blocks do not change what is applied);
+ * slowdowns are measured afresh each time (noisy; each measurement stands
+ * alone). */
 #ifndef SPX_REFINE_TUNE_H
 #define SPX_REFINE_TUNE_H
 
 #include "core/err.h"
 #include "model/arch.h"
+#include "spectra.h"
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct spx_refine_config {
-    int64_t k[SPX_RSET_COUNT]; /* channels per 1,024 per set (SPX_RSET_*); 0: off */
+    int64_t k[SPX_RSET_COUNT]; /* channels per 1,024 per set (SPX_RSET_*); 0: off; neuron mode: gate/up, down 0 */
+    int32_t mlp;               /* SPX_REFINE_MLP_CHANNEL or SPX_REFINE_MLP_NEURON */
+    int64_t kn;                /* neuron mode: neurons per 1,024 of the intermediate size; 0 otherwise */
+    int32_t blocks;            /* GPU: the refinement kernel's thread blocks (0: the backend's default) */
+    int32_t lag, lead;         /* GPU: fetch lag (o / down) and lead (q/k/v, gate/up), half-blocks 0..4 */
 } spx_refine_config;
 
-/* The mode's configuration with every budget at the common value k. */
+/* The mode's configuration (its MLP mode and schedule) with every budget
+ * at the common value k: channel mode every set at k; neuron mode q/k/v
+ * and o at k, gate/up and down 0, kn = round(3 k / 4). */
 spx_refine_config spx_refine_config_common(const spx_refine_config *mode, int64_t k);
-/* "k 8,8,16,8" into buf; returns buf. */
+/* Equal in every field; the KL memo's key leaves blocks out (speed only). */
+int spx_refine_config_eq(const spx_refine_config *a, const spx_refine_config *b, int with_blocks);
+/* "k 8,8,16,8", "k 8,8 kn 12 (neuron)", then " blocks 32 lag 0.5 lead 0"
+ * when any schedule field is set, into buf; returns buf. */
 const char *spx_refine_config_str(const spx_refine_config *c, char *buf, size_t cap);
 
 typedef enum spx_tune_phase {
     SPX_TUNE_COMMON = 0,
     SPX_TUNE_GREEDY = 1,
     SPX_TUNE_BASE = 2,
-    SPX_TUNE_CONFIRM = 3
+    SPX_TUNE_CONFIRM = 3,
+    SPX_TUNE_SCHEDULE = 4 /* step 0: a block count at the reference budget */
 } spx_tune_phase;
 
 /* One measured configuration, as reported to the progress callback. */
@@ -71,7 +103,8 @@ typedef struct spx_tune_trial {
     double kl;       /* mean KL; NAN when not measured (infeasible) */
     int feasible;    /* slowdown <= budget */
     int kept;        /* common: the mode's largest feasible k so far; greedy: the raise was kept;
-                        confirm: the configuration is the result */
+                        confirm: the configuration is the result; schedule: the block count chosen
+                        (a summary, slowdown its measurement, kl NAN) */
 } spx_tune_trial;
 
 typedef struct spx_tune_ops {
@@ -85,7 +118,8 @@ typedef struct spx_tune_ops {
 } spx_tune_ops;
 
 #define SPX_TUNE_MAX_LADDER 64
-#define SPX_TUNE_MAX_MODES 16
+#define SPX_TUNE_MAX_MODES 64 /* 2 MLP modes x 5 lags x 5 leads fit */
+#define SPX_TUNE_MAX_BLOCKS 16
 #define SPX_TUNE_DEFAULT_TRIALS 24
 #define SPX_TUNE_MAX_TRIALS 1000
 
@@ -93,8 +127,12 @@ typedef struct spx_tune_params {
     double budget;              /* slowdown limit, (0, 1) */
     const int64_t *ladder;      /* ascending, ladder[0] == 0; NULL: spx_tune_default_ladder */
     size_t n_ladder;
-    const spx_refine_config *modes; /* candidate modes; NULL: one (channel-wise, every set) */
+    const spx_refine_config *modes; /* candidate modes (mlp, lag, lead, blocks; budgets ignored);
+                                       NULL: one (channel-wise, no schedule) */
     size_t n_modes;
+    const int32_t *blocks;      /* block counts for step 0 (each >= 1); fewer than 2: no step 0,
+                                   the modes' own blocks kept */
+    size_t n_blocks;
     int32_t max_trials;         /* greedy raises measured at most (<= SPX_TUNE_MAX_TRIALS); 0: SPX_TUNE_DEFAULT_TRIALS */
 } spx_tune_params;
 
@@ -111,7 +149,8 @@ typedef struct spx_tune_result {
 const int64_t *spx_tune_default_ladder(size_t *n);
 
 /* Runs the search (see the top of this file). Errors: SPX_ERR_ARG for bad
- * parameters (budget, ladder not ascending from 0, too many entries), or
+ * parameters (budget, ladder not ascending from 0, too many entries, a
+ * mode out of range), or
  * the first callback error (returned as it came). */
 spx_status spx_refine_tune(const spx_tune_params *p, const spx_tune_ops *ops, spx_tune_result *out, spx_err *e);
 

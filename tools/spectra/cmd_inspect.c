@@ -192,9 +192,16 @@ static void print_table(const spx_trdc *f) {
     if (spx_trdc_tuned_count(f)) printf("\ntuned refinement budgets (spectra tune; k per 1024 q/k/v,o,gate/up,down)\n");
     for (size_t i = 0; i < spx_trdc_tuned_count(f); i++) {
         const spx_trdc_tuned *t = spx_trdc_tuned_at(f, i);
-        printf("  %s: budget %g%%: k %lld,%lld,%lld,%lld, measured slowdown %.2f%%, KL %.5f (base %.5f), %s%s%s\n",
+        char mode[96] = "MLP channel";
+        int n = t->mlp == SPX_REFINE_MLP_NEURON ? snprintf(mode, sizeof mode, "MLP neuron kn %lld", (long long)t->kn)
+                                                : (int)strlen(mode);
+        if (t->cuda_blocks || t->cuda_lag || t->cuda_lead)
+            snprintf(mode + n, sizeof mode - (size_t)n, ", cuda blocks %d lag %g lead %g", (int)t->cuda_blocks,
+                     0.5 * t->cuda_lag, 0.5 * t->cuda_lead);
+        printf("  %s: budget %g%%: k %lld,%lld,%lld,%lld, %s, measured slowdown %.2f%%, KL %.5f (base %.5f), %s%s%s\n",
                t->platform, 100 * t->budget, (long long)t->k[0], (long long)t->k[1], (long long)t->k[2],
-               (long long)t->k[3], 100 * t->slowdown, t->kl, t->kl_base, t->date, t->windows[0] ? "; " : "", t->windows);
+               (long long)t->k[3], mode, 100 * t->slowdown, t->kl, t->kl_base, t->date, t->windows[0] ? "; " : "",
+               t->windows);
     }
 }
 
@@ -271,6 +278,11 @@ static int print_json(const spx_trdc *f) {
         cJSON_AddNumberToObject(o, "slowdown", t->slowdown);
         cJSON_AddNumberToObject(o, "kl", t->kl);
         cJSON_AddNumberToObject(o, "kl_base", t->kl_base);
+        cJSON_AddStringToObject(o, "mlp", t->mlp == SPX_REFINE_MLP_NEURON ? "neuron" : "channel");
+        cJSON_AddNumberToObject(o, "kn", (double)t->kn);
+        cJSON_AddNumberToObject(o, "cuda_blocks", t->cuda_blocks);
+        cJSON_AddNumberToObject(o, "cuda_lag", t->cuda_lag);
+        cJSON_AddNumberToObject(o, "cuda_lead", t->cuda_lead);
         cJSON_AddStringToObject(o, "date", t->date);
         cJSON_AddStringToObject(o, "windows", t->windows);
     }

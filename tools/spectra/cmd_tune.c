@@ -1,8 +1,14 @@
 /* cmd_tune.c: `spectra tune -m MODEL.trdc --refine MODEL.refine --ref SRC
  * -f TEXT [--budget 5%]`: StrataFlux-W's tuner on this machine (issue 20;
  * the search is refine/tune.h). It measures, and records in the .refine's
- * manifest for this platform (docs/trdc.md 2.6), the refinement budgets
- * with the lowest KL whose decode slowdown stays within the budget.
+ * manifest for this platform (docs/trdc.md 2.6), the refinement
+ * configuration with the lowest KL whose decode slowdown stays within the
+ * budget: the budgets k per set, the MLP mode (channel-wise, or
+ * neuron-wise with kn when the .refine holds neuron bundles and the
+ * backend runs them) and, on cuda, the schedule (thread blocks, fetch lag
+ * and lead). A dimension the backend refuses (SPX_ERR_UNSUPPORTED when it
+ * is set: neuron mode or fetch lead on cuda today) is probed once before
+ * the search and left out with a note.
  *
  * Measurements (the search's callbacks):
  *   slowdown: `spectra bench -p 0 -n N`'s decode loop (cli_decode_tps) on
@@ -29,7 +35,10 @@
  * disk, cache size, miss mode, loaders) is part of the platform key: tune
  * once per placement that will be run. Measuring the base as the same
  * model at k = 0 rather than without the .refine keeps one model and one
- * thread pool: two would compete for the cores. */
+ * thread pool: two would compete for the cores. The base of a slowdown
+ * pair keeps the candidate's MLP mode and schedule with every budget 0
+ * (k = 0 returns before the schedule matters), so switching between them
+ * never attaches again. */
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
@@ -61,6 +70,14 @@ static void usage(FILE *f) {
                "                  measured again, falling back along the kept ones until one confirms\n"
                "  --ladder LIST   budgets tried, ascending from 0 (default 0,1,2,4,8,...,768,1024); values at or\n"
                "                  above the widest refined input (all its channels) count once, as that width\n"
+               "  --backend B     cpu (default) or cuda (the platform key's first part)\n"
+               "  --search-mlp M  MLP modes searched: channel, neuron or both (default both when the .refine has\n"
+               "                  neuron bundles, compress --refine-bundles, and the backend runs them; else channel)\n"
+               "  --search-blocks LIST  cuda: refinement thread blocks tried, chosen by speed before the budgets\n"
+               "                  (ints 1..4096; default 8,16,32,64; cpu: not searched)\n"
+               "  --search-lag LIST   cuda: fetch lags tried, in blocks (0, 0.5, 1, 1.5, 2; default all; cpu: 0)\n"
+               "  --search-lead LIST  cuda: fetch leads tried, in blocks (as --search-lag; default all; a backend\n"
+               "                  that refuses fetch lead has it left out with a note)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --no-write      measure and print only; the .refine is not changed\n"
@@ -85,6 +102,7 @@ typedef struct tune_ctx {
     int64_t count;       /* scored positions per window */
     float *logits;       /* [ctx][V] */
     double *pr, *pm;     /* [V] */
+    spx_refine_config applied; /* the mode and schedule the model runs now */
     int32_t *in, *tg;    /* [ctx] */
     int32_t *targets;    /* [chunks][count] */
     /* the last slowdown measurement's medians, for the progress line */
@@ -105,7 +123,20 @@ static double median(double *x, int64_t n) {
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
+/* c on the model: budgets always, mode and schedule when they change
+ * (a change may attach again on a device backend) */
 static spx_status set_k(tune_ctx *t, const spx_refine_config *c, spx_err *e) {
+    if (c->mlp != t->applied.mlp || c->kn != t->applied.kn) {
+        SPX_TRY(spx_refine_set_mlp(t->m, c->mlp, c->kn, e));
+        t->applied.mlp = c->mlp;
+        t->applied.kn = c->kn;
+    }
+    if (c->blocks != t->applied.blocks || c->lag != t->applied.lag || c->lead != t->applied.lead) {
+        SPX_TRY(spx_refine_set_schedule(t->m, c->blocks, c->lag, c->lead, e));
+        t->applied.blocks = c->blocks;
+        t->applied.lag = c->lag;
+        t->applied.lead = c->lead;
+    }
     return spx_refine_set_budget(t->m, c->k, e);
 }
 
@@ -116,7 +147,8 @@ static int32_t next_token(tune_ctx *t) {
 
 static spx_status measure_slowdown(void *user, const spx_refine_config *c, double *out, spx_err *e) {
     tune_ctx *t = user;
-    const spx_refine_config base = {{0}};
+    spx_refine_config base = spx_refine_config_common(c, 0); /* the candidate's mode and schedule, budgets 0 */
+    base.kn = 0;
     double ratio[100], tb[100], tc[100], tps;
     SPX_TRY(set_k(t, c, e));
     if (!cli_decode_tps(t->s, next_token(t), t->tokens, &tps)) /* warm-up: the tier's cache, the code paths */
@@ -160,12 +192,14 @@ static spx_status measure_kl(void *user, const spx_refine_config *c, double *out
 }
 
 static const char *phase_name(spx_tune_phase p) {
-    return p == SPX_TUNE_BASE ? "base" : p == SPX_TUNE_COMMON ? "common" : p == SPX_TUNE_GREEDY ? "greedy" : "confirm";
+    return p == SPX_TUNE_BASE ? "base" : p == SPX_TUNE_COMMON ? "common" : p == SPX_TUNE_GREEDY ? "greedy"
+           : p == SPX_TUNE_SCHEDULE ? "blocks" : "confirm";
 }
 
 /* the search's lines that announce a kept configuration (no measurement of their own) */
 static int is_summary(const spx_tune_trial *tr) {
-    return (tr->phase == SPX_TUNE_COMMON || tr->phase == SPX_TUNE_GREEDY) && tr->kept && !isnan(tr->kl);
+    return ((tr->phase == SPX_TUNE_COMMON || tr->phase == SPX_TUNE_GREEDY) && tr->kept && !isnan(tr->kl)) ||
+           (tr->phase == SPX_TUNE_SCHEDULE && tr->kept);
 }
 
 static void progress(void *user, const spx_tune_trial *tr) {
@@ -177,14 +211,17 @@ static void progress(void *user, const spx_tune_trial *tr) {
         t->trial_tps[t->n_trials][1] = timed ? t->tps_cand : NAN;
         t->n_trials++;
     }
-    char k[64]; /* progress on stderr, --json or not (the JSON is stdout's) */
+    char k[128]; /* progress on stderr, --json or not (the JSON is stdout's) */
     spx_refine_config_str(&tr->c, k, sizeof k);
     if (tr->phase == SPX_TUNE_BASE) fprintf(stderr, "tune: base              KL %.5f\n", tr->kl);
+    else if (tr->phase == SPX_TUNE_SCHEDULE && tr->kept)
+        fprintf(stderr, "tune: %-6s %-26s <- the fastest block count at this budget, used from here on\n",
+                phase_name(tr->phase), k);
     else if (is_summary(tr))
-        fprintf(stderr, "tune: %-6s %-22s KL %.5f  <- %s\n", phase_name(tr->phase), k, tr->kl,
+        fprintf(stderr, "tune: %-6s %-26s KL %.5f  <- %s\n", phase_name(tr->phase), k, tr->kl,
                 tr->phase == SPX_TUNE_COMMON ? "largest feasible common k" : "raise kept");
     else {
-        fprintf(stderr, "tune: %-6s %-22s slowdown %6.2f%% (%.1f -> %.1f tokens/s) %s", phase_name(tr->phase), k,
+        fprintf(stderr, "tune: %-6s %-26s slowdown %6.2f%% (%.1f -> %.1f tokens/s) %s", phase_name(tr->phase), k,
                 100 * tr->slowdown, t->tps_base, t->tps_cand, tr->feasible ? "within" : "over");
         if (!isnan(tr->kl)) fprintf(stderr, "  KL %.5f", tr->kl);
         if (tr->phase == SPX_TUNE_CONFIRM) fputs(tr->kept ? "  <- confirmed" : "  (falling back)", stderr);
@@ -242,21 +279,28 @@ static int prepare_kl(tune_ctx *t, spx_model *ref, const cli_eval_opts *o) {
     return ok;
 }
 
+/* the configuration's fields as JSON members, after a "k" array */
+static void json_config(const spx_refine_config *c) {
+    printf("\"k\": [%lld, %lld, %lld, %lld], \"mlp\": \"%s\", \"kn\": %lld, \"cuda_blocks\": %d, \"cuda_lag\": %d, "
+           "\"cuda_lead\": %d", (long long)c->k[0], (long long)c->k[1], (long long)c->k[2], (long long)c->k[3],
+           c->mlp == SPX_REFINE_MLP_NEURON ? "neuron" : "channel", (long long)c->kn, (int)c->blocks, (int)c->lag,
+           (int)c->lead);
+}
+
 static void print_result(const tune_ctx *t, const spx_tune_result *r, double budget, const char *platform,
                          const char *written, const char *windows) {
-    char k[64];
+    char k[128];
     if (t->json) {
-        printf("{\"platform\": \"%s\", \"budget\": %.6g, \"k\": [%lld, %lld, %lld, %lld], \"slowdown\": %.6f, "
-               "\"kl\": %.6f, \"kl_base\": %.6f, \"windows\": \"%s\", \"written\": %s, \"measurements\": "
-               "{\"slowdown\": %d, \"kl\": %d}, \"trials\": [",
-               platform, budget, (long long)r->best.k[0], (long long)r->best.k[1], (long long)r->best.k[2],
-               (long long)r->best.k[3], r->slowdown, r->kl, r->kl_base, windows, written ? "true" : "false",
-               (int)r->n_slowdown, (int)r->n_kl);
+        printf("{\"platform\": \"%s\", \"budget\": %.6g, ", platform, budget);
+        json_config(&r->best);
+        printf(", \"slowdown\": %.6f, \"kl\": %.6f, \"kl_base\": %.6f, \"windows\": \"%s\", \"written\": %s, "
+               "\"measurements\": {\"slowdown\": %d, \"kl\": %d}, \"trials\": [",
+               r->slowdown, r->kl, r->kl_base, windows, written ? "true" : "false", (int)r->n_slowdown, (int)r->n_kl);
         for (int i = 0, n = 0; i < t->n_trials; i++) {
             const spx_tune_trial *tr = &t->trials[i];
             if (is_summary(tr)) continue;
-            printf("%s{\"phase\": \"%s\", \"k\": [%lld, %lld, %lld, %lld]", n++ ? ", " : "", phase_name(tr->phase),
-                   (long long)tr->c.k[0], (long long)tr->c.k[1], (long long)tr->c.k[2], (long long)tr->c.k[3]);
+            printf("%s{\"phase\": \"%s\", ", n++ ? ", " : "", phase_name(tr->phase));
+            json_config(&tr->c);
             if (!isnan(tr->slowdown) && tr->phase != SPX_TUNE_BASE)
                 printf(", \"slowdown\": %.6f, \"tps_base\": %.3f, \"tps\": %.3f, \"feasible\": %s", tr->slowdown,
                        t->trial_tps[i][0], t->trial_tps[i][1], tr->feasible ? "true" : "false");
@@ -266,7 +310,8 @@ static void print_result(const tune_ctx *t, const spx_tune_result *r, double bud
         printf("]}\n");
         return;
     }
-    printf("%-7s %-22s %10s %12s %12s %10s\n", "phase", "budgets", "slowdown", "base tok/s", "cand tok/s", "mean KL");
+    printf("%-7s %-40s %10s %12s %12s %10s\n", "phase", "configuration", "slowdown", "base tok/s", "cand tok/s",
+           "mean KL");
     for (int i = 0; i < t->n_trials; i++) {
         const spx_tune_trial *tr = &t->trials[i];
         if (is_summary(tr)) continue;
@@ -278,7 +323,7 @@ static void print_result(const tune_ctx *t, const spx_tune_result *r, double bud
             snprintf(c, sizeof c, "%.1f", t->trial_tps[i][1]);
         }
         if (!isnan(tr->kl)) snprintf(kl, sizeof kl, "%.5f", tr->kl);
-        printf("%-7s %-22s %10s %12s %12s %10s\n", phase_name(tr->phase), k, sd, b, c, kl);
+        printf("%-7s %-40s %10s %12s %12s %10s\n", phase_name(tr->phase), k, sd, b, c, kl);
     }
     spx_refine_config_str(&r->best, k, sizeof k);
     printf("(* over the %g%% budget)\ntuned for %s, budget %g%%: %s, measured slowdown %.2f%%, KL %.5f (base %.5f) "
@@ -287,6 +332,59 @@ static void print_result(const tune_ctx *t, const spx_tune_result *r, double bud
            (int)r->n_kl);
     if (written) printf("written to %s\n", written);
     else printf("not written (--no-write)\n");
+}
+
+/* "0,0.5,1" (blocks, by halves) into half-blocks 0..4 */
+static int parse_halves(const char *flag, const char *v, int32_t *out, size_t *n) {
+    *n = 0;
+    for (const char *p = v; *p && *n < 5;) {
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p || x < 0 || x > 2 || x * 2 != (double)(int)(x * 2) || (*end && *end != ',')) break;
+        for (size_t i = 0; i < *n; i++)
+            if (out[i] == (int32_t)(x * 2)) goto bad;
+        out[(*n)++] = (int32_t)(x * 2);
+        p = *end ? end + 1 : end;
+        if (!*p) return 1;
+    }
+bad:
+    cli_error("%s '%s': expected a list of distinct distances in blocks, each 0, 0.5, 1, 1.5 or 2", flag, v);
+    return 0;
+}
+
+/* "8,16,32" into block counts 1..4096 */
+static int parse_blocks(const char *v, int32_t *out, size_t *n) {
+    int32_t *ids = cli_parse_ids(v, "--search-blocks", 0, n);
+    if (!ids) return 0;
+    int ok = *n >= 1 && *n <= SPX_TUNE_MAX_BLOCKS;
+    for (size_t i = 0; i < *n && ok; i++) ok = ids[i] >= 1 && ids[i] <= 4096 && (out[i] = ids[i]);
+    free(ids);
+    if (!ok) cli_error("--search-blocks '%s': expected 1..%d block counts, each 1..4096", v, SPX_TUNE_MAX_BLOCKS);
+    return ok;
+}
+
+/* Drops a dimension the backend refuses: sets it (set: 1 to try, 0 to
+ * restore) and returns 1 when it runs, 0 (with a note) when the backend
+ * answers SPX_ERR_UNSUPPORTED, -1 on another error (printed). */
+static int probe(tune_ctx *t, const char *what, int neuron) {
+    spx_err e;
+    spx_err_clear(&e);
+    spx_status st = neuron ? spx_refine_set_mlp(t->m, SPX_REFINE_MLP_NEURON, 1, &e)
+                           : spx_refine_set_schedule(t->m, 0, 0, 1, &e);
+    if (st == SPX_ERR_UNSUPPORTED) {
+        fprintf(stderr, "tune: %s not searched: %s\n", what, e.msg);
+        return 0;
+    }
+    if (st != SPX_OK) {
+        cli_fail(&e);
+        return -1;
+    }
+    st = neuron ? spx_refine_set_mlp(t->m, SPX_REFINE_MLP_CHANNEL, 0, &e) : spx_refine_set_schedule(t->m, 0, 0, 0, &e);
+    if (st != SPX_OK) {
+        cli_fail(&e);
+        return -1;
+    }
+    return 1;
 }
 
 int cmd_tune(int argc, char **argv) {
@@ -300,16 +398,23 @@ int cmd_tune(int argc, char **argv) {
     int64_t ladder[SPX_TUNE_MAX_LADDER];
     size_t n_ladder = 0;
     int no_write = 0;
+    const char *search_mlp = NULL;
+    int32_t blocks[SPX_TUNE_MAX_BLOCKS] = {8, 16, 32, 64}, lags[5] = {0, 1, 2, 3, 4}, leads[5] = {0, 1, 2, 3, 4};
+    size_t n_blocks = 4, n_lags = 5, n_leads = 5;
+    int given_blocks = 0, given_lags = 0, given_leads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        if (!strcmp(a, "--refine-k") || !strcmp(a, "--refine-tuned")) {
+        if (!strcmp(a, "--refine-k") || !strcmp(a, "--refine-tuned") || !strcmp(a, "--refine-mlp") ||
+            !strcmp(a, "--refine-kn") || !strcmp(a, "--refine-blocks") || !strcmp(a, "--refine-lag") ||
+            !strcmp(a, "--refine-lead")) {
             cli_error("tune: %s is what tune chooses; it takes the tier options only (--refine-cache, --refine-miss, "
-                      "--refine-loaders)", a);
+                      "--refine-loaders; restrict the search with --search-mlp, --search-blocks, --search-lag, "
+                      "--search-lead)", a);
             return 2;
         }
-        if (!strcmp(a, "--backend") && i + 1 < argc && strcmp(argv[i + 1], "cpu") != 0) {
-            cli_error("tune: --backend %s: refinement runs on the cpu backend only", argv[i + 1]);
+        if (!strcmp(a, "--backend") && i + 1 < argc && strcmp(argv[i + 1], "cpu") && strcmp(argv[i + 1], "cuda")) {
+            cli_error("tune: --backend %s: expected cpu or cuda (the platform key names the backend)", argv[i + 1]);
             return 2;
         }
         int r = cli_eval_opt(argc, argv, &i, &o);
@@ -325,11 +430,27 @@ int cmd_tune(int argc, char **argv) {
         else if (!strcmp(a, "--rounds")) { if (!cli_int(a, v, 1, 100, &rounds)) return 2; }
         else if (!strcmp(a, "--max-trials")) { if (!cli_int(a, v, 1, SPX_TUNE_MAX_TRIALS, &max_trials)) return 2; }
         else if (!strcmp(a, "--ladder")) { if (!parse_ladder(v, ladder, &n_ladder)) return 2; }
+        else if (!strcmp(a, "--search-mlp")) {
+            if (strcmp(v, "channel") && strcmp(v, "neuron") && strcmp(v, "both")) {
+                cli_error("--search-mlp '%s': expected channel, neuron or both", v);
+                return 2;
+            }
+            search_mlp = v;
+        }
+        else if (!strcmp(a, "--search-blocks")) { if (!parse_blocks(v, blocks, &n_blocks)) return 2; given_blocks = 1; }
+        else if (!strcmp(a, "--search-lag")) { if (!parse_halves(a, v, lags, &n_lags)) return 2; given_lags = 1; }
+        else if (!strcmp(a, "--search-lead")) { if (!parse_halves(a, v, leads, &n_leads)) return 2; given_leads = 1; }
         else { cli_error("tune: unknown option '%s'", a); usage(stderr); return 2; }
     }
     if (!model || !rp.path || !ref || !o.file) {
         cli_error("tune: -m MODEL, --refine FILE, --ref SRC and -f TEXT are required");
         usage(stderr);
+        return 2;
+    }
+    const int cuda = o.backend && !strcmp(o.backend, "cuda");
+    if (!cuda && (given_blocks || (given_lags && (n_lags > 1 || lags[0])) || (given_leads && (n_leads > 1 || leads[0])))) {
+        cli_error("tune: --search-blocks, --search-lag and --search-lead are the cuda schedule (--backend cuda); the cpu "
+                  "has none");
         return 2;
     }
     spx_err e;
@@ -345,11 +466,51 @@ int cmd_tune(int argc, char **argv) {
     t.tokens = tokens;
     t.rounds = rounds;
     spx_model *mr = NULL;
-    char platform[256], windows[256], k[64];
-    if (!(t.m = cli_open_model_on(model, o.threads, "cpu"))) goto done;
+    char platform[256], windows[256], k[128];
+    if (!cuda) n_blocks = 0, n_lags = n_leads = 1, lags[0] = leads[0] = 0;
+    if (!(t.m = cli_open_model_on(model, o.threads, cuda ? "cuda" : "cpu"))) goto done;
     rp.tuned = -1; /* tuning starts from nothing */
     for (int s = 0; s < 4; s++) rp.k[s] = 0;
+    rp.mlp = SPX_REFINE_MLP_CHANNEL;
+    rp.kn = -1;
+    rp.cuda_blocks = rp.cuda_lag = rp.cuda_lead = 0;
     if (!cli_apply_refine(t.m, &rp)) goto done;
+    /* the modes the backend runs: neuron mode where there are bundles, lead
+     * where the backend has it (each probed once) */
+    spx_refine_info ri;
+    spx_model_refine_info(t.m, &ri);
+    int mlps[2] = {SPX_REFINE_MLP_CHANNEL, SPX_REFINE_MLP_NEURON}, n_mlps = 1;
+    if (search_mlp && !strcmp(search_mlp, "neuron")) mlps[0] = SPX_REFINE_MLP_NEURON;
+    const int want_neuron = search_mlp ? strcmp(search_mlp, "channel") != 0 : ri.n_bundle_layers > 0;
+    if (want_neuron && ri.n_bundle_layers == 0) {
+        cli_error("tune: --search-mlp %s: %s has no neuron bundles (write them with spectra compress --refine OUT "
+                  "--refine-bundles)", search_mlp, rp.path);
+        goto done;
+    }
+    if (want_neuron) {
+        const int r = probe(&t, "neuron-wise MLP refinement", 1);
+        if (r < 0) goto done;
+        if (r == 0 && search_mlp && !strcmp(search_mlp, "neuron")) {
+            cli_error("tune: --search-mlp neuron: the %s backend does not run it", cuda ? "cuda" : "cpu");
+            goto done;
+        }
+        if (r == 0) mlps[0] = SPX_REFINE_MLP_CHANNEL, n_mlps = 1;
+        else n_mlps = search_mlp && !strcmp(search_mlp, "neuron") ? 1 : 2;
+    }
+    int any_lead = 0;
+    for (size_t i = 0; i < n_leads; i++) any_lead |= leads[i] > 0;
+    if (any_lead) {
+        const int r = probe(&t, "fetch lead", 0);
+        if (r < 0) goto done;
+        if (r == 0) n_leads = 1, leads[0] = 0;
+    }
+    spx_refine_config modes[SPX_TUNE_MAX_MODES];
+    size_t n_modes = 0;
+    for (size_t d = 0; d < n_leads; d++) /* lead outermost: a change of it attaches again */
+        for (size_t g = 0; g < n_lags; g++)
+            for (int u = 0; u < n_mlps; u++)
+                modes[n_modes++] = (spx_refine_config){.mlp = mlps[u], .lag = lags[g], .lead = leads[d],
+                                                       .blocks = n_blocks == 1 ? blocks[0] : 0};
     spx_refine_platform(t.m, &rp, platform, sizeof platform);
     if (!(mr = cli_open_model(ref, o.threads))) goto done;
     t.V = spx_model_vocab_size(t.m);
@@ -389,8 +550,14 @@ int cmd_tune(int argc, char **argv) {
     while (kept < n_ladder && ladder[kept] < width) kept++;
     if (kept < n_ladder) ladder[kept++] = width;
     n_ladder = kept < 2 ? 2 : kept;
-    spx_tune_params tp = {.budget = budget, .ladder = ladder, .n_ladder = n_ladder,
-                          .max_trials = (int32_t)max_trials};
+    spx_tune_params tp = {.budget = budget, .ladder = ladder, .n_ladder = n_ladder, .modes = modes,
+                          .n_modes = n_modes, .blocks = blocks, .n_blocks = n_blocks, .max_trials = (int32_t)max_trials};
+    fprintf(stderr, "tune: %zu mode%s (MLP %s%s", n_modes, n_modes == 1 ? "" : "s",
+            n_mlps == 2 ? "channel and neuron" : mlps[0] == SPX_REFINE_MLP_NEURON ? "neuron" : "channel",
+            cuda ? "" : ")");
+    if (cuda) fprintf(stderr, ", %zu lag%s, %zu lead%s), %zu block count%s\n", n_lags, n_lags == 1 ? "" : "s",
+                      n_leads, n_leads == 1 ? "" : "s", n_blocks, n_blocks == 1 ? "" : "s");
+    else fputc('\n', stderr);
     spx_tune_ops ops = {.user = &t, .slowdown = measure_slowdown, .kl = measure_kl, .progress = progress};
     spx_tune_result res;
     if (spx_refine_tune(&tp, &ops, &res, &e) != SPX_OK) {
@@ -403,6 +570,11 @@ int cmd_tune(int argc, char **argv) {
         snprintf(en.platform, sizeof en.platform, "%s", platform);
         en.budget = budget;
         memcpy(en.k, res.best.k, sizeof en.k);
+        en.mlp = res.best.mlp;
+        en.kn = res.best.mlp == SPX_REFINE_MLP_NEURON ? res.best.kn : 0;
+        en.cuda_blocks = res.best.blocks;
+        en.cuda_lag = res.best.lag;
+        en.cuda_lead = res.best.lead;
         en.slowdown = res.slowdown;
         en.kl = res.kl;
         en.kl_base = res.kl_base;

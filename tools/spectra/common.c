@@ -219,6 +219,7 @@ void cli_refine_defaults(spx_refine_params *p) {
     memset(p, 0, sizeof *p);
     for (int i = 0; i < 4; i++) p->k[i] = -1;
     p->kn = -1;
+    p->mlp = p->cuda_blocks = p->cuda_lag = p->cuda_lead = -1; /* the tuned entry's, else the defaults */
 }
 
 /* "K" (every set) or "Kqkv,Ko,Kgateup,Kdown" */
@@ -302,10 +303,15 @@ int cli_apply_refine(spx_model *m, const spx_refine_params *p) {
     }
     spx_refine_info r;
     spx_model_refine_info(m, &r);
-    if (r.tuned)
-        fprintf(stderr, "refine: tuned budgets for %s (%g%% budget, measured %.1f%% slower, KL %.4f): k = %lld,%lld,%lld,%lld\n",
+    if (r.tuned) {
+        fprintf(stderr, "refine: tuned budgets for %s (%g%% budget, measured %.1f%% slower, KL %.4f): k = %lld,%lld,%lld,%lld",
                 r.platform, 100 * r.tuned_budget, 100 * r.tuned_slowdown, r.tuned_kl, (long long)r.k[0],
                 (long long)r.k[1], (long long)r.k[2], (long long)r.k[3]);
+        if (r.mlp == SPX_REFINE_MLP_NEURON) fprintf(stderr, ", MLP neuron-wise kn %lld", (long long)r.kn);
+        if (r.cuda_blocks || r.cuda_lag || r.cuda_lead)
+            fprintf(stderr, ", cuda blocks %d lag %g lead %g", (int)r.cuda_blocks, 0.5 * r.cuda_lag, 0.5 * r.cuda_lead);
+        fputc('\n', stderr);
+    }
     return 1;
 }
 
