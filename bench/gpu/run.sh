@@ -75,6 +75,16 @@
 #                                holding docllama-58m's HF files, carried
 #                                separately) also its KL on eval.txt windows,
 #                                refined on cpu and on cuda (kl.txt).
+#   sh bench/gpu/run.sh pack-lowbit  here: a staging folder for the lowbit
+#                                mode ($D, default .dev/gpul): spectra,
+#                                test_cuda, test_cuda_lowbit (stripped) and
+#                                fixtures compressed at 3 and 2 bits.
+#   sh bench/gpu/run.sh lowbit   (SPX_GPU_DIR=.dev/gpul) test_cuda_lowbit, test_cuda
+#                                end to end on those fixtures, greedy text cpu vs
+#                                cuda, then synthetic LSHAPES (default llama3-8b)
+#                                at each width of LBITS (default "4 3 2"): tg128
+#                                in ROUNDS interleaved rounds, and the weight bytes
+#                                read per token over the time (lowbit.txt).
 # CHECKS=0 skips the checks (a staging folder without models).
 # Logs and the table go to $OUT (the device tool's folder) or /tmp/spx-gpu.
 # SPX_GPU_DIR (default .dev/gpu) names the staging folder, here and there.
@@ -93,6 +103,23 @@ if [ "${1:-}" = pack-refine ]; then
             "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc --refine $D/models/$m.refine -q || exit 1
     done
     cp "$SHARED/models/docllama-58m/eval.txt" $D/models/ || exit 1
+    git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
+    du -sh $D
+    exit 0
+fi
+
+if [ "${1:-}" = pack-lowbit ]; then
+    D=${SPX_GPU_DIR:-.dev/gpul}
+    make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
+    mkdir -p $D/bin $D/lib $D/models
+    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/tests/cuda/test_cuda_lowbit $D/bin/ && strip $D/bin/* || exit 1
+    cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
+    # widths the device takes (every matrix's cols a multiple of 128)
+    for mb in docllama-58m:3 docllama-long:2 tiny-lfm2:3 tiny-nemotronh:2; do
+        m=${mb%:*} b=${mb#*:}
+        [ $D/models/$m-b$b.trdc -nt "$BUILD"/spectra ] ||
+            "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m-b$b.trdc --bits $b -q || exit 1
+    done
     git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
     du -sh $D
     exit 0
@@ -326,6 +353,58 @@ elif [ "$MODE" = refine ]; then
             done
         done
     done
+elif [ "$MODE" = lowbit ]; then
+    echo "== test_cuda_lowbit" | tee /dev/fd/3
+    timeout 200 $B/test_cuda_lowbit > "$OUT/test_lowbit.log" 2>&1
+    echo "test_cuda_lowbit exit $?" >> "$OUT/test_lowbit.log"
+    { grep -v '^FAIL' "$OUT/test_lowbit.log" | tail -n 8; grep '^FAIL' "$OUT/test_lowbit.log" | head -n 20; } | tee /dev/fd/3
+    echo "== test_cuda end to end at 3 and 2 bits" | tee /dev/fd/3
+    timeout 400 $B/test_cuda --e2e-only $D/models/*.trdc > "$OUT/test_e2e.log" 2>&1
+    echo "test_cuda exit $?" >> "$OUT/test_e2e.log"
+    { grep -v '^FAIL' "$OUT/test_e2e.log" | tail -n 12; grep '^FAIL' "$OUT/test_e2e.log" | head -n 20; } | tee /dev/fd/3
+    for m in docllama-58m-b3 docllama-long-b2; do
+        SPECTRA_KERNELS=scalar timeout 60 $B/spectra run -m $D/models/$m.trdc --backend cpu -p "The Linux kernel" -n 48 --temp 0 -q > $T/t_cpu.txt 2>&1
+        timeout 60 $B/spectra run -m $D/models/$m.trdc --backend cuda -p "The Linux kernel" -n 48 --temp 0 -q > $T/t_cuda.txt 2>&1
+        if cmp -s $T/t_cpu.txt $T/t_cuda.txt; then echo "$m greedy: cpu and cuda same text" | tee /dev/fd/3; else
+            { echo "$m greedy: texts differ:"; cat $T/t_cpu.txt; echo; cat $T/t_cuda.txt; } | tee /dev/fd/3; fi
+    done
+    : > "$OUT/bench.jsonl"
+    for s in ${LSHAPES:-llama3-8b}; do
+        for b in ${LBITS:-4 3 2}; do
+            [ -f $W/$s-b$b.trdc ] || $B/spectra synth --shape $s --bits $b -o $W/$s-b$b.trdc > $T/synth.log 2>&1 ||
+                { echo "synth $s bits $b failed:"; tail -n 3 $T/synth.log; } | tee /dev/fd/3
+            $B/spectra inspect $W/$s-b$b.trdc --json > $T/$s-b$b.json
+        done
+        for round in $(seq 1 "${ROUNDS:-3}"); do
+            for b in ${LBITS:-4 3 2}; do
+                timeout 120 $B/spectra bench -m $W/$s-b$b.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/lb.err |
+                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (round $round)\"/" >> "$OUT/bench.jsonl" ||
+                    { echo "bench $s bits $b failed:"; cat $T/lb.err; } | tee /dev/fd/3
+            done
+        done
+    done
+    python3 - "$OUT" $T <<'PY' | tee "$OUT/lowbit.txt" >&3
+import json, os, re, statistics, sys
+out, tmp = sys.argv[1], sys.argv[2]
+tg = {}
+for l in open(os.path.join(out, "bench.jsonl")):
+    if l.strip().startswith("{"):
+        r = json.loads(l)
+        m = re.match(r"(.*)\.trdc \(round (\d+)\)$", os.path.basename(r["model"]))
+        if m: tg.setdefault(m.group(1), []).append(r["tg_tps_median"])
+print("%-16s %-26s %8s %12s %9s %8s" % ("model", "tg128 per round (tok/s)", "median", "bytes/token", "GB/s", "vs 4-bit"))
+base = {}
+for name in sorted(tg, key=lambda n: (n.rsplit("-b", 1)[0], -int(n.rsplit("-b", 1)[1]))):
+    meta = json.load(open(os.path.join(tmp, name + ".json")))
+    # a token reads every matrix but the embedding (one row of it)
+    byt = sum(t["bytes"] for t in meta["tensors"] if "embed_tokens" not in t["name"])
+    med = statistics.median(tg[name])
+    shape = name.rsplit("-b", 1)[0]
+    gbs = byt * med / 1e9
+    base.setdefault(shape, (med, gbs))
+    print("%-16s %-26s %8.1f %12d %9.0f %7.2fx tok/s, %.2fx GB/s" % (name, " ".join("%.1f" % v for v in tg[name]), med, byt, gbs,
+          med / base[shape][0], gbs / base[shape][1]))
+PY
 elif [ "$MODE" = hybrid ]; then
     # real-shape hybrids (random weights of the published shapes, bench/gpu/hybrid_ref.py) made with
     # transformers here, compressed by Spectra, logits against transformers' (KL, top-1), and both speeds
