@@ -326,34 +326,53 @@ elif [ "$MODE" = refine ]; then
   fi
     if [ -n "${DOCLLAMA_HF:-}" ] && [ -f "$DOCLLAMA_HF/config.json" ]; then
         echo "== docllama-58m KL (eval.txt, llama-compat, ${KL_CHUNKS:=4} windows), refined on cpu and on cuda" | tee /dev/fd/3
+        R="--refine $D/models/docllama-58m.refine"
         for be in cpu cuda; do
+            extra=""; [ $be = cuda ] && extra="-m $D/models/docllama-58m.trdc $R --refine-k 32 --refine-lead 1 -m $D/models/docllama-58m.trdc $R --refine-k 32 --refine-lag 1"
             timeout 600 $B/spectra kl --ref "$DOCLLAMA_HF" -f $D/models/eval.txt --llama-compat --chunks $KL_CHUNKS --backend $be \
-                -m $D/models/docllama-58m.trdc -m $D/models/docllama-58m.trdc --refine $D/models/docllama-58m.refine --refine-k 32 \
-                -m $D/models/docllama-58m.trdc --refine $D/models/docllama-58m.refine --refine-k 128 > $T/kl_$be.txt 2>&1
+                -m $D/models/docllama-58m.trdc -m $D/models/docllama-58m.trdc $R --refine-k 32 \
+                -m $D/models/docllama-58m.trdc $R --refine-k 128 $extra > $T/kl_$be.txt 2>&1
             { echo "-- backend $be"; cat $T/kl_$be.txt; } | tee -a "$OUT/kl.txt" | tee /dev/fd/3
         done
+        if [ "${TUNE:-1}" != 0 ]; then
+            echo "== spectra tune --backend cuda (docllama-58m, budget ${TBUDGET:=5%})" | tee /dev/fd/3
+            cp $D/models/docllama-58m.refine $T/tune.refine
+            timeout 500 $B/spectra tune -m $D/models/docllama-58m.trdc --refine $T/tune.refine --ref "$DOCLLAMA_HF" \
+                -f $D/models/eval.txt --llama-compat --chunks 2 --budget $TBUDGET --backend cuda ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
+            echo "tune exit $?" >> "$OUT/tune.txt"
+            tail -n 25 "$OUT/tune.txt" | tee /dev/fd/3
+        fi
     fi
-    RS=${RSHAPE:-llama3-8b} RKS=${RKS:-1 2 4 8 16 32} RBLOCKS=${RBLOCKS:-16}
-    echo "== $RS synthetic with a .refine: tg128, k in $RKS, $RBLOCKS blocks" | tee /dev/fd/3
-    if [ ! -f $W/r-$RS.refine ]; then
-        t0=$(date +%s)
-        $B/spectra synth --shape $RS -o $W/r-$RS.trdc --refine $W/r-$RS.refine > $T/rsynth.log 2>&1 ||
-            { echo "synth failed:"; tail -n 5 $T/rsynth.log; } | tee /dev/fd/3
-        echo "made $RS .trdc + .refine in $(( $(date +%s) - t0 )) s: $(ls -la $W/r-$RS.trdc $W/r-$RS.refine | awk '{print $5, $9}' | tr '\n' ' ')" | tee /dev/fd/3
-    fi
+    # RSCHED: fetch lag/lead pairs in blocks ("LAG/LEAD"); RBITS: the base's widths
+    RS=${RSHAPE:-llama3-8b} RKS=${RKS:-1 2 4 8 16 32} RBLOCKS=${RBLOCKS:-16} RSCHED=${RSCHED:-0/0}
+    echo "== $RS synthetic with a .refine: tg128, k in $RKS, $RBLOCKS blocks, lag/lead $RSCHED, bits ${RBITS:=4}" | tee /dev/fd/3
     : > "$OUT/bench.jsonl"
+    for b in $RBITS; do
+        M=$W/r-$RS-b$b
+        if [ ! -f $M.refine ]; then
+            t0=$(date +%s)
+            $B/spectra synth --shape $RS --bits $b -o $M.trdc --refine $M.refine > $T/rsynth.log 2>&1 ||
+                { echo "synth failed:"; tail -n 5 $T/rsynth.log; } | tee /dev/fd/3
+            echo "made $RS bits $b .trdc + .refine in $(( $(date +%s) - t0 )) s: $(ls -la $M.trdc $M.refine | awk '{print $5, $9}' | tr '\n' ' ')" | tee /dev/fd/3
+        fi
+    done
     for round in $(seq 1 "${ROUNDS:-3}"); do
-        for k in 0 $RKS; do
-            for lag in ${RLAGS:-0}; do
-                [ "$k" = 0 ] && [ "$lag" != "$(echo ${RLAGS:-0} | cut -d' ' -f1)" ] && continue
-                a=""; [ "$k" = 0 ] || a="--refine $W/r-$RS.refine --refine-k $k --refine-blocks $RBLOCKS --refine-lag $lag"
-                timeout 120 $B/spectra bench -m $W/r-$RS.trdc --backend cuda -p 0 -n 128 -r 3 --json $a 2> $T/rb.err |
-                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (refine k $k, blocks $RBLOCKS, lag $lag, round $round)\"/" >> "$OUT/bench.jsonl" ||
-                    { echo "bench k $k lag $lag failed:"; cat $T/rb.err; } | tee /dev/fd/3
+        for b in $RBITS; do
+            M=$W/r-$RS-b$b
+            for k in 0 $RKS; do
+                for sc in $RSCHED; do
+                    lag=${sc%/*} lead=${sc#*/}
+                    [ "$k" = 0 ] && [ "$sc" != "$(echo $RSCHED | cut -d' ' -f1)" ] && continue
+                    a=""; [ "$k" = 0 ] || a="--refine $M.refine --refine-k $k --refine-blocks $RBLOCKS --refine-lag $lag --refine-lead $lead"
+                    timeout 120 $B/spectra bench -m $M.trdc --backend cuda -p 0 -n 128 -r 3 --json $a 2> $T/rb.err |
+                        sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (refine k $k, blocks $RBLOCKS, lag $lag, lead $lead, round $round)\"/" >> "$OUT/bench.jsonl" ||
+                        { echo "bench bits $b k $k lag $lag lead $lead failed:"; cat $T/rb.err; } | tee /dev/fd/3
+                done
             done
         done
     done
 elif [ "$MODE" = lowbit ]; then
+  if [ "${LTESTS:-1}" != 0 ]; then
     echo "== test_cuda_lowbit" | tee /dev/fd/3
     timeout 200 $B/test_cuda_lowbit > "$OUT/test_lowbit.log" 2>&1
     echo "test_cuda_lowbit exit $?" >> "$OUT/test_lowbit.log"
@@ -368,6 +387,7 @@ elif [ "$MODE" = lowbit ]; then
         if cmp -s $T/t_cpu.txt $T/t_cuda.txt; then echo "$m greedy: cpu and cuda same text" | tee /dev/fd/3; else
             { echo "$m greedy: texts differ:"; cat $T/t_cpu.txt; echo; cat $T/t_cuda.txt; } | tee /dev/fd/3; fi
     done
+  fi
     : > "$OUT/bench.jsonl"
     for s in ${LSHAPES:-llama3-8b}; do
         for b in ${LBITS:-4 3 2}; do
@@ -377,9 +397,12 @@ elif [ "$MODE" = lowbit ]; then
         done
         for round in $(seq 1 "${ROUNDS:-3}"); do
             for b in ${LBITS:-4 3 2}; do
-                timeout 120 $B/spectra bench -m $W/$s-b$b.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/lb.err |
-                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (round $round)\"/" >> "$OUT/bench.jsonl" ||
+              for v in ${LVARIANTS:--}; do # the tiled GEMV's form (SPECTRA_GEMV_TILED_VARIANT; -: the default choice)
+                e=""; [ "$v" = - ] || e="SPECTRA_GEMV_TILED_VARIANT=$v"
+                env $e timeout 120 $B/spectra bench -m $W/$s-b$b.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/lb.err |
+                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (variant $v, round $round)\"/" >> "$OUT/bench.jsonl" ||
                     { echo "bench $s bits $b failed:"; cat $T/lb.err; } | tee /dev/fd/3
+              done
             done
         done
     done
@@ -390,20 +413,21 @@ tg = {}
 for l in open(os.path.join(out, "bench.jsonl")):
     if l.strip().startswith("{"):
         r = json.loads(l)
-        m = re.match(r"(.*)\.trdc \(round (\d+)\)$", os.path.basename(r["model"]))
-        if m: tg.setdefault(m.group(1), []).append(r["tg_tps_median"])
-print("%-16s %-26s %8s %12s %9s %8s" % ("model", "tg128 per round (tok/s)", "median", "bytes/token", "GB/s", "vs 4-bit"))
+        m = re.match(r"(.*)\.trdc \(variant (\S+), round (\d+)\)$", os.path.basename(r["model"]))
+        if m: tg.setdefault((m.group(1), m.group(2)), []).append(r["tg_tps_median"])
+print("%-16s %4s %-26s %8s %12s %9s %8s" % ("model", "form", "tg128 per round (tok/s)", "median", "bytes/token", "GB/s", "vs 4-bit"))
 base = {}
-for name in sorted(tg, key=lambda n: (n.rsplit("-b", 1)[0], -int(n.rsplit("-b", 1)[1]))):
+for key in sorted(tg, key=lambda n: (n[0].rsplit("-b", 1)[0], n[1], -int(n[0].rsplit("-b", 1)[1]))):
+    name, var = key
     meta = json.load(open(os.path.join(tmp, name + ".json")))
     # a token reads every matrix but the embedding (one row of it)
     byt = sum(t["bytes"] for t in meta["tensors"] if "embed_tokens" not in t["name"])
-    med = statistics.median(tg[name])
-    shape = name.rsplit("-b", 1)[0]
+    med = statistics.median(tg[key])
+    shape = (name.rsplit("-b", 1)[0], var)
     gbs = byt * med / 1e9
     base.setdefault(shape, (med, gbs))
-    print("%-16s %-26s %8.1f %12d %9.0f %7.2fx tok/s, %.2fx GB/s" % (name, " ".join("%.1f" % v for v in tg[name]), med, byt, gbs,
-          med / base[shape][0], gbs / base[shape][1]))
+    print("%-16s %4s %-26s %8.1f %12d %9.0f %7.2fx tok/s, %.2fx GB/s" % (name, var, " ".join("%.1f" % v for v in tg[key]), med, byt,
+          gbs, med / base[shape][0], gbs / base[shape][1]))
 PY
 elif [ "$MODE" = hybrid ]; then
     # real-shape hybrids (random weights of the published shapes, bench/gpu/hybrid_ref.py) made with
