@@ -325,7 +325,8 @@ elif [ "$MODE" = refine ]; then
     timeout 300 $B/bench_refine > "$OUT/bench_refine.txt" 2>&1 || tail -n 5 "$OUT/bench_refine.txt" | tee /dev/fd/3
   fi
     if [ -n "${DOCLLAMA_HF:-}" ] && [ -f "$DOCLLAMA_HF/config.json" ]; then
-        echo "== docllama-58m KL (eval.txt, llama-compat, ${KL_CHUNKS:=4} windows), refined on cpu and on cuda" | tee /dev/fd/3
+        KL_CHUNKS=${KL_CHUNKS:-4} # (not := inside the echo: a pipeline's commands run in subshells)
+        echo "== docllama-58m KL (eval.txt, llama-compat, $KL_CHUNKS windows), refined on cpu and on cuda" | tee /dev/fd/3
         R="--refine $D/models/docllama-58m.refine"
         for be in cpu cuda; do
             extra=""; [ $be = cuda ] && extra="-m $D/models/docllama-58m.trdc $R --refine-k 32 --refine-lead 1 -m $D/models/docllama-58m.trdc $R --refine-k 32 --refine-lag 1"
@@ -335,7 +336,8 @@ elif [ "$MODE" = refine ]; then
             { echo "-- backend $be"; cat $T/kl_$be.txt; } | tee -a "$OUT/kl.txt" | tee /dev/fd/3
         done
         if [ "${TUNE:-1}" != 0 ]; then
-            echo "== spectra tune --backend cuda (docllama-58m, budget ${TBUDGET:=5%})" | tee /dev/fd/3
+            TBUDGET=${TBUDGET:-5%}
+            echo "== spectra tune --backend cuda (docllama-58m, budget $TBUDGET)" | tee /dev/fd/3
             cp $D/models/docllama-58m.refine $T/tune.refine
             timeout 500 $B/spectra tune -m $D/models/docllama-58m.trdc --refine $T/tune.refine --ref "$DOCLLAMA_HF" \
                 -f $D/models/eval.txt --llama-compat --chunks 2 --budget $TBUDGET --backend cuda ${TUNE_ARGS:-} > "$OUT/tune.txt" 2>&1
@@ -344,8 +346,8 @@ elif [ "$MODE" = refine ]; then
         fi
     fi
     # RSCHED: fetch lag/lead pairs in blocks ("LAG/LEAD"); RBITS: the base's widths
-    RS=${RSHAPE:-llama3-8b} RKS=${RKS:-1 2 4 8 16 32} RBLOCKS=${RBLOCKS:-16} RSCHED=${RSCHED:-0/0}
-    echo "== $RS synthetic with a .refine: tg128, k in $RKS, $RBLOCKS blocks, lag/lead $RSCHED, bits ${RBITS:=4}" | tee /dev/fd/3
+    RS=${RSHAPE:-llama3-8b} RKS=${RKS:-1 2 4 8 16 32} RBLOCKS=${RBLOCKS:-16} RSCHED=${RSCHED:-0/0} RBITS=${RBITS:-4}
+    echo "== $RS synthetic with a .refine: tg128, k in $RKS, $RBLOCKS blocks, lag/lead $RSCHED, bits $RBITS" | tee /dev/fd/3
     : > "$OUT/bench.jsonl"
     for b in $RBITS; do
         M=$W/r-$RS-b$b
@@ -432,7 +434,8 @@ PY
 elif [ "$MODE" = hybrid ]; then
     # real-shape hybrids (random weights of the published shapes, bench/gpu/hybrid_ref.py) made with
     # transformers here, compressed by Spectra, logits against transformers' (KL, top-1), and both speeds
-    echo "== hybrids: ${HYBRID_SHAPES:=lfm2-1.2b granite4-micro nemotronh-4b}" | tee /dev/fd/3
+    HYBRID_SHAPES=${HYBRID_SHAPES:-lfm2-1.2b granite4-micro nemotronh-4b}
+    echo "== hybrids: $HYBRID_SHAPES" | tee /dev/fd/3
     : > "$OUT/hybrid.jsonl"
     for s in $HYBRID_SHAPES; do
         rm -rf $W/$s
