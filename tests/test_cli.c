@@ -283,6 +283,12 @@ int main(void) {
     expect(a, 0, "OK");
     snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-k 64 --ids 1,2,3 -n 4 --temp 0", tmp, tmp);
     expect(a, 0, "refinement:");
+    /* the cuda schedule flags reach their own fields (the summary names them) */
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-lag 1 --refine-lead 0.5 --ids 1,2 -n 2 --temp 0",
+             tmp, tmp);
+    expect(a, 0, "lag 1, lead 0.5 blocks");
+    snprintf(a, sizeof a, "run -m %s/q.trdc --refine %s/q.refine --refine-lead 2 --ids 1,2 -n 2 --temp 0", tmp, tmp);
+    expect(a, 0, "lag 0, lead 2 blocks");
     snprintf(a, sizeof a, "bench -m %s/q.trdc --refine %s/q.refine --refine-cache 1 -p 0 -n 8 -r 1 --json", tmp, tmp);
     expect(a, 0, "\"on_disk\": true");
     snprintf(a, sizeof a, "plan -m %s/q.trdc --refine %s/q.refine --refine-k 8,16,32,64", tmp, tmp);

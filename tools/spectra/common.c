@@ -285,7 +285,7 @@ int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
             cli_error("%s '%s': expected 0, 0.5, 1, 1.5 or 2 (blocks)", a, v);
             return -1;
         }
-        if (a[9] == 'a') p->cuda_lag = (int32_t)(s * 2);
+        if (!strcmp(a, "--refine-lag")) p->cuda_lag = (int32_t)(s * 2);
         else p->cuda_lead = (int32_t)(s * 2);
     } else if (!strcmp(v, "skip") || !strcmp(v, "wait")) p->miss_wait = !strcmp(v, "wait");
     else {
@@ -360,6 +360,8 @@ void cli_refine_summary(FILE *f, const spx_model *m) {
     if (r.fit_k[0])
         fprintf(f, "; fitted for k %lld,%lld,%lld,%lld", (long long)r.fit_k[0], (long long)r.fit_k[1],
                 (long long)r.fit_k[2], (long long)r.fit_k[3]);
+    if (r.cuda_blocks || r.cuda_lag || r.cuda_lead) /* the cuda schedule (the cpu backend has none) */
+        fprintf(f, "; cuda blocks %d, lag %g, lead %g blocks", (int)r.cuda_blocks, r.cuda_lag / 2.0, r.cuda_lead / 2.0);
     if (r.mlp == SPX_REFINE_MLP_NEURON)
         fprintf(f, "; MLP neuron-wise: %lld neurons per 1024, bundles in %lld layers", (long long)r.kn,
                 (long long)r.n_bundle_layers);
