@@ -92,12 +92,17 @@ set -u
 D=${SPX_GPU_DIR:-.dev/gpu}
 BUILD=${BUILD:-build-cuda}
 SHARED=${SHARED:-../shared}
-if [ "${1:-}" = pack-refine ]; then
-    D=${SPX_GPU_DIR:-.dev/gpur}
+# the build, then the named binaries (stripped) and the libraries the device lacks into $D
+pack_bins() {
     make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
     mkdir -p $D/bin $D/lib $D/models
-    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda_refine "$BUILD"/bench/gpu/bench_refine $D/bin/ && strip $D/bin/* || exit 1
+    for b in "$@"; do cp "$BUILD/$b" $D/bin/ || exit 1; done
+    strip $D/bin/* || exit 1
     cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
+}
+if [ "${1:-}" = pack-refine ]; then
+    D=${SPX_GPU_DIR:-.dev/gpur}
+    pack_bins spectra tests/cuda/test_cuda_refine bench/gpu/bench_refine
     for m in tiny-llama3 docllama-58m; do
         [ $D/models/$m.refine -nt "$BUILD"/spectra ] ||
             "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc --refine $D/models/$m.refine -q || exit 1
@@ -110,10 +115,7 @@ fi
 
 if [ "${1:-}" = pack-lowbit ]; then
     D=${SPX_GPU_DIR:-.dev/gpul}
-    make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
-    mkdir -p $D/bin $D/lib $D/models
-    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/tests/cuda/test_cuda_lowbit $D/bin/ && strip $D/bin/* || exit 1
-    cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
+    pack_bins spectra tests/cuda/test_cuda tests/cuda/test_cuda_lowbit
     # widths the device takes (every matrix's cols a multiple of 128)
     for mb in docllama-58m:3 docllama-long:2 tiny-lfm2:3 tiny-nemotronh:2; do
         m=${mb%:*} b=${mb#*:}

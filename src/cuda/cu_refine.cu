@@ -367,6 +367,21 @@ static spx_status rf_session_alloc(const spx_model *m, cu_rf_sess *f, spx_err *e
 
 /* ---- the hooks of a decode launch ---------------------------------------------- */
 
+/* The selection of launch L from input x (L.gain / L.x2 / L.eps as the
+ * launch's), into sel / selx / cnt; its budget is first's set's. */
+static spx_rf_select_args select_args(const cu_refine *r, const spx_refine_rt *rt, const cu_rmat *first,
+                                      const cu_rf_launch &L, const float *x, int32_t *sel, float *selx, int *cnt) {
+    const int64_t k = spx_refine_rt_k(rt, first->set);
+    spx_rf_select_args sa;
+    memset(&sa, 0, sizeof sa);
+    sa.x = x, sa.gain = L.gain, sa.x2 = L.x2, sa.eps = L.eps;
+    sa.cols = first->cols;
+    sa.k = (int)(k < SPX_RF_CHUNK ? k : SPX_RF_CHUNK);
+    sa.skip = k < SPX_RF_CHUNK ? r->mats[L.l * SPX_SL_COUNT + L.slot[0]].skip : NULL;
+    sa.sel = sel, sa.selx = selx, sa.cnt = cnt;
+    return sa;
+}
+
 spx_status cu_rf_fork(const spx_model *m, const cu_model *cm, cu_sess *cs, const cu_rf_launch &L, cudaStream_t st,
                       bool *on, spx_err *e, int lag_slot, int lead_slot) {
     *on = false;
@@ -380,14 +395,8 @@ spx_status cu_rf_fork(const spx_model *m, const cu_model *cm, cu_sess *cs, const
         return SPX_OK;
     }
     if (!f->buf) return spx_fail(e, SPX_ERR_INTERNAL, "refinement: the session's buffers were not prepared");
-    const int64_t k = spx_refine_rt_k(rt, first->set), cols = first->cols;
-    spx_rf_select_args sa;
-    memset(&sa, 0, sizeof sa);
-    sa.x = L.x, sa.gain = L.gain, sa.x2 = L.x2, sa.eps = L.eps;
-    sa.cols = cols;
-    sa.k = (int)(k < SPX_RF_CHUNK ? k : SPX_RF_CHUNK);
-    sa.skip = k < SPX_RF_CHUNK ? r->mats[L.l * SPX_SL_COUNT + L.slot[0]].skip : NULL;
-    sa.sel = f->sel, sa.selx = f->selx, sa.cnt = f->cnt;
+    const int64_t cols = first->cols;
+    spx_rf_select_args sa = select_args(r, rt, first, L, L.x, f->sel, f->selx, f->cnt);
     spx_rf_apply_args aa;
     memset(&aa, 0, sizeof aa);
     int64_t off = 0;
@@ -460,14 +469,8 @@ spx_status cu_rf_lead_start(const spx_model *m, const cu_model *cm, cu_sess *cs,
     for (int i = 0; i < f->n_lead && !S; i++)
         if (f->lead[i].target < 0) S = &f->lead[i];
     if (!S) return SPX_OK; /* every slot pending: this launch refines without lead */
-    const int64_t k = spx_refine_rt_k(rt, first->set), cols = first->cols;
-    spx_rf_select_args sa;
-    memset(&sa, 0, sizeof sa);
-    sa.x = S->snap, sa.gain = L.gain, sa.x2 = L.x2, sa.eps = L.eps;
-    sa.cols = cols;
-    sa.k = (int)(k < SPX_RF_CHUNK ? k : SPX_RF_CHUNK);
-    sa.skip = k < SPX_RF_CHUNK ? r->mats[L.l * SPX_SL_COUNT + L.slot[0]].skip : NULL;
-    sa.sel = S->sel, sa.selx = S->selx, sa.cnt = S->cnt;
+    const int64_t cols = first->cols;
+    spx_rf_select_args sa = select_args(r, rt, first, L, S->snap, S->sel, S->selx, S->cnt);
     spx_rf_fetch_args fa;
     memset(&fa, 0, sizeof fa);
     const int64_t E = (cols + SPX_RF_CHUNK - 1) / SPX_RF_CHUNK * sa.k;
