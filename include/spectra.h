@@ -228,6 +228,8 @@ typedef struct spx_refine_info {
     int32_t tuned;                /* 1: some k came from a tuned entry */
     double tuned_budget, tuned_slowdown, tuned_kl; /* that entry's budget, measured slowdown and KL */
     int32_t cuda_blocks, cuda_lag, cuda_lead; /* the schedule in effect (0: the defaults) */
+    int32_t device;               /* 1: a device backend reads the tier from pinned host memory; the launch
+                                   * counters above are the CPU's and stay 0 there */
 } spx_refine_info;
 void spx_model_refine_info(const spx_model *m, spx_refine_info *out);
 

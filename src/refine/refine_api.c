@@ -274,6 +274,7 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
     out->cuda_blocks = rm->rt.cuda_blocks;
     out->cuda_lag = rm->rt.cuda_lag;
     out->cuda_lead = rm->rt.cuda_lead;
+    out->device = m->be && m->be->device;
     out->residual_bytes = rm->residual_bytes;
     for (int i = 0; i < 4; i++) out->fit_k[i] = rm->fit_k[i];
     out->launches = rm->rt.st.launches;

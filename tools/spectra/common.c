@@ -353,10 +353,15 @@ void cli_refine_summary(FILE *f, const spx_model *m) {
     spx_model_refine_info(m, &r);
     if (!r.active) return;
     fprintf(f, "refinement: %lld matrices, %.1f MiB of residual columns %s; k per 1024 q/k/v %lld o %lld gate/up %lld "
-               "down %lld; %llu launches, %.1f%% of selected columns applied",
-            (long long)r.n_mats, (double)r.residual_bytes / 1048576.0, r.on_disk ? "on disk" : "mapped in RAM",
-            (long long)r.k[0], (long long)r.k[1], (long long)r.k[2], (long long)r.k[3], (unsigned long long)r.launches,
-            r.selected ? 100.0 * (double)r.applied / (double)r.selected : 0.0);
+               "down %lld",
+            (long long)r.n_mats, (double)r.residual_bytes / 1048576.0,
+            r.device ? "in pinned host memory, read by the GPU" : r.on_disk ? "on disk" : "mapped in RAM",
+            (long long)r.k[0], (long long)r.k[1], (long long)r.k[2], (long long)r.k[3]);
+    if (r.device) /* the device path keeps no counters: what the budgets read */
+        fprintf(f, "; %.2f MiB read per token", (double)r.bytes_per_token / 1048576.0);
+    else
+        fprintf(f, "; %llu launches, %.1f%% of selected columns applied", (unsigned long long)r.launches,
+                r.selected ? 100.0 * (double)r.applied / (double)r.selected : 0.0);
     if (r.fit_k[0])
         fprintf(f, "; fitted for k %lld,%lld,%lld,%lld", (long long)r.fit_k[0], (long long)r.fit_k[1],
                 (long long)r.fit_k[2], (long long)r.fit_k[3]);
