@@ -162,6 +162,8 @@ export LD_LIBRARY_PATH="$PWD/$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SPECTRA_EXPECT_CUBLAS=1 # test_cuda: the cuBLAS prefill path must load here
 B=$D/bin
 MODE=${1:-full}
+# tag TEXT: a bench's JSON line with " (TEXT)" appended to its model name (variants and rounds told apart)
+tag() { sed "s/\"model\": \"\\([^\"]*\\)\"/\"model\": \"\\1 ($1)\"/"; }
 exec 3>&1 > "$OUT/log.txt" 2>&1
 # everything below into log.txt; summaries also to the terminal (fd 3)
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,pcie.link.gen.max,pcie.link.width.max --format=csv 2>&1 | tee /dev/fd/3
@@ -271,7 +273,7 @@ if [ "$MODE" = peer ]; then
     for round in $(seq 1 "${ROUNDS:-3}"); do
         for s in llama3-1b llama3-8b; do
             timeout 120 $B/spectra bench -m $W/$s.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/pb.err |
-                sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (round $round)\"/" >> "$OUT/bench.jsonl" ||
+                tag "round $round" >> "$OUT/bench.jsonl" ||
                 { echo "bench $s failed:"; cat $T/pb.err; } | tee /dev/fd/3
             LD_LIBRARY_PATH="$CUDA_LIBS:$LD_LIBRARY_PATH" timeout 300 $T/llama-bench -m $W/$s-q4_0.gguf -ngl 99 -p 0 -n 128 -fa 0,1 -r 3 -o jsonl \
                 2> $T/peer_$s.err | sed "s/^{/{\"spx_round\": $round, /" >> "$OUT/peer.jsonl" ||
@@ -309,7 +311,7 @@ elif [ "$MODE" = ab ]; then
                 for var in ${AB:--}; do
                     variant "$var" spectra
                     env $v timeout 120 $bin bench -m $W/$s.trdc --backend cuda --kv $kv -p "${AB_P:-0}" -n 128 -r 3 --json 2> $T/ab.err |
-                        sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (kv $kv, ${v:-default}, round $round)\"/" >> "$OUT/bench.jsonl" ||
+                        tag "kv $kv, ${v:-default}, round $round" >> "$OUT/bench.jsonl" ||
                         { echo "bench $s $kv $v failed:"; cat $T/ab.err; } | tee /dev/fd/3
                 done
             done
@@ -369,7 +371,7 @@ elif [ "$MODE" = refine ]; then
                     [ "$k" = 0 ] && [ "$sc" != "$(echo $RSCHED | cut -d' ' -f1)" ] && continue
                     a=""; [ "$k" = 0 ] || a="--refine $M.refine --refine-k $k --refine-blocks $RBLOCKS --refine-lag $lag --refine-lead $lead"
                     timeout 120 $B/spectra bench -m $M.trdc --backend cuda -p 0 -n 128 -r 3 --json $a 2> $T/rb.err |
-                        sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (refine k $k, blocks $RBLOCKS, lag $lag, lead $lead, round $round)\"/" >> "$OUT/bench.jsonl" ||
+                        tag "refine k $k, blocks $RBLOCKS, lag $lag, lead $lead, round $round" >> "$OUT/bench.jsonl" ||
                         { echo "bench bits $b k $k lag $lag lead $lead failed:"; cat $T/rb.err; } | tee /dev/fd/3
                 done
             done
@@ -404,7 +406,7 @@ elif [ "$MODE" = lowbit ]; then
               for v in ${LVARIANTS:--}; do # the tiled GEMV's form (SPECTRA_GEMV_TILED_VARIANT; -: the default choice)
                 e=""; [ "$v" = - ] || e="SPECTRA_GEMV_TILED_VARIANT=$v"
                 env $e timeout 120 $B/spectra bench -m $W/$s-b$b.trdc --backend cuda -p 0 -n 128 -r 3 --json 2> $T/lb.err |
-                    sed "s/\"model\": \"\([^\"]*\)\"/\"model\": \"\1 (variant $v, round $round)\"/" >> "$OUT/bench.jsonl" ||
+                    tag "variant $v, round $round" >> "$OUT/bench.jsonl" ||
                     { echo "bench $s bits $b failed:"; cat $T/lb.err; } | tee /dev/fd/3
               done
             done
@@ -463,7 +465,6 @@ elif [ "$MODE" = hybrid ]; then
 elif [ "$MODE" != quick ]; then
     echo "== end to end" | tee /dev/fd/3
     : > "$OUT/bench.jsonl"
-    tag() { sed "s/\"model\": \"\\([^\"]*\\)\"/\"model\": \"\\1 ($1)\"/"; }
     for s in llama3-1b llama3-8b; do
         [ -f $W/$s.trdc ] || $B/spectra synth --shape $s -o $W/$s.trdc 2>&1 | tail -n 1
         for kv in f16 q4; do
