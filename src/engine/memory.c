@@ -10,8 +10,8 @@ size_t spx_mem_take(size_t *off, size_t n) {
 }
 
 int spx_mem_dev_tiled(const spx_qtensor *q) {
-    const int lowbit = (q->bits == 2 || q->bits == 3) && q->group == 32 && q->cols > 0 && q->cols % 128 == 0;
-    return q->layout == SPX_Q_TILED || lowbit || spx_q_tiled_ok((int)q->bits, (int)q->group, q->cols);
+    /* bits 2 and 3 under 4-bit tile16x128's conditions (cuda/lowbit.cuh) */
+    return q->layout == SPX_Q_TILED || (q->bits >= 2 && q->bits <= 4 && spx_q_tiled_ok(4, (int)q->group, q->cols));
 }
 
 void spx_mem_mat_parts(const spx_qtensor *q, size_t parts[5]) {
