@@ -75,6 +75,16 @@ static int json_k(const char *out, long long k[4]) {
  * tokenizer): neuron mode searched, recorded, printed by inspect, applied
  * by run and kl (whose KL is the one tune recorded), overridden by an
  * explicit --refine-mlp */
+/* `spectra kl ... --json` (cmd) scores the KL tune recorded (want), to its printed digits. */
+static void expect_tune_kl(const char *what, const char *cmd, double want) {
+    char *out;
+    const int rc = sh(cmd, &out);
+    const char *km = strstr(out, "\"kl_mean\": ");
+    CHECK(rc == 0 && km && fabs(atof(km + 11) - want) < 2e-6, "%s %s, tune's %.6f:\n%s", what, km ? km + 11 : "?", want,
+          out);
+    free(out);
+}
+
 static void tune_neuron_cases(const char *tmp) {
     char a[3000], c[3200], *out;
     const char *dl = tl_shared("models/docllama-58m");
@@ -113,11 +123,7 @@ static void tune_neuron_cases(const char *tmp) {
     free(out);
     snprintf(c, sizeof c, "%s kl -m %s/dl.trdc --refine %s/dl.refine --refine-tuned 70%% --ref %s -f %s/eval.txt --ctx 32 "
              "--chunks 2 --threads 2 --json", bin(), tmp, tmp, dl, dl);
-    rc = sh(c, &out);
-    const char *km = strstr(out, "\"kl_mean\": ");
-    CHECK(rc == 0 && km && fabs(atof(km + 11) - tune_kl) < 2e-6, "neuron kl %s, tune's %.6f:\n%s", km ? km + 11 : "?",
-          tune_kl, out);
-    free(out);
+    expect_tune_kl("neuron kl", c, tune_kl);
 }
 
 static void tune_cases(const char *tmp) {
@@ -177,11 +183,7 @@ static void tune_cases(const char *tmp) {
     /* kl with the tuned budgets on the tuning windows gives the KL tune recorded */
     snprintf(c, sizeof c, "%s kl -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt --ctx 32 --chunks 2 "
              "--threads 2 --json", bin(), tmp, tmp, st, tmp);
-    rc = sh(c, &out);
-    const char *km = strstr(out, "\"kl_mean\": ");
-    CHECK(rc == 0 && km && fabs(atof(km + 11) - tune_kl) < 2e-6, "kl %s, tune's %.6f:\n%s", km ? km + 11 : "?",
-          tune_kl, out);
-    free(out);
+    expect_tune_kl("kl", c, tune_kl);
     /* refusals: one message, non-zero exit */
     const char *bad[][2] = {{"--budget 0", "--budget '0'"}, {"--budget 100%", "below 100%"},
                             {"--budget 5", "5% is 0.05"}, {"--budget fast", "such as 5%"},
