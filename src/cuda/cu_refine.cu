@@ -262,8 +262,11 @@ static const cu_rmat *launch_first(const cu_refine *r, const spx_refine_rt *rt, 
 
 static int64_t align256(int64_t b) { return (b + 255) & ~(int64_t)255; }
 
-/* The staging bytes of launch L under the current budgets (0: not refined). */
-static int64_t lead_stage_bytes(const cu_refine *r, const spx_refine_rt *rt, const cu_rf_launch &L) {
+/* The staging of launch L under the current budgets: its bytes (0: not
+ * refined) and, with base, each matrix's buffer in it (stage[i], launch
+ * order; NULL: no residual), one after the other, 256-byte aligned. */
+static int64_t lead_layout(const cu_refine *r, const spx_refine_rt *rt, const cu_rf_launch &L, uint8_t *base,
+                           uint8_t *stage[3]) {
     const cu_rmat *first = launch_first(r, rt, L);
     if (!first) return 0;
     const int64_t k = spx_refine_rt_k(rt, first->set), kc = k < SPX_RF_CHUNK ? k : SPX_RF_CHUNK;
@@ -271,9 +274,13 @@ static int64_t lead_stage_bytes(const cu_refine *r, const spx_refine_rt *rt, con
     int64_t b = 0;
     for (int i = 0; i < L.n; i++) {
         const cu_rmat *c = &r->mats[L.l * SPX_SL_COUNT + L.slot[i]];
+        if (base) stage[i] = c->codes ? base + b : NULL;
         if (c->codes) b += align256(E * c->col_stride);
     }
     return b;
+}
+static int64_t lead_stage_bytes(const cu_refine *r, const spx_refine_rt *rt, const cu_rf_launch &L) {
+    return lead_layout(r, rt, L, NULL, NULL);
 }
 
 /* The lead slots for the current lead and budgets: lead + 1 slots of the
@@ -473,16 +480,14 @@ spx_status cu_rf_lead_start(const spx_model *m, const cu_model *cm, cu_sess *cs,
     spx_rf_select_args sa = select_args(r, rt, first, L, S->snap, S->sel, S->selx, S->cnt);
     spx_rf_fetch_args fa;
     memset(&fa, 0, sizeof fa);
-    const int64_t E = (cols + SPX_RF_CHUNK - 1) / SPX_RF_CHUNK * sa.k;
-    uint8_t *b = S->stage_base;
     for (int i = 0; i < 3; i++) S->stage[i] = NULL;
+    lead_layout(r, rt, L, S->stage_base, S->stage);
     for (int i = 0; i < L.n; i++) {
         const cu_rmat *c = &r->mats[L.l * SPX_SL_COUNT + L.slot[i]];
         if (!c->codes) continue;
         spx_rf_mat &M = fa.m[fa.n_mats];
         M.codes = c->codes, M.rows = c->rows, M.col_stride = c->col_stride;
-        fa.stage[fa.n_mats++] = S->stage[i] = b;
-        b += align256(E * c->col_stride);
+        fa.stage[fa.n_mats++] = S->stage[i];
     }
     fa.sel = S->sel, fa.cnt = S->cnt;
     fa.n_chunks = (int)((cols + SPX_RF_CHUNK - 1) / SPX_RF_CHUNK);
