@@ -49,8 +49,22 @@ typedef enum spx_kv_type {
     SPX_KV_DEFAULT = 0, /* fp16 */
     SPX_KV_F32 = 1,     /* exact: the reference */
     SPX_KV_F16 = 2,
-    SPX_KV_Q4 = 3       /* Group-32 asymmetric 4-bit (4.625 bits per value) */
+    SPX_KV_Q4 = 3,      /* Group-32 asymmetric 4-bit (4.625 bits per value) */
+    /* StrataFlux-KV resident low-bit caches (key bits / value bits; the
+     * first 128 tokens and the block of up to 128 newest stay fp16; bins
+     * that nested refinement bits subdivide: docs/kv.md) */
+    SPX_KV_K2V2 = 4,
+    SPX_KV_K3V2 = 5,
+    SPX_KV_K3V3 = 6,
+    SPX_KV_K4V4 = 7
 } spx_kv_type;
+
+/* Layout of a low-bit cache's codes (docs/kv.md). */
+typedef enum spx_kv_layout {
+    SPX_KV_LAYOUT_DEFAULT = 0,
+    SPX_KV_LAYOUT_KIVI = 1, /* keys per channel over each 128-token block, values per token in groups */
+    SPX_KV_LAYOUT_ROT = 2   /* keys and values per token in groups, after a Hadamard rotation of each head */
+} spx_kv_layout;
 
 typedef struct spx_model_params {
     int32_t n_threads;     /* 0: use all online CPUs */
@@ -95,6 +109,12 @@ spx_status spx_tokenize(spx_model *m, const char *text, size_t len,
 typedef struct spx_session_params {
     int64_t n_ctx;      /* KV cache length; 0: model maximum (capped at 4096) */
     spx_kv_type kv;     /* 0: fp16 */
+    /* low-bit KV types only (SPX_KV_K2V2 ..); 0 everywhere: the defaults */
+    int32_t kv_group;          /* values per (min, scale) pair along a token's channels; 0: default */
+    spx_kv_layout kv_layout;   /* 0: default */
+    int32_t kv_refine;         /* nested refinement bits per key and value element (1..8); 0: none */
+    double kv_refine_frac;     /* fraction of token groups refined per step; 0: 1/128 */
+    int32_t kv_refine_tokens;  /* tokens per refinement group (divides 128); 0: 4 on the CPU, 2 on a GPU */
 } spx_session_params;
 
 spx_status spx_session_new(spx_model *m, const spx_session_params *p,

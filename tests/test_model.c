@@ -229,7 +229,7 @@ static void test_steps(void) {
     spx_model *m = open_model(tl_shared("models/stories260K"));
     if (!m) return;
     spx_session *a = NULL, *b = NULL;
-    spx_session_params sp = {64, SPX_KV_F16};
+    spx_session_params sp = {.n_ctx = 64, .kv = SPX_KV_F16};
     CHECK(spx_session_new(m, &sp, &a) == SPX_OK && spx_session_new(m, &sp, &b) == SPX_OK, "sessions: %s",
           spx_model_error(m));
     if (a && b) {

@@ -170,9 +170,18 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     if (di > att) att = di;
     if (H > att) att = H;
     s->ckpt_pos = -1;
-    if (spx_kv_init(&s->kv, p ? p->kv : SPX_KV_DEFAULT, c->n_attn_layers, host ? n_ctx : 0, (int64_t)kvd, c->head_dim,
-                    &m->err) !=
-        SPX_OK) {
+    const spx_kv_type kvt = p ? p->kv : SPX_KV_DEFAULT;
+    spx_kvlow_cfg lc = {0};
+    spx_status kst;
+    if (spx_kv_type_lowbit(kvt)) {
+        kst = spx_kvlow_config(kvt, p, !host, c->head_dim, &lc, &m->err);
+        if (kst == SPX_OK)
+            kst = spx_kv_init_low(&s->kv, kvt, &lc, c->n_attn_layers, host ? n_ctx : 0, (int64_t)kvd, c->head_dim,
+                                  (int64_t)B, &m->err);
+    } else
+        kst = spx_kv_init(&s->kv, kvt, c->n_attn_layers, host ? n_ctx : 0, (int64_t)kvd, c->head_dim, &m->err);
+    if (kst != SPX_OK) {
+        spx_kv_free(&s->kv);
         free(s);
         return m->err.code;
     }
@@ -196,7 +205,12 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
         if (gs > 4) gs = 4;
         if (gs > cap) gs = cap;
         s->attn_gs = gs < 1 ? 1 : (int)gs;
+        /* KV refinement selects per KV head from all its query heads' weights: one job takes them all */
+        if (lc.rb) s->attn_gs = (int)(c->n_heads / c->n_kv_heads);
         s->scores = alloc_f(th * (size_t)s->attn_gs * (size_t)n_ctx, &fail);
+        size_t kw = spx_kv_work_floats(&s->kv, s->attn_gs);
+        if (kw) s->kv_work = alloc_f(th * kw, &fail);
+        s->kv_work_floats = kw;
     }
     spx_cpu_ctx_init(&s->cpu, m->pool, m->qk);
     s->cpu.refine = spx_refine_runtime(m);
@@ -224,7 +238,7 @@ void spx_session_free(spx_session *s) {
     spx_kv_free(&s->kv);
     spx_cpu_ctx_free(&s->cpu);
     float *v[] = {s->h,    s->x,      s->q,      s->k,     s->v,     s->att,        s->gate,
-                  s->up,   s->proj,   s->ssd_work, s->scores, s->logits, s->state, s->state_ckpt};
+                  s->up,   s->proj,   s->ssd_work, s->scores, s->logits, s->state, s->state_ckpt, s->kv_work};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
     free(s);
 }
@@ -244,6 +258,7 @@ static spx_status state_op(spx_session *s, int op) {
 
 void spx_session_reset(spx_session *s) {
     s->pos = 0;
+    spx_kv_reset(&s->kv);
     /* a device failure here shows at the next call on the session */
     if (state_op(s, SPX_STATE_RESET) != SPX_OK) s->ckpt_pos = -1;
 }
@@ -263,6 +278,7 @@ spx_status spx_session_truncate(spx_session *s, int64_t pos) {
     if (pos == s->pos) return SPX_OK;
     if (pos == 0) {
         s->pos = 0;
+        spx_kv_reset(&s->kv);
         return state_op(s, SPX_STATE_RESET);
     }
     if (s->m->state_floats) {
@@ -276,6 +292,7 @@ spx_status spx_session_truncate(spx_session *s, int64_t pos) {
                             "or 0, not to %lld", (long long)s->ckpt_pos, (long long)pos);
         SPX_TRY(state_op(s, SPX_STATE_RESTORE));
     }
+    spx_kv_truncate(&s->kv, pos);
     s->pos = pos;
     return SPX_OK;
 }

@@ -42,7 +42,7 @@ typedef struct {
 
 /* Jobs of (token, KV head, up to attn_gs of its query heads), dealt to
  * the threads in turn: the heads of a job share the KV rows
- * (spx_kv_scores_g / spx_kv_weighted_v_g read each row once for all of
+ * (spx_kv_attend_g reads each row once for all of
  * them); each head's numbers are what a job of its own would give. */
 static void attn_task(void *arg, int tid, int nth) {
     const attn_job *j = arg;
@@ -62,10 +62,8 @@ static void attn_task(void *arg, int tid, int nth) {
         int64_t start = 0;
         if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;
         const float *q = s->q + t * nh * hd + h0 * hd;
-        spx_kv_scores_g(&s->kv, s->cpu.qk, j->kv_layer, kvh, G, q, hd, start, p + 1, scale, sc, s->n_ctx);
-        for (int g = 0; g < G; g++) s->cpu.qk->softmax(sc + (size_t)g * (size_t)s->n_ctx, p + 1 - start);
-        spx_kv_weighted_v_g(&s->kv, s->cpu.qk, j->kv_layer, kvh, G, sc, s->n_ctx, start, p + 1,
-                            s->att + t * nh * hd + h0 * hd, hd);
+        spx_kv_attend_g(&s->kv, s->cpu.qk, j->kv_layer, kvh, G, q, hd, start, p + 1, scale, sc, s->n_ctx,
+                        s->att + t * nh * hd + h0 * hd, hd, s->kv_work ? s->kv_work + (size_t)tid * s->kv_work_floats : NULL);
     }
 }
 
@@ -95,6 +93,7 @@ static spx_status attention(spx_session *s, const spx_layer *L, int64_t n, int64
     }
     attn_job aj = {s, L->kv_index, n, pos0};
     spx_pool_run(m->pool, attn_task, &aj);
+    spx_kv_commit(&s->kv, L->kv_index, pos0 + n); /* blocks complete now are encoded (low-bit types) */
     return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_O], s->att, n, s->x, L->v[SPX_SL_BO], e);
 }
 

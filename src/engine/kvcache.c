@@ -28,7 +28,7 @@ static void fwht(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= sc;
 }
 
-static void rotate(float *x, int64_t len, int64_t rot) {
+void spx_kv_rotate(float *x, int64_t len, int64_t rot) {
     for (int64_t i = 0; i < len; i += rot) fwht(x + i, rot);
 }
 
@@ -37,6 +37,12 @@ size_t spx_kv_bytes_per_token(spx_kv_type t, int64_t n_layers, int64_t kvd) {
     switch (t) {
     case SPX_KV_F32: row = (size_t)kvd * 4; break;
     case SPX_KV_Q4: row = (size_t)kvd / 2 + (size_t)kvd / KV_GROUP * 2 + (size_t)(kvd / KV_GROUP + 1) / 2; break;
+    case SPX_KV_K2V2: case SPX_KV_K3V2: case SPX_KV_K3V3: case SPX_KV_K4V4: {
+        spx_kvlow_cfg lc; /* the default layout and group (the plan's estimate; sinks and ring not counted) */
+        spx_err e;
+        if (spx_kvlow_config(t, NULL, 0, 64, &lc, &e) != SPX_OK) return 0;
+        return (size_t)ceil(spx_kvlow_bytes_per_token(&lc, n_layers, kvd));
+    }
     default: row = (size_t)kvd * 2; break;
     }
     return 2 * (size_t)n_layers * row;
@@ -78,7 +84,47 @@ spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t 
     return SPX_OK;
 }
 
+spx_status spx_kv_init_low(spx_kvcache *c, spx_kv_type t, const spx_kvlow_cfg *lc, int64_t n_layers, int64_t n_ctx,
+                           int64_t kvd, int64_t head_dim, int64_t batch, spx_err *e) {
+    memset(c, 0, sizeof *c);
+    c->type = t;
+    c->n_layers = n_layers;
+    c->n_ctx = n_ctx;
+    c->kvd = kvd;
+    c->head_dim = head_dim;
+    c->lowbit = 1;
+    return spx_kvlow_init(&c->low, lc, n_layers, n_ctx, kvd, head_dim, batch, e);
+}
+
+void spx_kv_reset(spx_kvcache *c) {
+    if (c->lowbit) spx_kvlow_reset(&c->low);
+}
+
+void spx_kv_truncate(spx_kvcache *c, int64_t pos) {
+    if (c->lowbit) spx_kvlow_truncate(&c->low, pos);
+}
+
+void spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end) {
+    if (c->lowbit) spx_kvlow_commit(&c->low, layer, pos_end);
+}
+
+size_t spx_kv_work_floats(const spx_kvcache *c, int G) { return c->lowbit ? spx_kvlow_work_floats(&c->low, G) : 0; }
+
+void spx_kv_attend_g(spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
+                     int64_t qs, int64_t start, int64_t end, float scale, float *sc, int64_t scs, float *out,
+                     int64_t os, float *work) {
+    if (!kt) kt = spx_qkernels_scalar();
+    if (c->lowbit) {
+        spx_kvlow_attend(&c->low, kt, layer, kvh, G, q, qs, start, end, scale, sc, scs, out, os, work);
+        return;
+    }
+    spx_kv_scores_g(c, kt, layer, kvh, G, q, qs, start, end, scale, sc, scs);
+    for (int g = 0; g < G; g++) kt->softmax(sc + (size_t)g * (size_t)scs, end - start);
+    spx_kv_weighted_v_g(c, kt, layer, kvh, G, sc, scs, start, end, out, os);
+}
+
 void spx_kv_free(spx_kvcache *c) {
+    if (c->lowbit) spx_kvlow_free(&c->low);
     free(c->k);
     free(c->v);
     c->k = c->v = NULL;
@@ -96,7 +142,7 @@ static void store_row(const spx_kvcache *c, uint8_t *dst, const float *x) {
         const float *src = x;
         if (c->kvd <= 8192) { /* kvd is capped at load; larger rows are stored unrotated */
             memcpy(tmp, x, (size_t)c->kvd * sizeof *tmp);
-            rotate(tmp, c->kvd, c->rot);
+            spx_kv_rotate(tmp, c->kvd, c->rot);
             src = tmp;
         }
         spx_q_quantize_row(src, c->kvd, NULL, 4, KV_GROUP, SPX_Q_MINMAX, dst, (uint16_t *)(dst + c->codes_b),
@@ -111,6 +157,10 @@ static void store_row(const spx_kvcache *c, uint8_t *dst, const float *x) {
 }
 
 void spx_kv_store(spx_kvcache *c, int64_t layer, int64_t pos, const float *k, const float *v) {
+    if (c->lowbit) {
+        spx_kvlow_store(&c->low, layer, pos, k, v);
+        return;
+    }
     store_row(c, row_at(c, c->k, layer, pos), k);
     store_row(c, row_at(c, c->v, layer, pos), v);
 }
@@ -149,7 +199,7 @@ void spx_kv_scores_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer
         const int gc = G - g0 < KV_GMAX ? G - g0 : KV_GMAX;
         for (int g = 0; g < gc; g++) {
             memcpy(qr[g], q + (g0 + g) * qs, (size_t)hd * sizeof(float));
-            if (c->kvd <= 8192) rotate(qr[g], hd, c->rot);
+            if (c->kvd <= 8192) spx_kv_rotate(qr[g], hd, c->rot);
             for (int64_t b = 0; b < hd / KV_GROUP; b++) {
                 float sm = 0;
                 for (int k = 0; k < KV_GROUP; k++) sm += qr[g][b * KV_GROUP + k];
@@ -207,7 +257,7 @@ void spx_kv_weighted_v_g(const spx_kvcache *c, const spx_qkernels *kt, int64_t l
         }
     }
     if (c->kvd <= 8192)
-        for (int g = 0; g < G; g++) rotate(out + g * os, hd, c->rot);
+        for (int g = 0; g < G; g++) spx_kv_rotate(out + g * os, hd, c->rot);
 }
 
 void spx_kv_scores(const spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, const float *q,
@@ -221,12 +271,16 @@ void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t lay
 }
 
 void spx_kv_dequant_row(const spx_kvcache *c, int64_t layer, int64_t pos, int value, float *out) {
+    if (c->lowbit) {
+        spx_kvlow_dequant_row(&c->low, layer, pos, value, 0, out);
+        return;
+    }
     const uint8_t *row = row_at(c, value ? c->v : c->k, layer, pos);
     switch (c->type) {
     case SPX_KV_F32: memcpy(out, row, (size_t)c->kvd * 4); break;
     case SPX_KV_Q4:
         spx_q_dequantize_row(row, (const uint16_t *)(row + c->codes_b), row + c->scales_b, c->kvd, 4, KV_GROUP, out);
-        if (c->kvd <= 8192) rotate(out, c->kvd, c->rot); /* H is its own inverse */
+        if (c->kvd <= 8192) spx_kv_rotate(out, c->kvd, c->rot); /* H is its own inverse */
         break;
     default:
         for (int64_t i = 0; i < c->kvd; i++) out[i] = spx_f16_to_f32(((const uint16_t *)row)[i]);

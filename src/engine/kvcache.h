@@ -12,6 +12,7 @@
 
 #include "core/err.h"
 #include "cpu/qkernels.h"
+#include "engine/kvlow.h"
 #include "spectra.h"
 #include <stddef.h>
 #include <stdint.h>
@@ -23,13 +24,37 @@ typedef struct spx_kvcache {
     size_t row_bytes;        /* bytes of one K (or V) row */
     size_t codes_b, scales_b;/* q4: offsets of scales and zeros within a row */
     uint8_t *k, *v;          /* [n_layers, n_ctx, row_bytes] */
+    int lowbit;              /* a StrataFlux-KV type: `low` holds it (kvlow.h), k and v are NULL */
+    spx_kvlow low;
 } spx_kvcache;
 
 /* Bytes of cache per token of context (K and V, all layers). */
 size_t spx_kv_bytes_per_token(spx_kv_type t, int64_t n_layers, int64_t kvd);
 spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t n_ctx, int64_t kvd,
                        int64_t head_dim, spx_err *e);
+/* A low-bit type (SPX_KV_K2V2 ..) with its resolved configuration; batch:
+ * most tokens one forward call stores. */
+spx_status spx_kv_init_low(spx_kvcache *c, spx_kv_type t, const spx_kvlow_cfg *lc, int64_t n_layers, int64_t n_ctx,
+                           int64_t kvd, int64_t head_dim, int64_t batch, spx_err *e);
 void spx_kv_free(spx_kvcache *c);
+/* Session reset / truncate to pos (the low-bit cache's encoded blocks and
+ * ring; a no-op for the other types, whose rows are overwritten). */
+void spx_kv_reset(spx_kvcache *c);
+void spx_kv_truncate(spx_kvcache *c, int64_t pos);
+/* After a call's attention in a layer: encode what became complete below
+ * pos_end (low-bit types; no-op otherwise). */
+void spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end);
+/* Attention of G query heads sharing KV head kvh over [start, end), every
+ * type: scores into sc + g scs, softmax, weighted values into out + g os
+ * (and for a low-bit type with refinement, eq. 7 and 8: kvlow.h). work:
+ * spx_kv_work_floats(c, G) floats (0 for the other types). */
+size_t spx_kv_work_floats(const spx_kvcache *c, int G);
+void spx_kv_attend_g(spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
+                     int64_t qs, int64_t start, int64_t end, float scale, float *sc, int64_t scs, float *out,
+                     int64_t os, float *work);
+/* The q4 cache's rotation, in place: orthonormal Walsh-Hadamard over
+ * blocks of rot (a power of two dividing len); its own inverse. */
+void spx_kv_rotate(float *x, int64_t len, int64_t rot);
 /* Stores k[kvd] and v[kvd] at (layer, pos). */
 void spx_kv_store(spx_kvcache *c, int64_t layer, int64_t pos, const float *k, const float *v);
 /* out[i - start] = scale * q . K[layer, i, head kvh] for i in [start, end).

@@ -86,6 +86,10 @@ const char *spx_kv_type_name(spx_kv_type t) {
     switch (t) {
     case SPX_KV_F32: return "f32";
     case SPX_KV_Q4: return "q4";
+    case SPX_KV_K2V2: return "k2v2";
+    case SPX_KV_K3V2: return "k3v2";
+    case SPX_KV_K3V3: return "k3v3";
+    case SPX_KV_K4V4: return "k4v4";
     default: return "f16";
     }
 }
@@ -413,8 +417,9 @@ spx_status spx_plan_make(const spx_hw *hw, const spx_model *m, const spx_plan_re
         req->ram_budget_mb > ((int64_t)1 << 40))
         return spx_fail(e, SPX_ERR_ARG, "plan: budgets must be in [0, 2^40] MiB");
     if (req->n_threads < 0) return spx_fail(e, SPX_ERR_ARG, "plan: %d threads", (int)req->n_threads);
-    if (req->kv != SPX_KV_DEFAULT && req->kv != SPX_KV_F32 && req->kv != SPX_KV_F16 && req->kv != SPX_KV_Q4)
-        return spx_fail(e, SPX_ERR_ARG, "plan: KV type %d is not one of f32, f16, q4", (int)req->kv);
+    if (req->kv < SPX_KV_DEFAULT || req->kv > SPX_KV_K4V4)
+        return spx_fail(e, SPX_ERR_ARG, "plan: KV type %d is not one of f32, f16, q4, k2v2, k3v2, k3v3, k4v4",
+                        (int)req->kv);
 
     plan_ctx p = {.hw = hw, .m = m, .req = req};
     p.kvd = c->n_kv_heads * c->head_dim;

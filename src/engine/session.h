@@ -27,6 +27,8 @@ struct spx_session {
     float *ssd_work;      /* the chunked SSD's scratch (Mamba-2) or NULL */
     spx_cpu_ctx cpu;      /* pool, kernels, matmul scratch */
     float *scores;        /* [threads, attn_gs, n_ctx] */
+    float *kv_work;       /* [threads, kv_work_floats]: a low-bit KV cache's attention scratch, or NULL */
+    size_t kv_work_floats;
     int attn_gs;          /* query heads per attention job (a GQA group's share: the fp16 cache's rows
                            * are read once for them) */
     float *logits;        /* [spx_batch_max(m), vocab] */

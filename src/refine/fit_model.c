@@ -120,7 +120,7 @@ static spx_status collect(const spx_refine_fit_opts *o, spx_model *m, fit_state 
     const int32_t bos = spx_model_bos_id(m);
     const int64_t per = bos >= 0 ? o->ctx - 1 : o->ctx; /* text tokens a window */
     spx_session *s = NULL;
-    spx_session_params sp = {o->ctx, SPX_KV_DEFAULT};
+    spx_session_params sp = {.n_ctx = o->ctx, .kv = SPX_KV_DEFAULT};
     if (spx_session_new(m, &sp, &s) != SPX_OK) return spx_fail(e, SPX_ERR_ARG, "%s", spx_model_error(m));
     s->cpu.observe = observe;
     s->cpu.observe_user = f;

@@ -21,7 +21,9 @@ static void usage(FILE *f) {
                "  --ctx N         window length (int >= 2; default 512)\n"
                "  --chunks C      number of windows (int >= 1; default: all that fit)\n" CLI_EVAL_SKIP_USAGE
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
-               "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
+               "  --kv TYPE       KV cache storage of the models: f32, f16, q4 (Group-32 4-bit) or the low-bit k2v2,\n"
+               "                  k3v2, k3v3, k4v4 (key/value bits; default f16)\n" CLI_KV_USAGE
+               "  --ref-kv TYPE   the reference's KV cache (default f32: exact)\n"
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     for the models under test (the reference runs on cpu): cpu, cuda or auto\n"
                "                  (auto: cuda if built in and a GPU is present; default cpu)\n"
@@ -55,6 +57,7 @@ int cmd_kl(int argc, char **argv) {
     int nm = 0;
     memset(ms, 0, sizeof ms);
     cli_eval_opts o = CLI_EVAL_OPTS_DEFAULT;
+    spx_kv_type ref_kv = SPX_KV_F32; /* the reference is exact unless --ref-kv */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -65,7 +68,9 @@ int cmd_kl(int argc, char **argv) {
         }
         if (r < 0) return 2;
         if (r) continue;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ref")) {
+        if (!strcmp(a, "--ref-kv")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_kv(v, &ref_kv)) return 2;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--ref")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!strcmp(a, "--ref")) ref = v;
             else if (nm == KL_MAX_MODELS) { cli_error("kl: at most %d models", KL_MAX_MODELS); return 2; }
@@ -110,7 +115,8 @@ int cmd_kl(int argc, char **argv) {
     }
     if (!eval_windows_init(&w, mr, file, ctx, chunks, o.skip, compat)) goto done;
     spx_session_params sp = {.n_ctx = ctx, .kv = kv};
-    spx_session_params spr = {.n_ctx = ctx, .kv = SPX_KV_F32}; /* the reference is exact */
+    spx_session_params spr = {.n_ctx = ctx, .kv = ref_kv};
+    if (!cli_kv_apply(&o.kvx, &sp)) goto done;
     lr = malloc((size_t)ctx * (size_t)V * sizeof(float));
     pr = malloc((size_t)V * sizeof(double));
     pm = malloc((size_t)V * sizeof(double));

@@ -17,7 +17,8 @@ static void usage(FILE *f) {
                "  --ctx N         window length in tokens (int >= 2; default 512)\n"
                "  --chunks C      number of windows (int >= 1; default: all that fit)\n" CLI_EVAL_SKIP_USAGE
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
-               "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
+               "  --kv TYPE       KV cache storage: f32, f16, q4 (Group-32 4-bit) or the low-bit k2v2, k3v2, k3v3,\n"
+               "                  k4v4 (key/value bits; default f16)\n" CLI_KV_USAGE
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
                "  --json          print the result as JSON\n" CLI_REFINE_USAGE
@@ -58,6 +59,7 @@ int cmd_perplexity(int argc, char **argv) {
     float *logits = malloc((size_t)ctx * (size_t)V * sizeof(float));
     int32_t *in = malloc((size_t)ctx * sizeof *in), *tg = malloc((size_t)ctx * sizeof *tg);
     if (!logits || !in || !tg) { cli_error("out of memory"); goto done; }
+    if (!cli_kv_apply(&o.kvx, &sp)) goto done;
     if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
     double nll = 0, t0 = spx_now();
     int64_t scored = 0;

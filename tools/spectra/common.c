@@ -86,13 +86,64 @@ char *cli_read_text(const char *path, size_t *len) {
 }
 
 int cli_kv(const char *s, spx_kv_type *out) {
-    if (!strcmp(s, "f32")) *out = SPX_KV_F32;
-    else if (!strcmp(s, "f16")) *out = SPX_KV_F16;
-    else if (!strcmp(s, "q4")) *out = SPX_KV_Q4;
-    else {
-        cli_error("--kv: expected f32, f16 or q4, got '%s'", s);
+    static const char *const names[] = {"f32", "f16", "q4", "k2v2", "k3v2", "k3v3", "k4v4"};
+    static const spx_kv_type types[] = {SPX_KV_F32, SPX_KV_F16, SPX_KV_Q4, SPX_KV_K2V2, SPX_KV_K3V2, SPX_KV_K3V3,
+                                        SPX_KV_K4V4};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i])) {
+            *out = types[i];
+            return 1;
+        }
+    cli_error("--kv: expected f32, f16, q4, k2v2, k3v2, k3v3 or k4v4, got '%s'", s);
+    return 0;
+}
+
+int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o) {
+    const char *a = argv[*i], *v;
+    static const char *const flags[] = {"--kv-group", "--kv-layout", "--kv-refine", "--kv-refine-frac",
+                                        "--kv-refine-group"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++) known |= !strcmp(a, flags[k]);
+    if (!known) return 0;
+    if (!(v = cli_value(argc, argv, i))) return -1;
+    int64_t x;
+    if (!strcmp(a, "--kv-group")) {
+        if (!cli_int(a, v, 8, 2048, &x)) return -1;
+        o->group = (int32_t)x;
+    } else if (!strcmp(a, "--kv-layout")) {
+        if (!strcmp(v, "kivi")) o->layout = SPX_KV_LAYOUT_KIVI;
+        else if (!strcmp(v, "rot")) o->layout = SPX_KV_LAYOUT_ROT;
+        else { cli_error("--kv-layout: expected kivi or rot, got '%s'", v); return -1; }
+    } else if (!strcmp(a, "--kv-refine")) {
+        if (!cli_int(a, v, 0, 8, &x)) return -1;
+        o->refine = (int32_t)x;
+    } else if (!strcmp(a, "--kv-refine-group")) {
+        if (!cli_int(a, v, 1, 128, &x)) return -1;
+        o->tokens = (int32_t)x;
+    } else {
+        char *end;
+        double f = strtod(v, &end);
+        if (*v == 0 || *end || !(f > 0 && f <= 1)) {
+            cli_error("--kv-refine-frac: expected a fraction in (0, 1], got '%s'", v);
+            return -1;
+        }
+        o->frac = f;
+    }
+    return 1;
+}
+
+int cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp) {
+    int low = sp->kv >= SPX_KV_K2V2 && sp->kv <= SPX_KV_K4V4;
+    if (!low && (o->group || o->layout || o->refine > 0 || o->frac > 0 || o->tokens)) {
+        cli_error("--kv-group, --kv-layout and --kv-refine* apply to the low-bit KV types (--kv k2v2, k3v2, k3v3, "
+                  "k4v4)");
         return 0;
     }
+    sp->kv_group = o->group;
+    sp->kv_layout = (spx_kv_layout)o->layout;
+    sp->kv_refine = o->refine > 0 ? o->refine : 0;
+    sp->kv_refine_frac = o->frac;
+    sp->kv_refine_tokens = o->tokens;
     return 1;
 }
 
@@ -195,6 +246,8 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
         o->json = 1;
         return 1;
     }
+    int r = cli_kv_opt(argc, argv, i, &o->kvx);
+    if (r) return r;
     static const char *const valued[] = {"-f", "--ctx", "-c", "--chunks", "--kv", "--backend", "--threads", "-t",
                                          "--skip"};
     int known = 0;

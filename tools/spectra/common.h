@@ -33,8 +33,24 @@ struct spx_plan;
 spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, struct spx_plan *plan);
 /* Checks --backend cpu|cuda|auto; prints an error and returns 0 otherwise. */
 int cli_backend(const char *s);
-/* Parses --kv f32|f16|q4; prints an error and returns 0 otherwise. */
+/* Parses --kv f32|f16|q4|k2v2|k3v2|k3v3|k4v4; prints an error and returns 0 otherwise. */
 int cli_kv(const char *s, spx_kv_type *out);
+/* The low-bit KV cache's flags (docs/kv.md), on every command that takes --kv. */
+typedef struct cli_kv_extra {
+    int32_t group, layout, refine, tokens; /* 0: the library's defaults */
+    double frac;
+} cli_kv_extra;
+#define CLI_KV_USAGE \
+    "  --kv-group N    low-bit KV: channels per (min, step) pair of a token (8..head_dim; default 32)\n" \
+    "  --kv-layout L   low-bit KV: kivi (keys per channel over 128-token blocks; default) or rot (Hadamard, per token)\n" \
+    "  --kv-refine B   low-bit KV: nested refinement bits per element, kept in host RAM (0: off, default; 1..8)\n" \
+    "  --kv-refine-frac F  fraction of token groups refined per step (default 1/128 = 0.0078125)\n" \
+    "  --kv-refine-group T tokens per refinement group (divides 128; default 4 on the CPU, 2 on a GPU)\n"
+/* argv[*i] one of them: 1 (value taken), 0 (not one), -1 (bad value, message printed). */
+int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o);
+/* Into the session parameters (after .kv is set); 0 with a message when
+ * they are given for a type they do not apply to. */
+int cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp);
 /* Reads a whole text file (for -f); prints an error and returns NULL. */
 char *cli_read_text(const char *path, size_t *len);
 
@@ -52,8 +68,9 @@ typedef struct cli_eval_opts {
     spx_kv_type kv;
     int compat, json;
     int64_t skip; /* windows skipped from the start of the text (--skip) */
+    cli_kv_extra kvx;
 } cli_eval_opts;
-#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0, 0}
+#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0, 0, {0, 0, 0, 0, 0}}
 #define CLI_EVAL_SKIP_USAGE \
     "  --skip S        start at window S (int >= 0; default 0): windows S .. S+C-1 are used\n"
 /* argv[*i] is one of them: 1 (its value taken, *i advanced); not one: 0;

@@ -1,0 +1,286 @@
+/* kvlow.c: the low-bit KV cache's configuration, storage, encoding and
+ * decoding (kvlow.h; attention over it is kvlow_attend.c). */
+#include "engine/kvlow.h"
+#include "engine/kvcache.h"
+#include "engine/kvlow_internal.h"
+#include "core/half.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int spx_kv_type_lowbit(spx_kv_type t) { return t >= SPX_KV_K2V2 && t <= SPX_KV_K4V4; }
+
+spx_status spx_kvlow_config(spx_kv_type t, const spx_session_params *p, int gpu, int64_t head_dim,
+                            spx_kvlow_cfg *out, spx_err *e) {
+    static const int bits[4][2] = {{2, 2}, {3, 2}, {3, 3}, {4, 4}};
+    if (!spx_kv_type_lowbit(t)) return spx_fail(e, SPX_ERR_ARG, "KV type %d is not a low-bit type", (int)t);
+    spx_kvlow_cfg c = {bits[t - SPX_KV_K2V2][0], bits[t - SPX_KV_K2V2][1], SPX_KV_LAYOUT_KIVI, 32, 0, 0, 1.0 / 128};
+    c.gt = gpu ? 2 : 4;
+    if (p) {
+        if (p->kv_layout) c.layout = p->kv_layout;
+        if (p->kv_group) c.group = p->kv_group;
+        c.rb = p->kv_refine;
+        if (p->kv_refine_frac > 0) c.frac = p->kv_refine_frac;
+        if (p->kv_refine_tokens) c.gt = p->kv_refine_tokens;
+    }
+    if (c.layout != SPX_KV_LAYOUT_KIVI && c.layout != SPX_KV_LAYOUT_ROT)
+        return spx_fail(e, SPX_ERR_ARG, "KV layout %d is not kivi (1) or rot (2)", c.layout);
+    if (head_dim % 8)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "a low-bit KV cache needs head_dim to be a multiple of 8; this model has %lld",
+                        (long long)head_dim);
+    if (head_dim > 2048)
+        return spx_fail(e, SPX_ERR_UNSUPPORTED, "a low-bit KV cache supports head_dim up to 2048; this model has %lld",
+                        (long long)head_dim);
+    if (c.group < 8 || head_dim % c.group)
+        return spx_fail(e, SPX_ERR_ARG, "--kv-group %lld must be at least 8 and divide head_dim %lld", (long long)c.group,
+                        (long long)head_dim);
+    if (c.rb < 0 || c.rb > 8) return spx_fail(e, SPX_ERR_ARG, "--kv-refine %d is not in 0..8 bits", c.rb);
+    if (c.gt < 1 || SPX_KVL_BLOCK % c.gt)
+        return spx_fail(e, SPX_ERR_ARG, "--kv-refine-group %lld tokens must divide %d", (long long)c.gt, SPX_KVL_BLOCK);
+    if (!(c.frac > 0 && c.frac <= 1))
+        return spx_fail(e, SPX_ERR_ARG, "--kv-refine-frac %g is not in (0, 1]", c.frac);
+    *out = c;
+    return SPX_OK;
+}
+
+double spx_kvlow_bytes_per_token(const spx_kvlow_cfg *c, int64_t n_layers, int64_t kvd) {
+    double kmeta = c->layout == SPX_KV_LAYOUT_KIVI ? 4.0 * (double)kvd / SPX_KVL_BLOCK : 4.0 * (double)(kvd / c->group);
+    double row = (double)kvd * (c->kb + c->vb) / 8.0 + kmeta + 4.0 * (double)(kvd / c->group);
+    return row * (double)n_layers;
+}
+
+static int64_t ring_rows(int64_t batch) {
+    return SPX_KVL_BLOCK * ((batch + SPX_KVL_BLOCK - 1) / SPX_KVL_BLOCK + 1);
+}
+
+size_t spx_kvlow_fixed_bytes(int64_t n_layers, int64_t kvd, int64_t batch) {
+    return (size_t)n_layers * (size_t)(SPX_KVL_BLOCK + ring_rows(batch)) * (size_t)kvd * 2 * 2;
+}
+
+double spx_kvlow_tier_bytes_per_token(const spx_kvlow_cfg *c, int64_t n_layers, int64_t kvd) {
+    return c->rb ? (double)kvd * 2.0 * c->rb / 8.0 * (double)n_layers : 0;
+}
+
+void spx_kvlow_free(spx_kvlow *k) {
+    void *p[] = {k->sink_k, k->sink_v, k->ring_k, k->ring_v, k->ck, k->cv, k->mk, k->mv, k->enc, k->tier};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+    memset(k, 0, sizeof *k);
+}
+
+/* calloc of a product, + 8 bytes: bit readers load two bytes at a time */
+static void *zalloc(size_t a, size_t b, int *fail) {
+    size_t n;
+    if (__builtin_mul_overflow(a, b, &n) || n > SIZE_MAX - 8) { *fail = 1; return NULL; }
+    void *p = calloc(n + 8, 1);
+    if (!p) *fail = 1;
+    return p;
+}
+
+spx_status spx_kvlow_init(spx_kvlow *k, const spx_kvlow_cfg *c, int64_t n_layers, int64_t n_ctx, int64_t kvd,
+                          int64_t head_dim, int64_t batch, spx_err *e) {
+    memset(k, 0, sizeof *k);
+    k->cfg = *c;
+    k->n_layers = n_layers;
+    k->n_ctx = n_ctx;
+    k->kvd = kvd;
+    k->hd = head_dim;
+    k->nkv = kvd / head_dim;
+    k->rot = 1;
+    while (k->rot < 256 && head_dim % (k->rot * 2) == 0) k->rot *= 2;
+    k->ring = ring_rows(batch);
+    k->krow = (size_t)kvd * (size_t)c->kb / 8;
+    k->vrow = (size_t)kvd * (size_t)c->vb / 8;
+    k->n_blocks = (n_ctx + SPX_KVL_BLOCK - 1) / SPX_KVL_BLOCK;
+    k->n_groups = n_ctx > SPX_KVL_BLOCK ? (n_ctx - SPX_KVL_BLOCK) / c->gt + 1 : 0;
+    k->gbytes = (size_t)(c->gt * head_dim * c->rb / 8) * 2;
+    const size_t L = (size_t)n_layers, D = (size_t)kvd, T = (size_t)n_ctx, ng = (size_t)(kvd / c->group);
+    int fail = 0;
+    k->sink_k = zalloc(L * SPX_KVL_BLOCK * D, 2, &fail);
+    k->sink_v = zalloc(L * SPX_KVL_BLOCK * D, 2, &fail);
+    k->ring_k = zalloc(L * (size_t)k->ring * D, 2, &fail);
+    k->ring_v = zalloc(L * (size_t)k->ring * D, 2, &fail);
+    k->ck = zalloc(L * T, k->krow, &fail);
+    k->cv = zalloc(L * T, k->vrow, &fail);
+    if (c->layout == SPX_KV_LAYOUT_KIVI) k->mk = zalloc(L * (size_t)k->n_blocks * D, 4, &fail);
+    else k->mk = zalloc(L * T * ng, 4, &fail);
+    k->mv = zalloc(L * T * ng, 4, &fail);
+    k->enc = zalloc(L, sizeof *k->enc, &fail);
+    if (c->rb) k->tier = zalloc(L * (size_t)k->n_groups * (size_t)k->nkv, k->gbytes, &fail);
+    if (fail) {
+        double mib = (spx_kvlow_bytes_per_token(c, n_layers, kvd) + spx_kvlow_tier_bytes_per_token(c, n_layers, kvd)) *
+                         (double)n_ctx / (1 << 20);
+        spx_kvlow_free(k);
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory for a %.1f MiB low-bit KV cache (and its refinement tier)", mib);
+    }
+    spx_kvlow_reset(k);
+    return SPX_OK;
+}
+
+void spx_kvlow_reset(spx_kvlow *k) {
+    for (int64_t l = 0; l < k->n_layers; l++) k->enc[l] = SPX_KVL_BLOCK;
+    memset(&k->stats, 0, sizeof k->stats);
+}
+
+void spx_kvlow_store(spx_kvlow *k, int64_t layer, int64_t pos, const float *kr, const float *vr) {
+    uint16_t *dk, *dv;
+    if (pos < SPX_KVL_BLOCK) {
+        dk = kvl_sink(k, k->sink_k, layer, pos);
+        dv = kvl_sink(k, k->sink_v, layer, pos);
+    } else {
+        dk = kvl_ring(k, k->ring_k, layer, pos);
+        dv = kvl_ring(k, k->ring_v, layer, pos);
+    }
+    for (int64_t i = 0; i < k->kvd; i++) {
+        dk[i] = spx_f32_to_f16(kr[i]);
+        dv[i] = spx_f32_to_f16(vr[i]);
+    }
+}
+
+/* x in a bin of (m, s): the code and the refinement index */
+static inline void enc_one(float x, float m, float s, int b, int rb, unsigned *code, unsigned *ref) {
+    const int top = (1 << b) - 1;
+    if (!(s > 0)) {
+        *code = 0;
+        *ref = 0;
+        return;
+    }
+    float u = (x - m) / s;
+    long c = lrintf(u);
+    if (c < 0) c = 0;
+    if (c > top) c = top;
+    *code = (unsigned)c;
+    if (rb) {
+        long j = (long)floorf((u - (float)c + 0.5f) * (float)(1 << rb));
+        if (j < 0) j = 0;
+        if (j > (1 << rb) - 1) j = (1 << rb) - 1;
+        *ref = (unsigned)j;
+    } else *ref = 0;
+}
+
+/* (m, s) of x[n] (stride 1) for b bits, stored fp16; the rounded pair back */
+static void minmax_pair(const float *x, int64_t n, int64_t stride, int b, uint16_t *dst, float *m, float *s) {
+    float lo = x[0], hi = x[0];
+    for (int64_t i = 1; i < n; i++) {
+        float v = x[i * stride];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    dst[0] = spx_f32_to_f16(lo);
+    dst[1] = spx_f32_to_f16((hi - lo) / (float)((1 << b) - 1));
+    *m = spx_f16_to_f32(dst[0]);
+    *s = spx_f16_to_f32(dst[1]);
+}
+
+/* Encodes one block of one layer from the ring. */
+static void encode_block(spx_kvlow *k, int64_t layer, int64_t blk) {
+    const spx_kvlow_cfg *c = &k->cfg;
+    const int64_t hd = k->hd, P0 = blk * SPX_KVL_BLOCK, G = c->group;
+    float *x = malloc((size_t)SPX_KVL_BLOCK * (size_t)hd * sizeof *x); /* one head's block, [token][channel] */
+    unsigned *refk = malloc((size_t)SPX_KVL_BLOCK * (size_t)hd * sizeof *refk), *refv = malloc((size_t)SPX_KVL_BLOCK * (size_t)hd * sizeof *refv);
+    if (!x || !refk || !refv) abort(); /* 64 KiB at head_dim 64: a failure here is not recoverable mid-step */
+    for (int64_t h = 0; h < k->nkv; h++) {
+        for (int which = 0; which < 2; which++) {
+            const int b = which ? c->vb : c->kb;
+            unsigned *ref = which ? refv : refk;
+            for (int64_t t = 0; t < SPX_KVL_BLOCK; t++) {
+                const uint16_t *src = kvl_ring(k, which ? k->ring_v : k->ring_k, layer, P0 + t) + h * hd;
+                for (int64_t i = 0; i < hd; i++) x[t * hd + i] = spx_f16_to_f32(src[i]);
+                if (c->layout == SPX_KV_LAYOUT_ROT) spx_kv_rotate(x + t * hd, hd, k->rot);
+            }
+            if (!which && c->layout == SPX_KV_LAYOUT_KIVI) { /* per channel over the block */
+                for (int64_t i = 0; i < hd; i++) {
+                    float m, s;
+                    uint16_t *mp = kvl_kmeta_kivi(k, layer, blk) + 2 * (h * hd + i);
+                    minmax_pair(x + i, SPX_KVL_BLOCK, hd, b, mp, &m, &s);
+                    for (int64_t t = 0; t < SPX_KVL_BLOCK; t++) {
+                        unsigned code;
+                        enc_one(x[t * hd + i], m, s, b, c->rb, &code, &ref[t * hd + i]);
+                        kvl_put_bits(kvl_codes(k, 0, layer, P0 + t), h * hd + i, b, code);
+                    }
+                }
+                continue;
+            }
+            for (int64_t t = 0; t < SPX_KVL_BLOCK; t++)
+                for (int64_t g = 0; g < hd; g += G) {
+                    float m, s;
+                    uint16_t *mp = kvl_meta_tok(k, which, layer, P0 + t) + 2 * ((h * hd + g) / G);
+                    minmax_pair(x + t * hd + g, G, 1, b, mp, &m, &s);
+                    for (int64_t i = g; i < g + G; i++) {
+                        unsigned code;
+                        enc_one(x[t * hd + i], m, s, b, c->rb, &code, &ref[t * hd + i]);
+                        kvl_put_bits(kvl_codes(k, which, layer, P0 + t), h * hd + i, b, code);
+                    }
+                }
+        }
+        if (!c->rb) continue;
+        for (int64_t t0 = 0; t0 < SPX_KVL_BLOCK; t0 += c->gt) {
+            uint8_t *rec = kvl_tier(k, layer, (P0 + t0 - SPX_KVL_BLOCK) / c->gt, h);
+            memset(rec, 0, k->gbytes);
+            const int64_t n = c->gt * hd;
+            for (int64_t e = 0; e < n; e++) {
+                kvl_put_bits(rec, e, c->rb, refk[t0 * hd + e]);
+                kvl_put_bits(rec, n + e, c->rb, refv[t0 * hd + e]);
+            }
+        }
+    }
+    free(x);
+    free(refk);
+    free(refv);
+}
+
+void spx_kvlow_commit(spx_kvlow *k, int64_t layer, int64_t pos_end) {
+    while (k->enc[layer] + SPX_KVL_BLOCK <= pos_end) {
+        encode_block(k, layer, k->enc[layer] / SPX_KVL_BLOCK);
+        k->enc[layer] += SPX_KVL_BLOCK;
+    }
+}
+
+void spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos, int value, int refined, float *out) {
+    const int64_t hd = k->hd;
+    if (pos < SPX_KVL_BLOCK || pos >= k->enc[layer]) {
+        const uint16_t *r = pos < SPX_KVL_BLOCK ? kvl_sink(k, value ? k->sink_v : k->sink_k, layer, pos)
+                                                : kvl_ring(k, value ? k->ring_v : k->ring_k, layer, pos);
+        for (int64_t i = 0; i < k->kvd; i++) out[i] = spx_f16_to_f32(r[i]);
+        return;
+    }
+    const spx_kvlow_cfg *c = &k->cfg;
+    const int b = value ? c->vb : c->kb;
+    const uint8_t *codes = kvl_codes(k, value, layer, pos);
+    const int64_t gi = (pos - SPX_KVL_BLOCK) / c->gt, t = (pos - SPX_KVL_BLOCK) % c->gt;
+    for (int64_t h = 0; h < k->nkv; h++) {
+        const uint8_t *rec = refined && k->tier ? kvl_tier(k, layer, gi, h) : NULL;
+        for (int64_t i = 0; i < hd; i++) {
+            float m, s;
+            kvl_bin(k, value, layer, pos, h * hd + i, &m, &s);
+            float x = m + s * (float)kvl_get_bits(codes, h * hd + i, b);
+            if (rec) {
+                unsigned j = kvl_get_bits(rec, (value ? c->gt * hd : 0) + t * hd + i, c->rb);
+                x += s * (((float)j + 0.5f) / (float)(1 << c->rb) - 0.5f);
+            }
+            out[h * hd + i] = x;
+        }
+        if (c->layout == SPX_KV_LAYOUT_ROT) spx_kv_rotate(out + h * hd, hd, k->rot); /* its own inverse */
+    }
+}
+
+void spx_kvlow_truncate(spx_kvlow *k, int64_t pos) {
+    float *row = malloc((size_t)k->kvd * 2 * sizeof *row);
+    if (!row) abort();
+    for (int64_t l = 0; l < k->n_layers; l++) {
+        if (k->enc[l] <= pos) continue;
+        int64_t ne = pos / SPX_KVL_BLOCK * SPX_KVL_BLOCK;
+        if (ne < SPX_KVL_BLOCK) ne = SPX_KVL_BLOCK;
+        for (int64_t p = ne; p < pos; p++) { /* ring rows of [ne, pos) are free: enc[l] > pos */
+            spx_kvlow_dequant_row(k, l, p, 0, 1, row);
+            spx_kvlow_dequant_row(k, l, p, 1, 1, row + k->kvd);
+            uint16_t *dk = kvl_ring(k, k->ring_k, l, p), *dv = kvl_ring(k, k->ring_v, l, p);
+            for (int64_t i = 0; i < k->kvd; i++) {
+                dk[i] = spx_f32_to_f16(row[i]);
+                dv[i] = spx_f32_to_f16(row[k->kvd + i]);
+            }
+        }
+        k->enc[l] = ne;
+    }
+    free(row);
+}

@@ -1,0 +1,246 @@
+/* kvlow_attend.c: attention over the low-bit KV cache with the selection
+ * of token groups (paper eq. 7) and the exact update for the refined ones
+ * (eq. 8), fused into the value pass (kvlow.h gives the algorithm).
+ *
+ * The fp16 parts (sinks, ring) go through the kernel table's fp16 entries;
+ * the encoded part decodes each head's row of codes into floats (a lookup
+ * per byte) and runs the products on them. */
+#include "engine/kvlow.h"
+#include "engine/kvcache.h"
+#include "engine/kvlow_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* n codes of b bits from p (a head's first byte) into out[n] as floats */
+static void unpack(const uint8_t *p, int b, int64_t n, float *out) {
+    if (b == 2) {
+        for (int64_t i = 0; i < n; i += 4) {
+            unsigned x = p[i / 4];
+            out[i] = (float)(x & 3);
+            out[i + 1] = (float)((x >> 2) & 3);
+            out[i + 2] = (float)((x >> 4) & 3);
+            out[i + 3] = (float)(x >> 6);
+        }
+    } else if (b == 4) {
+        for (int64_t i = 0; i < n; i += 2) {
+            unsigned x = p[i / 2];
+            out[i] = (float)(x & 15);
+            out[i + 1] = (float)(x >> 4);
+        }
+    } else if (b == 3) {
+        for (int64_t i = 0; i < n; i += 8) {
+            const uint8_t *q = p + i / 8 * 3;
+            unsigned x = (unsigned)q[0] | (unsigned)q[1] << 8 | (unsigned)q[2] << 16;
+            for (int k = 0; k < 8; k++) out[i + k] = (float)((x >> (3 * k)) & 7);
+        }
+    } else
+        for (int64_t i = 0; i < n; i++) out[i] = (float)kvl_get_bits(p, i, b);
+}
+
+static inline float dotf(const float *a, const float *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+int64_t spx_kvlow_n_sel(double frac, int64_t candidates) {
+    if (candidates <= 0) return 0;
+    if (frac >= 1) return candidates;
+    int64_t n = (int64_t)floor(frac * (double)candidates + 0.5);
+    return n < 1 ? 1 : n > candidates ? candidates : n;
+}
+
+/* a before b: higher score, ties by lower index */
+static inline int better(const float *s, int64_t a, int64_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); }
+
+void spx_kvlow_select(const float *score, int64_t n, int64_t n_sel, int64_t *idx) {
+    for (int64_t i = 0; i < n; i++) idx[i] = i;
+    if (n_sel >= n) return;
+    int64_t lo = 0, hi = n; /* the first n_sel of the order lie in idx[0 .. n_sel) once [lo, hi) shrinks to them */
+    while (hi - lo > 1) {
+        /* median of three as pivot, moved to hi - 1; Lomuto partition */
+        int64_t mid = lo + (hi - lo) / 2, a = idx[lo], b = idx[mid], c = idx[hi - 1], pv;
+        if (better(score, a, b) == better(score, b, c)) pv = mid;
+        else if (better(score, b, a) == better(score, a, c)) pv = lo;
+        else pv = hi - 1;
+        int64_t t = idx[pv];
+        idx[pv] = idx[hi - 1];
+        idx[hi - 1] = t;
+        const int64_t p = idx[hi - 1];
+        int64_t st = lo;
+        for (int64_t i = lo; i < hi - 1; i++)
+            if (better(score, idx[i], p)) {
+                t = idx[i];
+                idx[i] = idx[st];
+                idx[st] = t;
+                st++;
+            }
+        idx[hi - 1] = idx[st];
+        idx[st] = p; /* idx[st] is the (st+1)-th best of [lo, hi) */
+        if (st == n_sel || st + 1 == n_sel) return;
+        if (st < n_sel) lo = st + 1;
+        else hi = st;
+    }
+}
+
+/* work layout: [idx: n_groups int64][gscore: n_groups][qx: G hd][qk: G hd][acc: G hd][row: hd][cst: G]
+ *              [dz: G][qgs: G hd / group] */
+size_t spx_kvlow_work_floats(const spx_kvlow *k, int G) {
+    return (size_t)k->n_groups * 3 + (size_t)G * (size_t)k->hd * 4 + (size_t)k->hd + 2 * (size_t)G + 16;
+}
+
+void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
+                      int64_t qs, int64_t start, int64_t end, float scale, float *sc, int64_t scs, float *out,
+                      int64_t os, float *work) {
+    const spx_kvlow_cfg *c = &k->cfg;
+    const int64_t hd = k->hd, off = kvh * hd, D = k->kvd, enc = k->enc[layer], gr = c->group, ngr = hd / gr;
+    const int rot = c->layout == SPX_KV_LAYOUT_ROT;
+    if (!kt) kt = spx_qkernels_scalar();
+    int64_t *idx = (int64_t *)work;
+    float *gscore = work + 2 * k->n_groups, *qx = gscore + k->n_groups, *qk = qx + G * hd, *acc = qk + G * hd;
+    float *row = acc + G * hd, *cst = row + hd, *dz = cst + G, *qgs = dz + G;
+    /* regions within [start, end) */
+    const int64_t s_end = end < SPX_KVL_BLOCK ? end : SPX_KVL_BLOCK;
+    const int64_t l0 = start > SPX_KVL_BLOCK ? start : SPX_KVL_BLOCK, l1 = end < enc ? end : enc;
+    const int64_t ring0 = start > enc ? start : enc; /* the ring: [ring0, end) */
+    /* query in the codes' coordinates */
+    for (int g = 0; g < G; g++) {
+        memcpy(qx + g * hd, q + g * qs, (size_t)hd * sizeof *qx);
+        if (rot) spx_kv_rotate(qx + g * hd, hd, k->rot);
+        for (int64_t j = 0; j < ngr; j++) {
+            float sm = 0;
+            for (int64_t i = 0; i < gr; i++) sm += qx[g * hd + j * gr + i];
+            qgs[g * ngr + j] = sm;
+        }
+        dz[g] = 0;
+    }
+    /* scores: sinks, encoded, ring */
+    if (s_end > start)
+        kt->scores_f16(q, qs, G, kvl_sink(k, k->sink_k, layer, start) + off, D, s_end - start, hd, scale, sc, scs);
+    int64_t blk_seen = -1;
+    for (int64_t p = l0; p < l1; p++) {
+        if (!rot && p / SPX_KVL_BLOCK != blk_seen) { /* KIVI: fold the block's per-channel (m, s) into the query */
+            blk_seen = p / SPX_KVL_BLOCK;
+            const uint16_t *mp = kvl_kmeta_kivi(k, layer, blk_seen) + 2 * off;
+            for (int g = 0; g < G; g++) {
+                float cs = 0;
+                for (int64_t i = 0; i < hd; i++) {
+                    float m = spx_f16_to_f32(mp[2 * i]), s = spx_f16_to_f32(mp[2 * i + 1]);
+                    qk[g * hd + i] = qx[g * hd + i] * s;
+                    cs += qx[g * hd + i] * m;
+                }
+                cst[g] = cs;
+            }
+        }
+        unpack(kvl_codes(k, 0, layer, p) + (size_t)off * (size_t)c->kb / 8, c->kb, hd, row);
+        if (!rot) {
+            for (int g = 0; g < G; g++) sc[g * scs + p - start] = scale * (cst[g] + dotf(qk + g * hd, row, hd));
+        } else {
+            const uint16_t *mp = kvl_meta_tok(k, 0, layer, p) + 2 * (off / gr);
+            for (int g = 0; g < G; g++) {
+                float d = 0;
+                for (int64_t j = 0; j < ngr; j++)
+                    d += spx_f16_to_f32(mp[2 * j + 1]) * dotf(qx + g * hd + j * gr, row + j * gr, gr) +
+                         spx_f16_to_f32(mp[2 * j]) * qgs[g * ngr + j];
+                sc[g * scs + p - start] = scale * d;
+            }
+        }
+    }
+    for (int64_t p = ring0; p < end;) {
+        int64_t n = end - p, room = k->ring - p % k->ring;
+        if (n > room) n = room;
+        kt->scores_f16(q, qs, G, kvl_ring(k, k->ring_k, layer, p) + off, D, n, hd, scale, sc + (p - start), scs);
+        p += n;
+    }
+    for (int g = 0; g < G; g++) kt->softmax(sc + g * scs, end - start);
+
+    /* selection (eq. 7) and the refined probabilities (eq. 8's numerators) */
+    int64_t n_sel = 0;
+    const int64_t gt = c->gt, gA = (l0 - SPX_KVL_BLOCK + gt - 1) / gt, gB = l1 > l0 ? (l1 - SPX_KVL_BLOCK) / gt : gA;
+    if (k->tier && gB > gA) {
+        const int64_t nc = gB - gA;
+        for (int64_t gi = 0; gi < nc; gi++) {
+            const int64_t p0 = SPX_KVL_BLOCK + (gA + gi) * gt;
+            float best = 0;
+            for (int g = 0; g < G; g++) {
+                float sm = 0;
+                for (int64_t t = 0; t < gt; t++) sm += sc[g * scs + p0 + t - start];
+                best = g == 0 || sm > best ? sm : best;
+            }
+            gscore[gi] = best;
+        }
+        n_sel = spx_kvlow_n_sel(c->frac, nc);
+        spx_kvlow_select(gscore, nc, n_sel, idx);
+        const float step = 1.0f / (float)(1 << c->rb);
+        for (int64_t si = 0; si < n_sel; si++) {
+            const int64_t grp = gA + idx[si], p0 = SPX_KVL_BLOCK + grp * gt;
+            const uint8_t *rec = kvl_tier(k, layer, grp, kvh);
+            for (int64_t t = 0; t < gt; t++) {
+                const int64_t p = p0 + t;
+                for (int64_t i = 0; i < hd; i++) { /* dk in the codes' coordinates */
+                    float m, s;
+                    kvl_bin(k, 0, layer, p, off + i, &m, &s);
+                    row[i] = s * (((float)kvl_get_bits(rec, t * hd + i, c->rb) + 0.5f) * step - 0.5f);
+                }
+                for (int g = 0; g < G; g++) {
+                    float *pp = sc + g * scs + p - start, pr = *pp * expf(scale * dotf(qx + g * hd, row, hd));
+                    dz[g] += pr - *pp;
+                    *pp = pr;
+                }
+            }
+        }
+        __atomic_fetch_add(&k->stats.groups_refined, (uint64_t)n_sel, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&k->stats.bytes_read, (uint64_t)n_sel * k->gbytes, __ATOMIC_RELAXED);
+    }
+
+    /* value pass: fp16 parts into out, encoded part into acc (codes' coordinates) */
+    for (int g = 0; g < G; g++) {
+        memset(out + g * os, 0, (size_t)hd * sizeof *out);
+        memset(acc + g * hd, 0, (size_t)hd * sizeof *acc);
+    }
+    if (s_end > start)
+        kt->wv_f16(out, os, sc, scs, G, kvl_sink(k, k->sink_v, layer, start) + off, D, s_end - start, hd);
+    for (int64_t p = ring0; p < end;) {
+        int64_t n = end - p, room = k->ring - p % k->ring;
+        if (n > room) n = room;
+        kt->wv_f16(out, os, sc + (p - start), scs, G, kvl_ring(k, k->ring_v, layer, p) + off, D, n, hd);
+        p += n;
+    }
+    for (int64_t p = l0; p < l1; p++) {
+        unpack(kvl_codes(k, 1, layer, p) + (size_t)off * (size_t)c->vb / 8, c->vb, hd, row);
+        const uint16_t *mp = kvl_meta_tok(k, 1, layer, p) + 2 * (off / gr);
+        for (int g = 0; g < G; g++) {
+            const float pr = sc[g * scs + p - start];
+            float *a = acc + g * hd;
+            for (int64_t j = 0; j < ngr; j++) {
+                const float as = pr * spx_f16_to_f32(mp[2 * j + 1]), am = pr * spx_f16_to_f32(mp[2 * j]);
+                for (int64_t i = j * gr; i < (j + 1) * gr; i++) a[i] += as * row[i] + am;
+            }
+        }
+    }
+    if (n_sel) { /* + p' dv of the refined tokens */
+        const float step = 1.0f / (float)(1 << c->rb);
+        for (int64_t si = 0; si < n_sel; si++) {
+            const int64_t grp = gA + idx[si], p0 = SPX_KVL_BLOCK + grp * gt;
+            const uint8_t *rec = kvl_tier(k, layer, grp, kvh);
+            for (int64_t t = 0; t < gt; t++) {
+                const int64_t p = p0 + t;
+                const uint16_t *mp = kvl_meta_tok(k, 1, layer, p) + 2 * (off / gr);
+                for (int64_t i = 0; i < hd; i++)
+                    row[i] = spx_f16_to_f32(mp[2 * (i / gr) + 1]) *
+                             (((float)kvl_get_bits(rec, (gt + t) * hd + i, c->rb) + 0.5f) * step - 0.5f);
+                for (int g = 0; g < G; g++) {
+                    const float pr = sc[g * scs + p - start];
+                    for (int64_t i = 0; i < hd; i++) acc[g * hd + i] += pr * row[i];
+                }
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *a = acc + g * hd, *o = out + g * os;
+        if (rot && l1 > l0) spx_kv_rotate(a, hd, k->rot);
+        const float inv = 1.0f / (1.0f + dz[g]);
+        for (int64_t i = 0; i < hd; i++) o[i] = (o[i] + a[i]) * inv;
+    }
+}
