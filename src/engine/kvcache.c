@@ -5,6 +5,7 @@
 #include "quant/g32.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,6 +107,32 @@ void spx_kv_truncate(spx_kvcache *c, int64_t pos) {
 
 void spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end) {
     if (c->lowbit) spx_kvlow_commit(&c->low, layer, pos_end);
+}
+
+double spx_kv_cache_bytes_per_token(const spx_kvcache *c) {
+    if (c->lowbit) return spx_kvlow_bytes_per_token(&c->low.cfg, c->n_layers, c->kvd);
+    return (double)spx_kv_bytes_per_token(c->type, c->n_layers, c->kvd);
+}
+
+void spx_kv_describe(const spx_kvcache *c, char *buf, size_t n) {
+    static const char *const names[] = {"f16", "f32", "f16", "q4", "k2v2", "k3v2", "k3v3", "k4v4"};
+    const char *nm = c->type >= 0 && c->type <= SPX_KV_K4V4 ? names[c->type] : "?";
+    if (!c->lowbit) {
+        snprintf(buf, n, "kv %s, %.0f bytes per token", nm, spx_kv_cache_bytes_per_token(c));
+        return;
+    }
+    const spx_kvlow_cfg *k = &c->low.cfg;
+    int w = snprintf(buf, n, "kv %s (%s, group %lld, fp16 sinks %d + ring %lld), %.1f bytes per token", nm,
+                     k->layout == SPX_KV_LAYOUT_ROT ? "rot" : "kivi", (long long)k->group, SPX_KVL_BLOCK,
+                     (long long)c->low.ring, spx_kv_cache_bytes_per_token(c));
+    if (w < 0 || (size_t)w >= n) return;
+    if (k->rb)
+        snprintf(buf + w, n - (size_t)w,
+                 "; refine +%d/+%d bits, %g of %lld-token groups, tier %.1f bytes per token in host RAM; %llu group "
+                 "refinements read %.1f MiB",
+                 k->rb, k->rb, k->frac, (long long)k->gt, spx_kvlow_tier_bytes_per_token(k, c->n_layers, c->kvd),
+                 (unsigned long long)c->low.stats.groups_refined, (double)c->low.stats.bytes_read / (1 << 20));
+    else snprintf(buf + w, n - (size_t)w, "; no refinement");
 }
 
 size_t spx_kv_work_floats(const spx_kvcache *c, int G) { return c->lowbit ? spx_kvlow_work_floats(&c->low, G) : 0; }

@@ -52,6 +52,12 @@ size_t spx_kv_work_floats(const spx_kvcache *c, int G);
 void spx_kv_attend_g(spx_kvcache *c, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
                      int64_t qs, int64_t start, int64_t end, float scale, float *sc, int64_t scs, float *out,
                      int64_t os, float *work);
+/* Bytes per token of context this cache holds (a low-bit type: codes and
+ * metadata, without its fixed fp16 sinks and ring) and a one-line record of
+ * every setting that changes its numbers (printed with results), with the
+ * refinement counters so far. */
+double spx_kv_cache_bytes_per_token(const spx_kvcache *c);
+void spx_kv_describe(const spx_kvcache *c, char *buf, size_t n);
 /* The q4 cache's rotation, in place: orthonormal Walsh-Hadamard over
  * blocks of rot (a power of two dividing len); its own inverse. */
 void spx_kv_rotate(float *x, int64_t len, int64_t rot);

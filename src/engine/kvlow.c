@@ -118,8 +118,7 @@ spx_status spx_kvlow_init(spx_kvlow *k, const spx_kvlow_cfg *c, int64_t n_layers
 }
 
 void spx_kvlow_reset(spx_kvlow *k) {
-    for (int64_t l = 0; l < k->n_layers; l++) k->enc[l] = SPX_KVL_BLOCK;
-    memset(&k->stats, 0, sizeof k->stats);
+    for (int64_t l = 0; l < k->n_layers; l++) k->enc[l] = SPX_KVL_BLOCK; /* stats count since init */
 }
 
 void spx_kvlow_store(spx_kvlow *k, int64_t layer, int64_t pos, const float *kr, const float *vr) {

@@ -82,6 +82,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0;
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
+    cli_kv_extra kvx = {0};
     int json = 0, telemetry = 0;
     spx_refine_params rp;
     cli_refine_defaults(&rp);
@@ -90,6 +91,7 @@ int cmd_bench(int argc, char **argv) {
         int rr = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
+        else if ((rr = cli_kv_opt(argc, argv, &i, &kvx)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--telemetry")) telemetry = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
@@ -120,6 +122,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t V = spx_model_vocab_size(m);
     spx_session *s = NULL;
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
+    if (!cli_kv_apply(&kvx, &sp)) { spx_model_free(m); return 2; }
     float *logits = malloc((size_t)V * sizeof(float));
     int32_t *ids = malloc((size_t)(np + 1) * sizeof *ids);
     double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);
@@ -195,10 +198,10 @@ int cmd_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
-               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %zu",
+               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f",
                model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
                pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
-               spx_kv_bytes_per_token(s->kv.type, m->cfg.n_attn_layers, m->cfg.n_kv_heads * m->cfg.head_dim));
+               spx_kv_cache_bytes_per_token(&s->kv));
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
                "\"stream_bytes_per_token\": %llu, \"pinned_bytes\": %llu, \"slot_bytes\": %llu",
                (long long)s->n_ctx, spx_residency_name(res), (long long)off.n_layers, (long long)off.n_layers_resident,
@@ -243,6 +246,7 @@ int cmd_bench(int argc, char **argv) {
     } else {
         printf("model %s, backend %s, %d threads, kv %s, %lld runs\n", model, spx_model_backend(m), spx_pool_size(m->pool),
                kvn, (long long)reps);
+        cli_kv_summary(stdout, s);
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);
         if (ng)
             printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n  weights read per token: %.1f MB -> %.2f GB/s\n",

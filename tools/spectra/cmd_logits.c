@@ -23,9 +23,12 @@ int cmd_logits(int argc, char **argv) {
     int64_t threads = 0;
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_F16;
+    cli_kv_extra kvx = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int r;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if ((r = cli_kv_opt(argc, argv, &i, &kvx)) != 0) { if (r < 0) return 2; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "--ids")) { if (!(ids_s = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-o")) { if (!(out = cli_value(argc, argv, &i))) return 2; }
@@ -46,7 +49,8 @@ int cmd_logits(int argc, char **argv) {
     int64_t V = spx_model_vocab_size(m);
     float *logits = malloc(n * (size_t)V * sizeof(float));
     spx_session_params sp = {.n_ctx = (int64_t)n, .kv = kv};
-    if (!logits) cli_error("out of memory for %zu x %lld logits", n, (long long)V);
+    if (!cli_kv_apply(&kvx, &sp)) ;
+    else if (!logits) cli_error("out of memory for %zu x %lld logits", n, (long long)V);
     else if (spx_session_new(m, &sp, &s) != SPX_OK) cli_error("%s", spx_model_error(m));
     else if (spx_session_eval(s, ids, n, logits, 1) != SPX_OK) cli_error("%s", spx_session_error(s));
     else {

@@ -82,7 +82,10 @@ int cmd_perplexity(int argc, char **argv) {
     else
         printf("\nPPL = %.4f over %lld scored tokens (%lld windows of %lld%s) in %.1f s\n", ppl, (long long)scored,
                (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "", secs);
-    if (!json) cli_refine_summary(stderr, m);
+    if (!json) {
+        cli_refine_summary(stderr, m);
+        cli_kv_summary(stderr, s);
+    }
     rc = 0;
 done:
     free(logits);

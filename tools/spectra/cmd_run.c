@@ -41,6 +41,7 @@ int cmd_run(int argc, char **argv) {
     int64_t n_gen = 128, top_k = 40, threads = 0, n_ctx = 0, seed = -1, vram = 0;
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
+    cli_kv_extra kvx = {0};
     double temp = 0.8, top_p = 0.95;
     int ignore_eos = 0, quiet = 0, rr = 0;
     spx_refine_params rp;
@@ -49,6 +50,7 @@ int cmd_run(int argc, char **argv) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
+        else if ((rr = cli_kv_opt(argc, argv, &i, &kvx)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!(prompt = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-f")) { if (!(file = cli_value(argc, argv, &i))) return 2; }
@@ -101,6 +103,7 @@ int cmd_run(int argc, char **argv) {
         if (n_prompt == 0) { cli_error("run: the prompt encodes to no tokens"); goto done; }
     }
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
+    if (!cli_kv_apply(&kvx, &sp)) goto done;
     if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
     if ((int64_t)n_prompt >= s->n_ctx) { cli_error("run: prompt of %zu tokens does not fit the %lld-token context (--ctx)", n_prompt, (long long)s->n_ctx); goto done; }
     int64_t V = spx_model_vocab_size(m);

@@ -529,6 +529,7 @@ int cmd_tune(int argc, char **argv) {
     spx_model_free(mr); /* the reference's logits are kept; its weights are not needed any more */
     mr = NULL;
     spx_session_params sp = {.n_ctx = o.ctx > tokens + 2 ? o.ctx : tokens + 2, .kv = o.kv};
+    if (!cli_kv_apply(&o.kvx, &sp)) goto done;
     if (spx_session_new(t.m, &sp, &t.s) != SPX_OK) { cli_error("%s", spx_model_error(t.m)); goto done; }
     snprintf(windows, sizeof windows, "%.150s: %lld windows of %lld from window %lld%s", o.file, (long long)t.w.chunks,
              (long long)o.ctx, (long long)o.skip, o.compat ? ", llama-compat" : "");

@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "core/util.h"
 #include "engine/plan.h"
+#include "engine/session.h"
 #include "engine/probe.h"
 
 #include <ctype.h>
@@ -130,6 +131,12 @@ int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o) {
         o->frac = f;
     }
     return 1;
+}
+
+void cli_kv_summary(FILE *f, const spx_session *s) {
+    char b[512];
+    spx_kv_describe(&s->kv, b, sizeof b);
+    fprintf(f, "%s\n", b);
 }
 
 int cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp) {

@@ -51,6 +51,8 @@ int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o);
 /* Into the session parameters (after .kv is set); 0 with a message when
  * they are given for a type they do not apply to. */
 int cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp);
+/* The session's KV cache record (spx_kv_describe) as one line. */
+void cli_kv_summary(FILE *f, const spx_session *s);
 /* Reads a whole text file (for -f); prints an error and returns NULL. */
 char *cli_read_text(const char *path, size_t *len);
 
