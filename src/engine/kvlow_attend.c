@@ -13,7 +13,7 @@
 #include <string.h>
 
 /* n codes of b bits from p (a head's first byte) into out[n] as floats */
-static void unpack(const uint8_t *p, int b, int64_t n, float *out) {
+static void unpack_c(const uint8_t *p, int b, int64_t n, float *out) {
     if (b == 2) {
         for (int64_t i = 0; i < n; i += 4) {
             unsigned x = p[i / 4];
@@ -38,10 +38,73 @@ static void unpack(const uint8_t *p, int b, int64_t n, float *out) {
         for (int64_t i = 0; i < n; i++) out[i] = (float)kvl_get_bits(p, i, b);
 }
 
-static inline float dotf(const float *a, const float *b, int64_t n) {
+static float dotf_c(const float *a, const float *b, int64_t n) {
     float s = 0;
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+/* a[i] += x * r[i] + y */
+static void axpb_c(float *a, float x, const float *r, float y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) a[i] += x * r[i] + y;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KVL_AVX2 __attribute__((target("avx2,fma")))
+/* 8 codes of b <= 4 bits (b bytes, little-endian) per step: the b-byte
+ * word broadcast, each lane shifted by its code's bit offset */
+KVL_AVX2 static void unpack_avx2(const uint8_t *p, int b, int64_t n, float *out) {
+    if (b > 4 || n % 8) {
+        unpack_c(p, b, n, out);
+        return;
+    }
+    const __m256i sh = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(b));
+    const __m256i mask = _mm256_set1_epi32((1 << b) - 1);
+    for (int64_t i = 0; i < n; i += 8) {
+        uint32_t w; /* 4 bytes read for b <= 4: the code arrays carry 8 bytes of slack */
+        memcpy(&w, p + i / 8 * b, 4);
+        __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), mask);
+        _mm256_storeu_ps(out + i, _mm256_cvtepi32_ps(v));
+    }
+}
+KVL_AVX2 static float dotf_avx2(const float *a, const float *b, int64_t n) {
+    if (n % 8) return dotf_c(a, b, n);
+    __m256 s = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+KVL_AVX2 static void axpb_avx2(float *a, float x, const float *r, float y, int64_t n) {
+    if (n % 8) {
+        axpb_c(a, x, r, y, n);
+        return;
+    }
+    const __m256 vx = _mm256_set1_ps(x), vy = _mm256_set1_ps(y);
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_fmadd_ps(vx, _mm256_loadu_ps(r + i), vy)));
+}
+#endif
+
+/* The encoded part's three steps, chosen once: AVX2+FMA where the CPU has
+ * it and the kernel table is not the scalar reference (a variant sums in
+ * another order: rounding only), else the plain loops. */
+typedef struct {
+    void (*unpack)(const uint8_t *, int, int64_t, float *);
+    float (*dot)(const float *, const float *, int64_t);
+    void (*axpb)(float *, float, const float *, float, int64_t);
+} kvl_ops;
+
+static kvl_ops pick_ops(const spx_qkernels *kt) {
+    const kvl_ops plain = {unpack_c, dotf_c, axpb_c};
+#if defined(__x86_64__)
+    static int avx2 = -1; /* racing first calls store the same value */
+    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (kt != spx_qkernels_scalar() && avx2) return (kvl_ops){unpack_avx2, dotf_avx2, axpb_avx2};
+#endif
+    return plain;
 }
 
 int64_t spx_kvlow_n_sel(double frac, int64_t candidates) {
@@ -97,6 +160,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
     const int64_t hd = k->hd, off = kvh * hd, D = k->kvd, enc = k->enc[layer], gr = c->group, ngr = hd / gr;
     const int rot = c->layout == SPX_KV_LAYOUT_ROT;
     if (!kt) kt = spx_qkernels_scalar();
+    const kvl_ops ops = pick_ops(kt);
     int64_t *idx = (int64_t *)work;
     float *gscore = work + 2 * k->n_groups, *qx = gscore + k->n_groups, *qk = qx + G * hd, *acc = qk + G * hd;
     float *row = acc + G * hd, *cst = row + hd, *dz = cst + G, *qgs = dz + G;
@@ -133,15 +197,15 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
                 cst[g] = cs;
             }
         }
-        unpack(kvl_codes(k, 0, layer, p) + (size_t)off * (size_t)c->kb / 8, c->kb, hd, row);
+        ops.unpack(kvl_codes(k, 0, layer, p) + (size_t)off * (size_t)c->kb / 8, c->kb, hd, row);
         if (!rot) {
-            for (int g = 0; g < G; g++) sc[g * scs + p - start] = scale * (cst[g] + dotf(qk + g * hd, row, hd));
+            for (int g = 0; g < G; g++) sc[g * scs + p - start] = scale * (cst[g] + ops.dot(qk + g * hd, row, hd));
         } else {
             const uint16_t *mp = kvl_meta_tok(k, 0, layer, p) + 2 * (off / gr);
             for (int g = 0; g < G; g++) {
                 float d = 0;
                 for (int64_t j = 0; j < ngr; j++)
-                    d += spx_f16_to_f32(mp[2 * j + 1]) * dotf(qx + g * hd + j * gr, row + j * gr, gr) +
+                    d += spx_f16_to_f32(mp[2 * j + 1]) * ops.dot(qx + g * hd + j * gr, row + j * gr, gr) +
                          spx_f16_to_f32(mp[2 * j]) * qgs[g * ngr + j];
                 sc[g * scs + p - start] = scale * d;
             }
@@ -184,7 +248,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
                     row[i] = s * (((float)kvl_get_bits(rec, t * hd + i, c->rb) + 0.5f) * step - 0.5f);
                 }
                 for (int g = 0; g < G; g++) {
-                    float *pp = sc + g * scs + p - start, pr = *pp * expf(scale * dotf(qx + g * hd, row, hd));
+                    float *pp = sc + g * scs + p - start, pr = *pp * expf(scale * ops.dot(qx + g * hd, row, hd));
                     dz[g] += pr - *pp;
                     *pp = pr;
                 }
@@ -208,14 +272,14 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
         p += n;
     }
     for (int64_t p = l0; p < l1; p++) {
-        unpack(kvl_codes(k, 1, layer, p) + (size_t)off * (size_t)c->vb / 8, c->vb, hd, row);
+        ops.unpack(kvl_codes(k, 1, layer, p) + (size_t)off * (size_t)c->vb / 8, c->vb, hd, row);
         const uint16_t *mp = kvl_meta_tok(k, 1, layer, p) + 2 * (off / gr);
         for (int g = 0; g < G; g++) {
             const float pr = sc[g * scs + p - start];
             float *a = acc + g * hd;
             for (int64_t j = 0; j < ngr; j++) {
                 const float as = pr * spx_f16_to_f32(mp[2 * j + 1]), am = pr * spx_f16_to_f32(mp[2 * j]);
-                for (int64_t i = j * gr; i < (j + 1) * gr; i++) a[i] += as * row[i] + am;
+                ops.axpb(a + j * gr, as, row + j * gr, am, gr);
             }
         }
     }
