@@ -24,7 +24,8 @@ static void usage(FILE *f) {
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
                "  --json          print the result as JSON\n" CLI_REFINE_USAGE
-               "                  (with refinement, each window is fed one token per step, as generation runs)\n");
+               "                  (with refinement, each window is fed one token per step, as generation runs;\n"
+               "                  with --score-last its prompt part stays one prompt)\n");
 }
 
 int cmd_perplexity(int argc, char **argv) {

@@ -77,7 +77,7 @@ typedef struct cli_eval_opts {
 #define CLI_EVAL_SCORE_LAST_USAGE \
     "  --score-last N  long-context protocol: prefill all but the last N tokens of each window as one prompt,\n" \
     "                  feed those N one token per step and score only their N predictions (1 <= N < ctx;\n" \
-    "                  not with --llama-compat; default: every position scored)\n"
+    "                  not with --llama-compat; default: off)\n"
 /* argv[*i] is one of them: 1 (its value taken, *i advanced); not one: 0;
  * a bad or missing value: -1 (message printed). */
 int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
