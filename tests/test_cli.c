@@ -184,6 +184,20 @@ static void tune_cases(const char *tmp) {
     snprintf(c, sizeof c, "%s kl -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt --ctx 32 --chunks 2 "
              "--threads 2 --json", bin(), tmp, tmp, st, tmp);
     expect_tune_kl("kl", c, tune_kl);
+    /* --score-last: tune's KL is over the last 8 positions of each window, fed as kl feeds them */
+    snprintf(c, sizeof c, "%s tune -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt %s --budget 50%% --json "
+             "--no-write --score-last 8", bin(), tmp, tmp, st, tmp, quick);
+    rc = sh(c, &out);
+    long long kl8[4] = {-1, -1, -1, -1};
+    CHECK(rc == 0 && json_k(out, kl8) && strstr(out, "2 windows of 32 from window 0, last 8 scored one token at a time"),
+          "%s: %d\n%s", c, rc, out);
+    kl_at = strstr(out, "\"kl\": ");
+    const double tune_kl8 = kl_at ? atof(kl_at + 6) : -1;
+    free(out);
+    snprintf(c, sizeof c, "%s kl -m %s/st.trdc --refine %s/st.refine --refine-k %lld,%lld,%lld,%lld --ref %s -f "
+             "%s/story.txt --ctx 32 --chunks 2 --score-last 8 --threads 2 --json", bin(), tmp, tmp, kl8[0], kl8[1],
+             kl8[2], kl8[3], st, tmp);
+    expect_tune_kl("kl --score-last 8", c, tune_kl8);
     /* refusals: one message, non-zero exit */
     const char *bad[][2] = {{"--budget 0", "--budget '0'"}, {"--budget 100%", "below 100%"},
                             {"--budget 5", "5% is 0.05"}, {"--budget fast", "such as 5%"},
@@ -218,6 +232,116 @@ static void tune_cases(const char *tmp) {
         snprintf(c, sizeof c, "chmod 755 %s/ro", tmp);
         CHECK(system(c) == 0, "%s", c);
     }
+}
+
+/* A number member of the first JSON object in out (NAN when absent); with
+ * models: of its "models"[0]. */
+static double json_num(const char *out, const char *key, int models) {
+    const char *at = strchr(out, '{');
+    cJSON *j = at ? cJSON_Parse(at) : NULL;
+    const cJSON *o = models ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "models"), 0) : j;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    const double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    cJSON_Delete(j);
+    return x;
+}
+
+/* --score-last N (windows.h) on docllama-long, window 0 of 1,024 tokens,
+ * N = 256. The oracle is computed here, apart from the windows code: the
+ * stream's first tokens from `spectra tokenize --no-special` on a prefix
+ * of eval.txt with BOS (config.json: 1) before them, their full-prompt
+ * logits from `spectra logits --kv f32`, and the NLL of positions
+ * 768 .. 1023 predicting stream tokens 769 .. 1024 (the last 256 targets
+ * of the window). With an exact (f32) KV cache, one token per step after a
+ * 768-token prompt equals the prompt pass up to float rounding, so
+ * perplexity and kl with --score-last 256 --kv f32 must give the same PPL
+ * to 1e-3 (an off-by-one position or a wrongly fed model moves it by far
+ * more). Then the usage errors (exit 2, a message), kl's and tune's
+ * included. */
+static void score_last_cases(const char *tmp) {
+    const char *dl = tl_shared("models/docllama-long");
+    enum { CTX = 1024, LAST = 256 };
+    char c[4096], *out;
+    /* 150 lines of eval.txt: ~1,760 tokens, so the cut is far beyond token 1,024 */
+    snprintf(c, sizeof c, "head -n 150 %s/eval.txt > %s/pre.txt && %s tokenize -m %s --no-special -f %s/pre.txt", dl,
+             tmp, bin(), dl, tmp);
+    int rc = sh(c, &out);
+    int32_t *s = malloc((CTX + 1) * sizeof *s);
+    int n = 0;
+    s[n++] = 1; /* BOS, once */
+    char *p = out, *end;
+    while (rc == 0 && n <= CTX) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        s[n++] = (int32_t)v;
+        p = end;
+    }
+    free(out);
+    CHECK(n == CTX + 1, "tokenize gave %d of the %d stream tokens needed", n, CTX + 1);
+    if (n != CTX + 1) { free(s); return; }
+    char *ids = malloc(CTX * 8 + 1), path[600];
+    size_t len = 0;
+    for (int i = 0; i < CTX; i++) len += (size_t)sprintf(ids + len, "%s%d", i ? "," : "", s[i]);
+    snprintf(path, sizeof path, "%s/win.ids", tmp);
+    CHECK(tl_write(path, ids, len) == 0, "%s", path);
+    free(ids);
+    snprintf(c, sizeof c, "%s logits -m %s --ids \"$(cat %s/win.ids)\" --kv f32 --threads 2 -o %s/win.f32", bin(), dl,
+             tmp, tmp);
+    rc = sh(c, &out);
+    CHECK(rc == 0, "%s: %d\n%s", c, rc, out);
+    free(out);
+    snprintf(path, sizeof path, "%s/win.f32", tmp);
+    size_t bytes = 0;
+    float *lg = (float *)tl_read(path, &bytes);
+    const size_t V = bytes / (CTX * sizeof(float));
+    CHECK(lg && V > 0 && bytes == V * CTX * sizeof(float), "%s: %zu bytes", path, bytes);
+    double nll = 0;
+    for (int t = CTX - LAST; lg && V && t < CTX; t++) { /* position t predicts stream token t + 1 */
+        const float *row = lg + (size_t)t * V;
+        double mx = -INFINITY, sum = 0;
+        for (size_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+        for (size_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+        nll -= (double)row[s[t + 1]] - mx - log(sum);
+    }
+    free(lg);
+    free(s);
+    const double want = exp(nll / LAST);
+    const char *w = "--ctx 1024 --chunks 1 --score-last 256 --kv f32 --threads 2";
+    snprintf(c, sizeof c, "%s perplexity -m %s -f %s/eval.txt %s --json", bin(), dl, dl, w);
+    rc = sh(c, &out);
+    double got = json_num(out, "ppl", 0);
+    CHECK(rc == 0 && fabs(got / want - 1) < 1e-3 && json_num(out, "tokens_scored", 0) == LAST &&
+              json_num(out, "score_last", 0) == LAST,
+          "perplexity --score-last: PPL %.6f, the logits' %.6f:\n%s", got, want, out);
+    free(out);
+    snprintf(c, sizeof c, "%s kl -m %s --ref %s -f %s/eval.txt %s --json", bin(), dl, dl, dl, w);
+    rc = sh(c, &out);
+    got = json_num(out, "ppl_ref", 0);
+    const double got_m = json_num(out, "ppl", 1);
+    CHECK(rc == 0 && fabs(got / want - 1) < 1e-3 && fabs(got_m / want - 1) < 1e-3 &&
+              json_num(out, "tokens_scored", 0) == LAST && json_num(out, "score_last", 0) == LAST &&
+              json_num(out, "kl_mean", 1) < 1e-6,
+          "kl --score-last: reference PPL %.6f, model %.6f, the logits' %.6f:\n%s", got, got_m, want, out);
+    free(out);
+    /* the human-readable line names the protocol; without the flag the JSON says 0 */
+    snprintf(c, sizeof c, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --score-last 16 --threads 2", dl, dl);
+    expect(c, 0, "(1 windows of 64, last 16 scored one token at a time)");
+    snprintf(c, sizeof c, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --threads 2 --json", dl, dl);
+    expect(c, 0, "\"score_last\": 0,");
+    const char *bad[][2] = {{"--score-last 0", "--score-last: expected an integer in [1,"},
+                            {"--score-last 64", "--score-last 64 must be below --ctx 64"},
+                            {"--score-last 65", "must be below --ctx"},
+                            {"--score-last 16 --llama-compat", "--score-last and --llama-compat exclude each other"},
+                            {"--llama-compat --score-last 16", "exclude each other"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(c, sizeof c, "perplexity -m %s -f %s/eval.txt --ctx 64 %s", dl, dl, bad[i][0]);
+        expect(c, 2, bad[i][1]);
+        snprintf(c, sizeof c, "kl -m %s --ref %s -f %s/eval.txt --ctx 64 %s", dl, dl, dl, bad[i][0]);
+        expect(c, 2, bad[i][1]);
+    }
+    snprintf(c, sizeof c, "tune -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt --ctx 32 --score-last 32",
+             tmp, tmp, tl_shared("models/stories260K"), tmp);
+    expect(c, 2, "--score-last 32 must be below --ctx 32");
 }
 
 int main(void) {
@@ -373,6 +497,7 @@ int main(void) {
      * the refusals */
     tune_cases(tmp);
     tune_neuron_cases(tmp);
+    score_last_cases(tmp); /* after tune_cases: its st.trdc, st.refine and story.txt */
 
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
      * row-major with --layout rows; both give the same greedy tokens */

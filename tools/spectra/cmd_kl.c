@@ -1,7 +1,10 @@
 /* cmd_kl.c: `spectra kl -m MODEL --ref REF -f TEXT [--ctx N] [--chunks C]
- * [--llama-compat]`: over the windows of windows.h, the PPL of both models,
- * mean KL(ref || model) with its 99th percentile, and top-1 agreement, as
- * llama-perplexity --kl-divergence reports them. */
+ * [--llama-compat | --score-last L]`: over the windows of windows.h, the
+ * PPL of both models, mean KL(ref || model) with its 99th percentile, and
+ * top-1 agreement, as llama-perplexity --kl-divergence reports them. The
+ * reference and every model are fed each window the same way
+ * (eval_window with the same lo), so all of them are scored on the same
+ * positions under the same protocol. */
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
@@ -21,6 +24,8 @@ static void usage(FILE *f) {
                "  --ctx N         window length (int >= 2; default 512)\n"
                "  --chunks C      number of windows (int >= 1; default: all that fit)\n" CLI_EVAL_SKIP_USAGE
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
+               CLI_EVAL_SCORE_LAST_USAGE
+               "                  (the reference and the models alike)\n"
                "  --kv TYPE       KV cache storage of the models: f32, f16, q4 (Group-32 4-bit) or the low-bit k2v2,\n"
                "                  k3v2, k3v3, k4v4 (key/value bits; default f16)\n" CLI_KV_USAGE
                "  --ref-kv TYPE   the reference's KV cache (default f32: exact)\n"
@@ -85,6 +90,7 @@ int cmd_kl(int argc, char **argv) {
     const spx_kv_type kv = o.kv;
     const int compat = o.compat, json = o.json;
     if (!file || !ref || nm == 0) { cli_error("kl: -m MODEL, --ref REF and -f TEXT are required"); usage(stderr); return 2; }
+    if (!cli_eval_check(&o, "kl")) return 2;
     int rc = 1;
     eval_windows w = {0};
     spx_session *sr = NULL;
@@ -113,11 +119,12 @@ int cmd_kl(int argc, char **argv) {
             goto done;
         }
     }
-    if (!eval_windows_init(&w, mr, file, ctx, chunks, o.skip, compat)) goto done;
+    if (!eval_windows_init(&w, mr, file, ctx, chunks, o.skip, compat, o.score_last)) goto done;
+    const int64_t lo = eval_windows_lo(&w), rows = ctx - lo; /* logits rows: positions lo .. ctx-1 */
     spx_session_params sp = {.n_ctx = ctx, .kv = kv};
     spx_session_params spr = {.n_ctx = ctx, .kv = ref_kv};
     if (!cli_kv_apply(&o.kvx, &sp)) goto done;
-    lr = malloc((size_t)ctx * (size_t)V * sizeof(float));
+    lr = malloc((size_t)rows * (size_t)V * sizeof(float));
     pr = malloc((size_t)V * sizeof(double));
     pm = malloc((size_t)V * sizeof(double));
     in = malloc((size_t)ctx * sizeof *in);
@@ -125,7 +132,7 @@ int cmd_kl(int argc, char **argv) {
     if (!lr || !pr || !pm || !in || !tg) { cli_error("out of memory"); goto done; }
     if (spx_session_new(mr, &spr, &sr) != SPX_OK) { cli_error("%s", spx_model_error(mr)); goto done; }
     for (int k = 0; k < nm; k++) {
-        ms[k].logits = malloc((size_t)ctx * (size_t)V * sizeof(float));
+        ms[k].logits = malloc((size_t)rows * (size_t)V * sizeof(float));
         ms[k].kls = malloc((size_t)(w.chunks * ctx) * sizeof(double));
         if (!ms[k].logits || !ms[k].kls) { cli_error("out of memory"); goto done; }
         if (spx_session_new(ms[k].m, &sp, &ms[k].s) != SPX_OK) { cli_error("%s", spx_model_error(ms[k].m)); goto done; }
@@ -135,20 +142,20 @@ int cmd_kl(int argc, char **argv) {
     for (int64_t c = 0; c < w.chunks; c++) {
         int64_t first, count;
         eval_windows_get(&w, c, in, &first, &count, tg);
-        spx_session_reset(sr);
-        if (spx_session_eval(sr, in, (size_t)ctx, lr, 1) != SPX_OK) { cli_error("%s", spx_session_error(sr)); goto done; }
+        /* the reference (no refinement): one prompt at lo 0, as before --score-last */
+        if (eval_window(sr, mr, in, ctx, lo, lr) != SPX_OK) { cli_error("%s", spx_session_error(sr)); goto done; }
         for (int k = 0; k < nm; k++) {
-            if (eval_window(ms[k].s, ms[k].m, in, ctx, ms[k].logits) != SPX_OK) {
+            if (eval_window(ms[k].s, ms[k].m, in, ctx, lo, ms[k].logits) != SPX_OK) {
                 cli_error("%s", spx_session_error(ms[k].s));
                 goto done;
             }
         }
         for (int64_t i = 0; i < count; i++) {
-            const float *a = lr + (first + i) * V;
+            const float *a = lr + (first - lo + i) * V;
             nll_r -= eval_logprob(a, V, tg[i], pr);
             int32_t top_r = eval_argmax(a, V);
             for (int k = 0; k < nm; k++) {
-                const float *b = ms[k].logits + (first + i) * V;
+                const float *b = ms[k].logits + (first - lo + i) * V;
                 ms[k].kls[scored + i] = eval_kl_row(pr, top_r, b, V, tg[i], pm, &ms[k].nll, &ms[k].same);
                 ms[k].kl_sum += ms[k].kls[scored + i];
             }
@@ -162,14 +169,15 @@ int cmd_kl(int argc, char **argv) {
     }
     double secs = spx_now() - t0;
     if (!json) fprintf(stderr, "\n");
+    char proto[128];
+    cli_eval_protocol(&o, w.chunks, proto, sizeof proto);
     if (json) printf("{\"ref\": \"%s\", \"ppl_ref\": %.6f, \"tokens_scored\": %lld, \"ctx\": %lld, \"chunks\": %lld, "
-                     "\"llama_compat\": %s, \"seconds\": %.2f, \"models\": [",
+                     "\"llama_compat\": %s, \"score_last\": %lld, \"seconds\": %.2f, \"models\": [",
                      ref, exp(nll_r / (double)scored), (long long)scored, (long long)ctx, (long long)w.chunks,
-                     compat ? "true" : "false", secs);
-    else printf("reference %s: PPL %.4f over %lld scored tokens (%lld windows of %lld%s), %.1f s\n"
+                     compat ? "true" : "false", (long long)o.score_last, secs);
+    else printf("reference %s: PPL %.4f over %lld scored tokens (%s), %.1f s\n"
                 "%-64s %10s %10s %10s %10s %8s\n", ref, exp(nll_r / (double)scored), (long long)scored,
-                (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "", secs,
-                "model", "PPL", "mean KL", "median KL", "p99 KL", "top-1 %");
+                proto, secs, "model", "PPL", "mean KL", "median KL", "p99 KL", "top-1 %");
     for (int k = 0; k < nm; k++) {
         qsort(ms[k].kls, (size_t)scored, sizeof(double), cmp_double);
         double p99 = ms[k].kls[(size_t)floor(0.99 * (double)(scored - 1))], med = ms[k].kls[(size_t)(scored - 1) / 2];

@@ -1,5 +1,6 @@
 /* cmd_perplexity.c: `spectra perplexity -m MODEL -f TEXT [--ctx N]
- * [--chunks C]`: PPL = exp(mean NLL) over the windows of windows.h. */
+ * [--chunks C] [--score-last L]`: PPL = exp(mean NLL) over the windows of
+ * windows.h (their scored positions). */
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
@@ -17,12 +18,14 @@ static void usage(FILE *f) {
                "  --ctx N         window length in tokens (int >= 2; default 512)\n"
                "  --chunks C      number of windows (int >= 1; default: all that fit)\n" CLI_EVAL_SKIP_USAGE
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
+               CLI_EVAL_SCORE_LAST_USAGE
                "  --kv TYPE       KV cache storage: f32, f16, q4 (Group-32 4-bit) or the low-bit k2v2, k3v2, k3v3,\n"
                "                  k4v4 (key/value bits; default f16)\n" CLI_KV_USAGE
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n"
                "  --json          print the result as JSON\n" CLI_REFINE_USAGE
-               "                  (with refinement, each window is fed one token per step, as generation runs)\n");
+               "                  (with refinement, each window is fed one token per step, as generation runs;\n"
+               "                  with --score-last its prompt part stays one prompt)\n");
 }
 
 int cmd_perplexity(int argc, char **argv) {
@@ -47,16 +50,21 @@ int cmd_perplexity(int argc, char **argv) {
     const spx_kv_type kv = o.kv;
     const int compat = o.compat, json = o.json;
     if (!file) { cli_error("perplexity: -f TEXT is required"); usage(stderr); return 2; }
+    if (!cli_eval_check(&o, "perplexity")) return 2;
     spx_model *m = cli_open_model_on(model, threads, backend);
     if (!m) return 1;
     if (!cli_apply_refine(m, &rp)) { spx_model_free(m); return 1; }
     eval_windows w;
-    if (!eval_windows_init(&w, m, file, ctx, chunks, o.skip, compat)) { spx_model_free(m); return 1; }
+    if (!eval_windows_init(&w, m, file, ctx, chunks, o.skip, compat, o.score_last)) {
+        spx_model_free(m);
+        return 1;
+    }
     int64_t V = spx_model_vocab_size(m);
+    const int64_t lo = eval_windows_lo(&w); /* logits rows: positions lo .. ctx-1 */
     int rc = 1;
     spx_session *s = NULL;
     spx_session_params sp = {.n_ctx = ctx, .kv = kv};
-    float *logits = malloc((size_t)ctx * (size_t)V * sizeof(float));
+    float *logits = malloc((size_t)(ctx - lo) * (size_t)V * sizeof(float));
     int32_t *in = malloc((size_t)ctx * sizeof *in), *tg = malloc((size_t)ctx * sizeof *tg);
     if (!logits || !in || !tg) { cli_error("out of memory"); goto done; }
     if (!cli_kv_apply(&o.kvx, &sp)) goto done;
@@ -66,8 +74,8 @@ int cmd_perplexity(int argc, char **argv) {
     for (int64_t k = 0; k < w.chunks; k++) {
         int64_t first, count;
         eval_windows_get(&w, k, in, &first, &count, tg);
-        if (eval_window(s, m, in, ctx, logits) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
-        for (int64_t i = 0; i < count; i++) nll -= eval_logprob(logits + (first + i) * V, V, tg[i], NULL);
+        if (eval_window(s, m, in, ctx, lo, logits) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+        for (int64_t i = 0; i < count; i++) nll -= eval_logprob(logits + (first - lo + i) * V, V, tg[i], NULL);
         scored += count;
         if (!json) {
             fprintf(stderr, "\r[%lld/%lld] PPL %.4f  (%.1f tokens/s)", (long long)(k + 1), (long long)w.chunks,
@@ -76,12 +84,14 @@ int cmd_perplexity(int argc, char **argv) {
         }
     }
     double ppl = exp(nll / (double)scored), secs = spx_now() - t0;
-    if (json)
-        printf("{\"ppl\": %.6f, \"nll\": %.8f, \"tokens_scored\": %lld, \"ctx\": %lld, \"chunks\": %lld, \"seconds\": %.3f}\n",
-               ppl, nll / (double)scored, (long long)scored, (long long)ctx, (long long)w.chunks, secs);
+    char proto[128];
+    cli_eval_protocol(&o, w.chunks, proto, sizeof proto);
+    if (json) /* score_last 0: every position of the protocol scored */
+        printf("{\"ppl\": %.6f, \"nll\": %.8f, \"tokens_scored\": %lld, \"ctx\": %lld, \"chunks\": %lld, "
+               "\"score_last\": %lld, \"seconds\": %.3f}\n", ppl, nll / (double)scored, (long long)scored,
+               (long long)ctx, (long long)w.chunks, (long long)o.score_last, secs);
     else
-        printf("\nPPL = %.4f over %lld scored tokens (%lld windows of %lld%s) in %.1f s\n", ppl, (long long)scored,
-               (long long)w.chunks, (long long)ctx, compat ? ", llama-compat" : "", secs);
+        printf("\nPPL = %.4f over %lld scored tokens (%s) in %.1f s\n", ppl, (long long)scored, proto, secs);
     if (!json) {
         cli_refine_summary(stderr, m);
         cli_kv_summary(stderr, s);

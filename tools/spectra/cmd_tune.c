@@ -64,6 +64,8 @@ static void usage(FILE *f) {
                "  --ctx N         window length (int >= 2; default 512)\n"
                "  --chunks C      windows scored (int >= 1; default 2)\n" CLI_EVAL_SKIP_USAGE
                "  --llama-compat  llama-perplexity's windows (BOS per window, second half scored)\n"
+               CLI_EVAL_SCORE_LAST_USAGE
+               "                  (the KL over those positions, the reference fed the same way)\n"
                "  --tokens N      decoded tokens per timed run (int 8..65536; default 64)\n"
                "  --rounds R      base/candidate rounds per slowdown measurement (int 1..100; default 5)\n"
                "  --max-trials T  greedy raises measured at most (int 1..%d; default %d); the choice is then\n"
@@ -174,15 +176,16 @@ static spx_status measure_kl(void *user, const spx_refine_config *c, double *out
     SPX_TRY(set_k(t, c, e));
     double sum = 0, nll = 0;
     int64_t same = 0, n = 0;
+    const int64_t lo = eval_windows_lo(&t->w); /* logits rows: positions lo .. ctx-1 */
     for (int64_t k = 0; k < t->w.chunks; k++) {
         int64_t first, count;
         eval_windows_get(&t->w, k, t->in, &first, &count, t->tg);
-        if (eval_window(t->s, t->m, t->in, t->ctx, t->logits) != SPX_OK)
+        if (eval_window(t->s, t->m, t->in, t->ctx, lo, t->logits) != SPX_OK)
             return spx_fail(e, SPX_ERR_INTERNAL, "%s", spx_session_error(t->s));
         for (int64_t i = 0; i < count; i++) {
             const float *a = t->ref_logits + (size_t)(k * t->count + i) * (size_t)t->V;
             eval_logprob(a, t->V, t->tg[i], t->pr);
-            sum += eval_kl_row(t->pr, eval_argmax(a, t->V), t->logits + (first + i) * t->V, t->V, t->tg[i], t->pm, &nll,
+            sum += eval_kl_row(t->pr, eval_argmax(a, t->V), t->logits + (first - lo + i) * t->V, t->V, t->tg[i], t->pm, &nll,
                                &same);
             n++;
         }
@@ -246,7 +249,8 @@ static int parse_ladder(const char *v, int64_t *out, size_t *n) {
 }
 
 static int prepare_kl(tune_ctx *t, spx_model *ref, const cli_eval_opts *o) {
-    if (!eval_windows_init(&t->w, ref, o->file, o->ctx, o->chunks, o->skip, o->compat)) return 0;
+    if (!eval_windows_init(&t->w, ref, o->file, o->ctx, o->chunks, o->skip, o->compat, o->score_last)) return 0;
+    const int64_t lo = eval_windows_lo(&t->w);
     int64_t first, count;
     eval_windows_get(&t->w, 0, t->in, &first, &count, t->tg);
     t->count = count;
@@ -266,13 +270,13 @@ static int prepare_kl(tune_ctx *t, spx_model *ref, const cli_eval_opts *o) {
     int ok = 1;
     for (int64_t k = 0; k < t->w.chunks && ok; k++) {
         eval_windows_get(&t->w, k, t->in, &first, &count, t->tg);
-        spx_session_reset(sr);
-        if (spx_session_eval(sr, t->in, (size_t)t->ctx, t->logits, 1) != SPX_OK) {
+        /* fed as the candidates are (eval_window; the reference has no refinement: one prompt at lo 0) */
+        if (eval_window(sr, ref, t->in, t->ctx, lo, t->logits) != SPX_OK) {
             cli_error("%s", spx_session_error(sr));
             ok = 0;
             break;
         }
-        memcpy(t->ref_logits + (size_t)(k * count) * (size_t)t->V, t->logits + first * t->V,
+        memcpy(t->ref_logits + (size_t)(k * count) * (size_t)t->V, t->logits + (first - lo) * t->V,
                (size_t)count * (size_t)t->V * sizeof(float));
     }
     spx_session_free(sr);
@@ -447,6 +451,7 @@ int cmd_tune(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (!cli_eval_check(&o, "tune")) return 2;
     const int cuda = o.backend && !strcmp(o.backend, "cuda");
     if (!cuda && (given_blocks || (given_lags && (n_lags > 1 || lags[0])) || (given_leads && (n_leads > 1 || leads[0])))) {
         cli_error("tune: --search-blocks, --search-lag and --search-lead are the cuda schedule (--backend cuda); the cpu "
@@ -531,8 +536,10 @@ int cmd_tune(int argc, char **argv) {
     spx_session_params sp = {.n_ctx = o.ctx > tokens + 2 ? o.ctx : tokens + 2, .kv = o.kv};
     if (!cli_kv_apply(&o.kvx, &sp)) goto done;
     if (spx_session_new(t.m, &sp, &t.s) != SPX_OK) { cli_error("%s", spx_model_error(t.m)); goto done; }
-    snprintf(windows, sizeof windows, "%.150s: %lld windows of %lld from window %lld%s", o.file, (long long)t.w.chunks,
-             (long long)o.ctx, (long long)o.skip, o.compat ? ", llama-compat" : "");
+    char last[64] = ""; /* the text unchanged without --score-last */
+    if (o.score_last) snprintf(last, sizeof last, ", last %lld scored one token at a time", (long long)o.score_last);
+    snprintf(windows, sizeof windows, "%.150s: %lld windows of %lld from window %lld%s%s", o.file,
+             (long long)t.w.chunks, (long long)o.ctx, (long long)o.skip, o.compat ? ", llama-compat" : "", last);
     fprintf(stderr, "tune: platform %s, budget %g%%, %lld tokens x %lld rounds per timing, KL on %s\n", platform,
                 100 * budget, (long long)tokens, (long long)rounds, windows);
     /* budgets above the widest chunk of any refined matrix select the same

@@ -256,7 +256,7 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
     int r = cli_kv_opt(argc, argv, i, &o->kvx);
     if (r) return r;
     static const char *const valued[] = {"-f", "--ctx", "-c", "--chunks", "--kv", "--backend", "--threads", "-t",
-                                         "--skip"};
+                                         "--skip", "--score-last"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
     if (!known) return 0;
@@ -265,12 +265,35 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
     else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) return cli_int(a, v, 2, 1 << 20, &o->ctx) ? 1 : -1;
     else if (!strcmp(a, "--chunks")) return cli_int(a, v, 1, 1 << 30, &o->chunks) ? 1 : -1;
     else if (!strcmp(a, "--skip")) return cli_int(a, v, 0, 1 << 30, &o->skip) ? 1 : -1;
+    else if (!strcmp(a, "--score-last")) return cli_int(a, v, 1, 1 << 20, &o->score_last) ? 1 : -1;
     else if (!strcmp(a, "--kv")) return cli_kv(v, &o->kv) ? 1 : -1;
     else if (!strcmp(a, "--backend")) {
         if (!cli_backend(v)) return -1;
         o->backend = v;
     } else return cli_int(a, v, 1, 1024, &o->threads) ? 1 : -1;
     return 1;
+}
+
+int cli_eval_check(const cli_eval_opts *o, const char *cmd) {
+    if (o->score_last && o->compat) {
+        cli_error("%s: --score-last and --llama-compat exclude each other (llama-compat scores the second half of "
+                  "each window from one prompt)", cmd);
+        return 0;
+    }
+    if (o->score_last >= o->ctx) {
+        cli_error("%s: --score-last %lld must be below --ctx %lld (at least one token is the prompt)", cmd,
+                  (long long)o->score_last, (long long)o->ctx);
+        return 0;
+    }
+    return 1;
+}
+
+void cli_eval_protocol(const cli_eval_opts *o, int64_t chunks, char *buf, size_t size) {
+    int n = snprintf(buf, size, "%lld windows of %lld", (long long)chunks, (long long)o->ctx);
+    if (n < 0 || (size_t)n >= size) return;
+    if (o->compat) snprintf(buf + n, size - (size_t)n, ", llama-compat");
+    else if (o->score_last)
+        snprintf(buf + n, size - (size_t)n, ", last %lld scored one token at a time", (long long)o->score_last);
 }
 
 /* ---- weight refinement options -------------------------------------------- */

@@ -71,13 +71,25 @@ typedef struct cli_eval_opts {
     int compat, json;
     int64_t skip; /* windows skipped from the start of the text (--skip) */
     cli_kv_extra kvx;
+    int64_t score_last; /* --score-last N (windows.h); 0: every position of the protocol scored */
 } cli_eval_opts;
-#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0, 0, {0, 0, 0, 0, 0}}
+#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0, 0, {0, 0, 0, 0, 0}, 0}
 #define CLI_EVAL_SKIP_USAGE \
     "  --skip S        start at window S (int >= 0; default 0): windows S .. S+C-1 are used\n"
+#define CLI_EVAL_SCORE_LAST_USAGE \
+    "  --score-last N  long-context protocol: prefill all but the last N tokens of each window as one prompt,\n" \
+    "                  feed those N one token per step and score only their N predictions (1 <= N < ctx;\n" \
+    "                  not with --llama-compat; default: off)\n"
 /* argv[*i] is one of them: 1 (its value taken, *i advanced); not one: 0;
  * a bad or missing value: -1 (message printed). */
 int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o);
+/* The checks that involve more than one option, after parsing (the order
+ * of the flags is free): --score-last below --ctx and not with
+ * --llama-compat. 0 with a message naming cmd: a usage error (exit 2). */
+int cli_eval_check(const cli_eval_opts *o, const char *cmd);
+/* The protocol as the result lines print it, into buf: "8 windows of
+ * 1024", then ", llama-compat" or ", last 256 scored one token at a time". */
+void cli_eval_protocol(const cli_eval_opts *o, int64_t chunks, char *buf, size_t size);
 
 /* Weight refinement flags (--refine FILE, --refine-k K | Kqkv,Ko,Kgu,Kdown,
  * --refine-cache MiB, --refine-miss skip|wait, --refine-loaders N,

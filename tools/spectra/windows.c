@@ -9,7 +9,7 @@
 #include <string.h>
 
 int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t ctx, int64_t chunks, int64_t skip,
-                      int llama_compat) {
+                      int llama_compat, int64_t score_last) {
     memset(w, 0, sizeof *w);
     if (!m->tok) { cli_error("%s: the model has no tokenizer", m->path); return 0; }
     int32_t bos = spx_model_bos_id(m);
@@ -36,6 +36,7 @@ int eval_windows_init(eval_windows *w, spx_model *m, const char *path, int64_t c
     w->ctx = ctx;
     w->bos = bos;
     w->llama_compat = llama_compat;
+    w->score_last = score_last;
     int64_t fit = llama_compat ? (int64_t)(w->n_tokens / (size_t)ctx) : (int64_t)((w->n_tokens - 1) / (size_t)ctx);
     if (chunks <= 0) chunks = fit - skip;
     if (skip < 0 || chunks <= 0 || chunks > fit - skip) {
@@ -63,6 +64,9 @@ void eval_windows_get(const eval_windows *w, int64_t k, int32_t *in, int64_t *fi
         in[0] = w->bos;
         *first = N / 2;
         *count = N - 1 - N / 2;
+    } else if (w->score_last) {
+        *first = N - w->score_last; /* the last score_last targets: tokens kN+N-L+1 .. kN+N */
+        *count = w->score_last;
     } else {
         *first = 0;
         *count = N;
@@ -97,14 +101,20 @@ double eval_kl_row(const double *pr, int32_t top_ref, const float *b, int64_t V,
     return kl > 0 ? kl : 0;
 }
 
-spx_status eval_window(spx_session *s, const spx_model *m, const int32_t *in, int64_t ctx, float *logits) {
+int64_t eval_windows_lo(const eval_windows *w) { return w->score_last ? w->ctx - w->score_last : 0; }
+
+spx_status eval_window(spx_session *s, const spx_model *m, const int32_t *in, int64_t ctx, int64_t lo,
+                       float *logits) {
     spx_refine_info r;
     spx_model_refine_info(m, &r);
     spx_session_reset(s);
-    if (!r.active) return spx_session_eval(s, in, (size_t)ctx, logits, 1);
+    if (lo > 0) {
+        spx_status st = spx_session_eval(s, in, (size_t)lo, NULL, 0);
+        if (st != SPX_OK) return st;
+    } else if (!r.active) return spx_session_eval(s, in, (size_t)ctx, logits, 1);
     const int64_t V = spx_model_vocab_size(m);
-    for (int64_t t = 0; t < ctx; t++) {
-        spx_status st = spx_session_eval(s, in + t, 1, logits + t * V, 0);
+    for (int64_t t = lo; t < ctx; t++) {
+        spx_status st = spx_session_eval(s, in + t, 1, logits + (t - lo) * V, 0);
         if (st != SPX_OK) return st;
     }
     return SPX_OK;
