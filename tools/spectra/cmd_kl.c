@@ -191,7 +191,7 @@ int cmd_kl(int argc, char **argv) {
             printf("%-64.64s %10.4f %10.6f %10.6f %10.6f %8.2f\n", ms[k].label, ppl, mean, med, p99, 100 * top1);
     }
     if (json) printf("]}\n");
-    else if (nm > 0) {
+    if (nm > 0) { /* on stderr, with --json too */
         fprintf(stderr, "models' ");
         cli_kv_summary(stderr, ms[0].s);
         fprintf(stderr, "reference's ");
