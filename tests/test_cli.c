@@ -246,6 +246,35 @@ static double json_num(const char *out, const char *key, int models) {
     return x;
 }
 
+/* The low-bit KV flags (docs/kv.md) on docllama-long: perplexity with
+ * k2v2 + refinement on every group at +8 bits comes within 0.5 % of f16's
+ * PPL while k2v2 alone is further off (the flags reach the cache); the
+ * record names the settings; flags that do not apply, and bad values, are
+ * usage errors or a clear library message. */
+static void kv_lowbit_cases(void) {
+    const char *dl = tl_shared("models/docllama-long");
+    char a[1500], *o[3] = {NULL, NULL, NULL};
+    static const char *const kv[3] = {"--kv f16", "--kv k2v2", "--kv k2v2 --kv-refine 8 --kv-refine-frac 1"};
+    for (int k = 0; k < 3; k++) {
+        char cmd[2000];
+        snprintf(cmd, sizeof cmd, "%s perplexity -m %s -f %s/eval.txt --ctx 512 --chunks 1 --threads 2 %s --json 2>&1",
+                 bin(), dl, dl, kv[k]);
+        CHECK(sh(cmd, &o[k]) == 0, "`%s` failed:\n%s", cmd, o[k]);
+    }
+    double p16 = json_num(o[0], "ppl", 0), p2 = json_num(o[1], "ppl", 0), p2r = json_num(o[2], "ppl", 0);
+    CHECK(fabs(p2r - p16) < 0.005 * p16 && fabs(p2 - p16) > fabs(p2r - p16), "PPL f16 %g, k2v2 %g, k2v2 +8 all %g", p16,
+          p2, p2r);
+    CHECK(o[2] && strstr(o[2], "refine +8/+8 bits, 1 of 4-token groups"), "no KV record in:\n%s", o[2]);
+    for (int k = 0; k < 3; k++) free(o[k]);
+    snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv-refine 4", dl, dl);
+    expect(a, 2, "apply to the low-bit KV types");
+    snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv k2v2 --kv-group 48", dl, dl);
+    expect(a, 1, "--kv-group 48 must be at least 8 and divide head_dim 64");
+    expect("perplexity -m x -f y --kv k5v5", 2, "expected f32, f16, q4, k2v2");
+    expect("perplexity -m x -f y --kv k2v2 --kv-refine-frac 2", 2, "fraction in (0, 1]");
+    expect("perplexity -m x -f y --kv k2v2 --kv-layout zig", 2, "kivi or rot");
+}
+
 /* --score-last N (windows.h) on docllama-long, window 0 of 1,024 tokens,
  * N = 256. The oracle is computed here, apart from the windows code: the
  * stream's first tokens from `spectra tokenize --no-special` on a prefix
@@ -497,6 +526,7 @@ int main(void) {
      * the refusals */
     tune_cases(tmp);
     tune_neuron_cases(tmp);
+    kv_lowbit_cases();
     score_last_cases(tmp); /* after tune_cases: its st.trdc, st.refine and story.txt */
 
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and

@@ -94,8 +94,8 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     const spx_config *c = &m->cfg;
     if (s->kv.type != SPX_KV_F16 && s->kv.type != SPX_KV_Q4)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "the cuda backend keeps the KV cache in fp16 (--kv f16) or 4-bit (--kv q4); --kv f32 is not "
-                        "supported on the device (use --backend cpu)");
+                        "the cuda backend keeps the KV cache in fp16 (--kv f16) or 4-bit (--kv q4); --kv %s runs on "
+                        "the CPU only (--backend cpu)", s->kv.type == SPX_KV_F32 ? "f32" : "k2v2/k3v2/k3v3/k4v4");
     if (s->n_ctx >= ((int64_t)1 << 31)) return spx_fail(e, SPX_ERR_ARG, "context too large for the cuda backend");
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
                "  -n N            generated tokens per run (int >= 0; default 128)\n"
                "  -r N            runs (int 1..100; default 5)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16, q4 if f16 does not fit)\n"
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
                "  --ctx N         context length (int; default: p + n + 1)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
@@ -106,12 +107,14 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("bench: unknown option '%s'", a); usage(stderr); return 2; }
     }
+    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&kvx, &chk)) return 2; } /* flags that do not apply */
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
     if (n_ctx > 0 && n_ctx < np + ng + 1) {
         cli_error("bench: --ctx %lld is shorter than -p %lld + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng);
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
+    if (kv >= SPX_KV_K2V2 && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;

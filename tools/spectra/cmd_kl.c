@@ -89,6 +89,7 @@ int cmd_kl(int argc, char **argv) {
     const int64_t ctx = o.ctx, chunks = o.chunks, threads = o.threads;
     const spx_kv_type kv = o.kv;
     const int compat = o.compat, json = o.json;
+    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&o.kvx, &chk)) return 2; } /* flags that do not apply */
     if (!file || !ref || nm == 0) { cli_error("kl: -m MODEL, --ref REF and -f TEXT are required"); usage(stderr); return 2; }
     if (!cli_eval_check(&o, "kl")) return 2;
     int rc = 1;

@@ -14,6 +14,7 @@ static void usage(FILE *f) {
                "  --ids LIST     token ids, comma or space separated (fed as one sequence, no BOS added)\n"
                "  -o FILE        output: float32 little-endian, row-major [T, vocab]\n"
                "  --kv TYPE      KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
                "  --threads N    worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B    cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n");
 }
@@ -38,6 +39,7 @@ int cmd_logits(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1024, &threads)) return 2;
         } else { cli_error("logits: unknown option '%s'", a); usage(stderr); return 2; }
     }
+    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&kvx, &chk)) return 2; } /* flags that do not apply */
     if (!ids_s || !out) { cli_error("logits: --ids and -o are required"); usage(stderr); return 2; }
     size_t n = 0;
     int32_t *ids = cli_parse_ids(ids_s, "--ids", 0, &n);

@@ -49,6 +49,7 @@ int cmd_perplexity(int argc, char **argv) {
     const int64_t ctx = o.ctx, chunks = o.chunks, threads = o.threads;
     const spx_kv_type kv = o.kv;
     const int compat = o.compat, json = o.json;
+    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&o.kvx, &chk)) return 2; } /* flags that do not apply */
     if (!file) { cli_error("perplexity: -f TEXT is required"); usage(stderr); return 2; }
     if (!cli_eval_check(&o, "perplexity")) return 2;
     spx_model *m = cli_open_model_on(model, threads, backend);
@@ -92,10 +93,8 @@ int cmd_perplexity(int argc, char **argv) {
                (long long)ctx, (long long)w.chunks, (long long)o.score_last, secs);
     else
         printf("\nPPL = %.4f over %lld scored tokens (%s) in %.1f s\n", ppl, (long long)scored, proto, secs);
-    if (!json) {
-        cli_refine_summary(stderr, m);
-        cli_kv_summary(stderr, s);
-    }
+    if (!json) cli_refine_summary(stderr, m);
+    cli_kv_summary(stderr, s); /* with --json too */
     rc = 0;
 done:
     free(logits);

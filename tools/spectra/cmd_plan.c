@@ -128,7 +128,7 @@ static void plan_usage(FILE *f) {
                "                      shrunk if it does not fit)\n"
                "  --vram-budget MiB   device memory the model may use (int >= 1; default: free - 512 MiB)\n"
                "  --ram-budget MiB    RAM the model may use (int >= 1; default: available - max(1 GiB, 10%%))\n"
-               "  --kv TYPE           KV cache f32, f16 or q4 (default: f16, q4 if f16 does not fit)\n"
+               "  --kv TYPE           KV cache f32, f16, q4 or k2v2, k3v2, k3v3, k4v4 (default: f16, q4 if f16 does not fit)\n"
                "  --backend NAME      cpu, cuda or auto (default auto)\n"
                "  --gpu N             GPU index, as NVML numbers them (int >= 0; default 0)\n"
                "  --threads N         worker threads (int 1..1024; default: one per physical core)\n"

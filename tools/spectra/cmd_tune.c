@@ -81,6 +81,7 @@ static void usage(FILE *f) {
                "  --search-lead LIST  cuda: fetch leads tried, in blocks (as --search-lag; default all; a backend\n"
                "                  that refuses fetch lead has it left out with a note)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16)\n"
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --no-write      measure and print only; the .refine is not changed\n"
                "  --json          print the result as one JSON object\n"
@@ -446,6 +447,7 @@ int cmd_tune(int argc, char **argv) {
         else if (!strcmp(a, "--search-lead")) { if (!parse_halves(a, v, leads, &n_leads)) return 2; given_leads = 1; }
         else { cli_error("tune: unknown option '%s'", a); usage(stderr); return 2; }
     }
+    { spx_session_params chk = {.kv = o.kv}; if (!cli_kv_apply(&o.kvx, &chk)) return 2; } /* flags that do not apply */
     if (!model || !rp.path || !ref || !o.file) {
         cli_error("tune: -m MODEL, --refine FILE, --ref SRC and -f TEXT are required");
         usage(stderr);
