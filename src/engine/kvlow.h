@@ -47,8 +47,8 @@
  * token, p' = p exp(scale q . dk) (dk the key's refinement delta) and the
  * output becomes (sum_{i not refined} p_i v_i + sum_{refined} p'_i v'_i) /
  * (1 + sum_{refined} (p'_i - p_i)): eq. 8 in normalised form (p = e^l/Z).
- * The value pass is run once with p' in place of p for the refined tokens,
- * then p' dv is added: the update is fused into it.
+ * Each refined token's record is read once: p' and p' dv come from it, then
+ * the value pass runs once with p' in place of p: the update is fused into it.
  *
  * Prompts take the same path as decode steps: a prompt's queries attend
  * to the blocks encoded before its call through their codes (+refinement),

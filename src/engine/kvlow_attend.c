@@ -222,6 +222,10 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
     /* selection (eq. 7) and the refined probabilities (eq. 8's numerators) */
     int64_t n_sel = 0;
     const int64_t gt = c->gt, gA = (l0 - SPX_KVL_BLOCK + gt - 1) / gt, gB = l1 > l0 ? (l1 - SPX_KVL_BLOCK) / gt : gA;
+    for (int g = 0; g < G; g++) { /* outputs: fp16 parts into out, encoded part into acc (codes' coordinates) */
+        memset(out + g * os, 0, (size_t)hd * sizeof *out);
+        memset(acc + g * hd, 0, (size_t)hd * sizeof *acc);
+    }
     if (k->tier && gB > gA) {
         const int64_t nc = gB - gA;
         for (int64_t gi = 0; gi < nc; gi++) {
@@ -252,17 +256,19 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
                     dz[g] += pr - *pp;
                     *pp = pr;
                 }
+                /* p' dv now, from the same record; the value pass below adds p' v for every token */
+                const uint16_t *mp = kvl_meta_tok(k, 1, layer, p) + 2 * (off / gr);
+                for (int64_t i = 0; i < hd; i++)
+                    row[i] = spx_f16_to_f32(mp[2 * (i / gr) + 1]) *
+                             (((float)kvl_get_bits(rec, (gt + t) * hd + i, c->rb) + 0.5f) * step - 0.5f);
+                for (int g = 0; g < G; g++) ops.axpb(acc + g * hd, sc[g * scs + p - start], row, 0, hd);
             }
         }
         __atomic_fetch_add(&k->stats.groups_refined, (uint64_t)n_sel, __ATOMIC_RELAXED);
         __atomic_fetch_add(&k->stats.bytes_read, (uint64_t)n_sel * k->gbytes, __ATOMIC_RELAXED);
     }
 
-    /* value pass: fp16 parts into out, encoded part into acc (codes' coordinates) */
-    for (int g = 0; g < G; g++) {
-        memset(out + g * os, 0, (size_t)hd * sizeof *out);
-        memset(acc + g * hd, 0, (size_t)hd * sizeof *acc);
-    }
+    /* value pass, with p' in place of p for the refined tokens */
     if (s_end > start)
         kt->wv_f16(out, os, sc, scs, G, kvl_sink(k, k->sink_v, layer, start) + off, D, s_end - start, hd);
     for (int64_t p = ring0; p < end;) {
@@ -280,24 +286,6 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
             for (int64_t j = 0; j < ngr; j++) {
                 const float as = pr * spx_f16_to_f32(mp[2 * j + 1]), am = pr * spx_f16_to_f32(mp[2 * j]);
                 ops.axpb(a + j * gr, as, row + j * gr, am, gr);
-            }
-        }
-    }
-    if (n_sel) { /* + p' dv of the refined tokens */
-        const float step = 1.0f / (float)(1 << c->rb);
-        for (int64_t si = 0; si < n_sel; si++) {
-            const int64_t grp = gA + idx[si], p0 = SPX_KVL_BLOCK + grp * gt;
-            const uint8_t *rec = kvl_tier(k, layer, grp, kvh);
-            for (int64_t t = 0; t < gt; t++) {
-                const int64_t p = p0 + t;
-                const uint16_t *mp = kvl_meta_tok(k, 1, layer, p) + 2 * (off / gr);
-                for (int64_t i = 0; i < hd; i++)
-                    row[i] = spx_f16_to_f32(mp[2 * (i / gr) + 1]) *
-                             (((float)kvl_get_bits(rec, (gt + t) * hd + i, c->rb) + 0.5f) * step - 0.5f);
-                for (int g = 0; g < G; g++) {
-                    const float pr = sc[g * scs + p - start];
-                    for (int64_t i = 0; i < hd; i++) acc[g * hd + i] += pr * row[i];
-                }
             }
         }
     }
