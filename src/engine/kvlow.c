@@ -63,7 +63,8 @@ double spx_kvlow_tier_bytes_per_token(const spx_kvlow_cfg *c, int64_t n_layers, 
 }
 
 void spx_kvlow_free(spx_kvlow *k) {
-    void *p[] = {k->sink_k, k->sink_v, k->ring_k, k->ring_v, k->ck, k->cv, k->mk, k->mv, k->enc, k->tier};
+    void *p[] = {k->sink_k, k->sink_v, k->ring_k, k->ring_v, k->ck,   k->cv,
+                 k->mk,     k->mv,     k->enc,    k->tier,   k->enc_x, k->enc_ref};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     memset(k, 0, sizeof *k);
 }
@@ -107,6 +108,9 @@ spx_status spx_kvlow_init(spx_kvlow *k, const spx_kvlow_cfg *c, int64_t n_layers
     k->mv = zalloc(L * T * ng, 4, &fail);
     k->enc = zalloc(L, sizeof *k->enc, &fail);
     if (c->rb) k->tier = zalloc(L * (size_t)k->n_groups * (size_t)k->nkv, k->gbytes, &fail);
+    const size_t blk = (size_t)SPX_KVL_BLOCK * (size_t)head_dim;
+    k->enc_x = zalloc(blk > 2 * D ? blk : 2 * D, sizeof *k->enc_x, &fail);
+    k->enc_ref = zalloc(2 * blk, sizeof *k->enc_ref, &fail);
     if (fail) {
         double mib = (spx_kvlow_bytes_per_token(c, n_layers, kvd) + spx_kvlow_tier_bytes_per_token(c, n_layers, kvd)) *
                          (double)n_ctx / (1 << 20);
@@ -175,9 +179,8 @@ static void minmax_pair(const float *x, int64_t n, int64_t stride, int b, uint16
 static void encode_block(spx_kvlow *k, int64_t layer, int64_t blk) {
     const spx_kvlow_cfg *c = &k->cfg;
     const int64_t hd = k->hd, P0 = blk * SPX_KVL_BLOCK, G = c->group;
-    float *x = malloc((size_t)SPX_KVL_BLOCK * (size_t)hd * sizeof *x); /* one head's block, [token][channel] */
-    unsigned *refk = malloc((size_t)SPX_KVL_BLOCK * (size_t)hd * sizeof *refk), *refv = malloc((size_t)SPX_KVL_BLOCK * (size_t)hd * sizeof *refv);
-    if (!x || !refk || !refv) abort(); /* 64 KiB at head_dim 64: a failure here is not recoverable mid-step */
+    float *x = k->enc_x; /* one head's block, [token][channel] */
+    unsigned *refk = k->enc_ref, *refv = k->enc_ref + SPX_KVL_BLOCK * hd;
     for (int64_t h = 0; h < k->nkv; h++) {
         for (int which = 0; which < 2; which++) {
             const int b = which ? c->vb : c->kb;
@@ -223,9 +226,6 @@ static void encode_block(spx_kvlow *k, int64_t layer, int64_t blk) {
             }
         }
     }
-    free(x);
-    free(refk);
-    free(refv);
 }
 
 void spx_kvlow_commit(spx_kvlow *k, int64_t layer, int64_t pos_end) {
@@ -264,8 +264,7 @@ void spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos, int v
 }
 
 void spx_kvlow_truncate(spx_kvlow *k, int64_t pos) {
-    float *row = malloc((size_t)k->kvd * 2 * sizeof *row);
-    if (!row) abort();
+    float *row = k->enc_x;
     for (int64_t l = 0; l < k->n_layers; l++) {
         if (k->enc[l] <= pos) continue;
         int64_t ne = pos / SPX_KVL_BLOCK * SPX_KVL_BLOCK;
@@ -281,5 +280,4 @@ void spx_kvlow_truncate(spx_kvlow *k, int64_t pos) {
         }
         k->enc[l] = ne;
     }
-    free(row);
 }

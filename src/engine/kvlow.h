@@ -92,6 +92,11 @@ typedef struct spx_kvlow {
     int64_t n_groups;
     size_t gbytes;
     spx_kvlow_stats stats;     /* updated atomically by attend */
+    /* commit's and truncate's scratch (one thread runs them): one head's
+     * block [128][head_dim] of floats (and a row pair [2 kvd]), and its
+     * keys' and values' refinement indices */
+    float *enc_x;
+    unsigned *enc_ref;
 } spx_kvlow;
 
 /* The defaults of p's zero fields for kv type t on a CPU (gpu = 0) or a
