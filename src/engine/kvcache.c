@@ -33,6 +33,24 @@ void spx_kv_rotate(float *x, int64_t len, int64_t rot) {
     for (int64_t i = 0; i < len; i += rot) fwht(x + i, rot);
 }
 
+const char *spx_kv_type_name(spx_kv_type t) {
+    switch (t) {
+    case SPX_KV_F32: return "f32";
+    case SPX_KV_Q4: return "q4";
+    case SPX_KV_K2V2: return "k2v2";
+    case SPX_KV_K3V2: return "k3v2";
+    case SPX_KV_K3V3: return "k3v3";
+    case SPX_KV_K4V4: return "k4v4";
+    default: return "f16";
+    }
+}
+
+int64_t spx_kv_rot_block(int64_t head_dim) {
+    int64_t r = 1;
+    while (r < 256 && head_dim % (r * 2) == 0) r *= 2;
+    return r;
+}
+
 size_t spx_kv_bytes_per_token(spx_kv_type t, int64_t n_layers, int64_t kvd) {
     size_t row;
     switch (t) {
@@ -62,8 +80,7 @@ spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t 
         return spx_fail(e, SPX_ERR_UNSUPPORTED, "--kv q4 supports head_dim up to 2048; this model has %lld",
                         (long long)head_dim);
     c->type = t;
-    c->rot = 1;
-    while (c->rot < 256 && head_dim % (c->rot * 2) == 0) c->rot *= 2;
+    c->rot = spx_kv_rot_block(head_dim);
     c->n_layers = n_layers;
     c->n_ctx = n_ctx;
     c->kvd = kvd;
@@ -115,8 +132,7 @@ double spx_kv_cache_bytes_per_token(const spx_kvcache *c) {
 }
 
 void spx_kv_describe(const spx_kvcache *c, char *buf, size_t n) {
-    static const char *const names[] = {"f16", "f32", "f16", "q4", "k2v2", "k3v2", "k3v3", "k4v4"};
-    const char *nm = c->type >= 0 && c->type <= SPX_KV_K4V4 ? names[c->type] : "?";
+    const char *nm = spx_kv_type_name(c->type);
     if (!c->lowbit) {
         snprintf(buf, n, "kv %s, %.0f bytes per token", nm, spx_kv_cache_bytes_per_token(c));
         return;

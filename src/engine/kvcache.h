@@ -28,6 +28,11 @@ typedef struct spx_kvcache {
     spx_kvlow low;
 } spx_kvcache;
 
+/* "f32", "f16", "q4", "k2v2", ... (SPX_KV_DEFAULT: "f16") */
+const char *spx_kv_type_name(spx_kv_type t);
+/* Hadamard block of a head's rotation (the q4 cache's and the low-bit
+ * rot layout's): the largest power of two dividing head_dim, at most 256. */
+int64_t spx_kv_rot_block(int64_t head_dim);
 /* Bytes of cache per token of context (K and V, all layers). */
 size_t spx_kv_bytes_per_token(spx_kv_type t, int64_t n_layers, int64_t kvd);
 spx_status spx_kv_init(spx_kvcache *c, spx_kv_type t, int64_t n_layers, int64_t n_ctx, int64_t kvd,

@@ -87,8 +87,7 @@ spx_status spx_kvlow_init(spx_kvlow *k, const spx_kvlow_cfg *c, int64_t n_layers
     k->kvd = kvd;
     k->hd = head_dim;
     k->nkv = kvd / head_dim;
-    k->rot = 1;
-    while (k->rot < 256 && head_dim % (k->rot * 2) == 0) k->rot *= 2;
+    k->rot = spx_kv_rot_block(head_dim);
     k->ring = ring_rows(batch);
     k->krow = (size_t)kvd * (size_t)c->kb / 8;
     k->vrow = (size_t)kvd * (size_t)c->vb / 8;

@@ -82,18 +82,6 @@ const char *spx_residency_name(spx_residency r) {
     return "?";
 }
 
-const char *spx_kv_type_name(spx_kv_type t) {
-    switch (t) {
-    case SPX_KV_F32: return "f32";
-    case SPX_KV_Q4: return "q4";
-    case SPX_KV_K2V2: return "k2v2";
-    case SPX_KV_K3V2: return "k3v2";
-    case SPX_KV_K3V3: return "k3v3";
-    case SPX_KV_K4V4: return "k4v4";
-    default: return "f16";
-    }
-}
-
 /* ---- fitting ------------------------------------------------------------ */
 
 /* Everything spx_plan_make works out before deciding. */

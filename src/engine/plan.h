@@ -56,6 +56,7 @@
 #define SPX_PLAN_H
 
 #include "core/err.h"
+#include "engine/kvcache.h" /* spx_kv_type_name */
 #include "engine/probe.h"
 #include "spectra.h"
 #include <stdint.h>
@@ -141,7 +142,6 @@ spx_status spx_plan_make(const spx_hw *hw, const struct spx_model *m, const spx_
                          spx_err *e);
 
 const char *spx_residency_name(spx_residency r); /* "resident", "ping-pong", "mmap-stream" */
-const char *spx_kv_type_name(spx_kv_type t);     /* "f32", "f16", "q4", "k2v2", ... */
 
 struct cJSON;
 /* The plan as a new JSON object (NULL on out of memory). */

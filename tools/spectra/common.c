@@ -87,12 +87,9 @@ char *cli_read_text(const char *path, size_t *len) {
 }
 
 int cli_kv(const char *s, spx_kv_type *out) {
-    static const char *const names[] = {"f32", "f16", "q4", "k2v2", "k3v2", "k3v3", "k4v4"};
-    static const spx_kv_type types[] = {SPX_KV_F32, SPX_KV_F16, SPX_KV_Q4, SPX_KV_K2V2, SPX_KV_K3V2, SPX_KV_K3V3,
-                                        SPX_KV_K4V4};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(s, names[i])) {
-            *out = types[i];
+    for (spx_kv_type t = SPX_KV_F32; t <= SPX_KV_K4V4; t++)
+        if (!strcmp(s, spx_kv_type_name(t))) {
+            *out = t;
             return 1;
         }
     cli_error("--kv: expected f32, f16, q4, k2v2, k3v2, k3v3 or k4v4, got '%s'", s);
