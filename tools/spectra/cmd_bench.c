@@ -107,14 +107,14 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("bench: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&kvx, &chk)) return 2; } /* flags that do not apply */
+    if (!cli_kv_check(kv, &kvx)) return 2;
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
     if (n_ctx > 0 && n_ctx < np + ng + 1) {
         cli_error("bench: --ctx %lld is shorter than -p %lld + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng);
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (kv >= SPX_KV_K2V2 && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
+    if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;
@@ -125,7 +125,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t V = spx_model_vocab_size(m);
     spx_session *s = NULL;
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
-    if (!cli_kv_apply(&kvx, &sp)) { spx_model_free(m); return 2; }
+    cli_kv_apply(&kvx, &sp);
     float *logits = malloc((size_t)V * sizeof(float));
     int32_t *ids = malloc((size_t)(np + 1) * sizeof *ids);
     double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);

@@ -89,7 +89,7 @@ int cmd_kl(int argc, char **argv) {
     const int64_t ctx = o.ctx, chunks = o.chunks, threads = o.threads;
     const spx_kv_type kv = o.kv;
     const int compat = o.compat, json = o.json;
-    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&o.kvx, &chk)) return 2; } /* flags that do not apply */
+    if (!cli_kv_check(kv, &o.kvx)) return 2;
     if (!file || !ref || nm == 0) { cli_error("kl: -m MODEL, --ref REF and -f TEXT are required"); usage(stderr); return 2; }
     if (!cli_eval_check(&o, "kl")) return 2;
     int rc = 1;
@@ -124,7 +124,7 @@ int cmd_kl(int argc, char **argv) {
     const int64_t lo = eval_windows_lo(&w), rows = ctx - lo; /* logits rows: positions lo .. ctx-1 */
     spx_session_params sp = {.n_ctx = ctx, .kv = kv};
     spx_session_params spr = {.n_ctx = ctx, .kv = ref_kv};
-    if (!cli_kv_apply(&o.kvx, &sp)) goto done;
+    cli_kv_apply(&o.kvx, &sp);
     lr = malloc((size_t)rows * (size_t)V * sizeof(float));
     pr = malloc((size_t)V * sizeof(double));
     pm = malloc((size_t)V * sizeof(double));

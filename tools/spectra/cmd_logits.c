@@ -39,7 +39,7 @@ int cmd_logits(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1024, &threads)) return 2;
         } else { cli_error("logits: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&kvx, &chk)) return 2; } /* flags that do not apply */
+    if (!cli_kv_check(kv, &kvx)) return 2;
     if (!ids_s || !out) { cli_error("logits: --ids and -o are required"); usage(stderr); return 2; }
     size_t n = 0;
     int32_t *ids = cli_parse_ids(ids_s, "--ids", 0, &n);
@@ -51,8 +51,8 @@ int cmd_logits(int argc, char **argv) {
     int64_t V = spx_model_vocab_size(m);
     float *logits = malloc(n * (size_t)V * sizeof(float));
     spx_session_params sp = {.n_ctx = (int64_t)n, .kv = kv};
-    if (!cli_kv_apply(&kvx, &sp)) ;
-    else if (!logits) cli_error("out of memory for %zu x %lld logits", n, (long long)V);
+    cli_kv_apply(&kvx, &sp);
+    if (!logits) cli_error("out of memory for %zu x %lld logits", n, (long long)V);
     else if (spx_session_new(m, &sp, &s) != SPX_OK) cli_error("%s", spx_model_error(m));
     else if (spx_session_eval(s, ids, n, logits, 1) != SPX_OK) cli_error("%s", spx_session_error(s));
     else {

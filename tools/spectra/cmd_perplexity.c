@@ -49,7 +49,7 @@ int cmd_perplexity(int argc, char **argv) {
     const int64_t ctx = o.ctx, chunks = o.chunks, threads = o.threads;
     const spx_kv_type kv = o.kv;
     const int compat = o.compat, json = o.json;
-    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&o.kvx, &chk)) return 2; } /* flags that do not apply */
+    if (!cli_kv_check(kv, &o.kvx)) return 2;
     if (!file) { cli_error("perplexity: -f TEXT is required"); usage(stderr); return 2; }
     if (!cli_eval_check(&o, "perplexity")) return 2;
     spx_model *m = cli_open_model_on(model, threads, backend);
@@ -68,7 +68,7 @@ int cmd_perplexity(int argc, char **argv) {
     float *logits = malloc((size_t)(ctx - lo) * (size_t)V * sizeof(float));
     int32_t *in = malloc((size_t)ctx * sizeof *in), *tg = malloc((size_t)ctx * sizeof *tg);
     if (!logits || !in || !tg) { cli_error("out of memory"); goto done; }
-    if (!cli_kv_apply(&o.kvx, &sp)) goto done;
+    cli_kv_apply(&o.kvx, &sp);
     if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
     double nll = 0, t0 = spx_now();
     int64_t scored = 0;

@@ -71,14 +71,14 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("run: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    { spx_session_params chk = {.kv = kv}; if (!cli_kv_apply(&kvx, &chk)) return 2; } /* flags that do not apply */
+    if (!cli_kv_check(kv, &kvx)) return 2;
     if (!!prompt + !!file + !!ids_s != 1) {
         cli_error("run: give exactly one of -p TEXT, -f FILE, --ids LIST");
         usage(stderr);
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (kv >= SPX_KV_K2V2 && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
+    if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .vram_budget_mb = vram, .kv = kv,
                          .quiet = quiet};
     spx_plan plan;
@@ -106,7 +106,7 @@ int cmd_run(int argc, char **argv) {
         if (n_prompt == 0) { cli_error("run: the prompt encodes to no tokens"); goto done; }
     }
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
-    if (!cli_kv_apply(&kvx, &sp)) goto done;
+    cli_kv_apply(&kvx, &sp);
     if (spx_session_new(m, &sp, &s) != SPX_OK) { cli_error("%s", spx_model_error(m)); goto done; }
     if ((int64_t)n_prompt >= s->n_ctx) { cli_error("run: prompt of %zu tokens does not fit the %lld-token context (--ctx)", n_prompt, (long long)s->n_ctx); goto done; }
     int64_t V = spx_model_vocab_size(m);

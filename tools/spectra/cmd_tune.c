@@ -447,7 +447,7 @@ int cmd_tune(int argc, char **argv) {
         else if (!strcmp(a, "--search-lead")) { if (!parse_halves(a, v, leads, &n_leads)) return 2; given_leads = 1; }
         else { cli_error("tune: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    { spx_session_params chk = {.kv = o.kv}; if (!cli_kv_apply(&o.kvx, &chk)) return 2; } /* flags that do not apply */
+    if (!cli_kv_check(o.kv, &o.kvx)) return 2;
     if (!model || !rp.path || !ref || !o.file) {
         cli_error("tune: -m MODEL, --refine FILE, --ref SRC and -f TEXT are required");
         usage(stderr);
@@ -536,7 +536,7 @@ int cmd_tune(int argc, char **argv) {
     spx_model_free(mr); /* the reference's logits are kept; its weights are not needed any more */
     mr = NULL;
     spx_session_params sp = {.n_ctx = o.ctx > tokens + 2 ? o.ctx : tokens + 2, .kv = o.kv};
-    if (!cli_kv_apply(&o.kvx, &sp)) goto done;
+    cli_kv_apply(&o.kvx, &sp);
     if (spx_session_new(t.m, &sp, &t.s) != SPX_OK) { cli_error("%s", spx_model_error(t.m)); goto done; }
     char last[64] = ""; /* the text unchanged without --score-last */
     if (o.score_last) snprintf(last, sizeof last, ", last %lld scored one token at a time", (long long)o.score_last);

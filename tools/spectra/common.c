@@ -136,19 +136,21 @@ void cli_kv_summary(FILE *f, const spx_session *s) {
     fprintf(f, "%s\n", b);
 }
 
-int cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp) {
-    int low = sp->kv >= SPX_KV_K2V2 && sp->kv <= SPX_KV_K4V4;
-    if (!low && (o->group || o->layout || o->refine > 0 || o->frac > 0 || o->tokens)) {
+int cli_kv_check(spx_kv_type kv, const cli_kv_extra *o) {
+    if (!spx_kv_type_lowbit(kv) && (o->group || o->layout || o->refine > 0 || o->frac > 0 || o->tokens)) {
         cli_error("--kv-group, --kv-layout and --kv-refine* apply to the low-bit KV types (--kv k2v2, k3v2, k3v3, "
                   "k4v4)");
         return 0;
     }
+    return 1;
+}
+
+void cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp) {
     sp->kv_group = o->group;
     sp->kv_layout = (spx_kv_layout)o->layout;
-    sp->kv_refine = o->refine > 0 ? o->refine : 0;
+    sp->kv_refine = o->refine;
     sp->kv_refine_frac = o->frac;
     sp->kv_refine_tokens = o->tokens;
-    return 1;
 }
 
 static void print_plan(const spx_plan *p) {

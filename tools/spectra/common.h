@@ -48,9 +48,12 @@ typedef struct cli_kv_extra {
     "  --kv-refine-group T tokens per refinement group (divides 128; default 4 on the CPU, 2 on a GPU)\n"
 /* argv[*i] one of them: 1 (value taken), 0 (not one), -1 (bad value, message printed). */
 int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o);
-/* Into the session parameters (after .kv is set); 0 with a message when
- * they are given for a type they do not apply to. */
-int cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp);
+/* 0 with a message when they are given for a KV type they do not apply
+ * to (a usage error: callers check right after parsing). */
+int cli_kv_check(spx_kv_type kv, const cli_kv_extra *o);
+/* Into the session parameters (after .kv is set); cli_kv_check ran after
+ * parsing, so flags are set only for a low-bit type. */
+void cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp);
 /* The session's KV cache record (spx_kv_describe) as one line. */
 void cli_kv_summary(FILE *f, const spx_session *s);
 /* Reads a whole text file (for -f); prints an error and returns NULL. */
