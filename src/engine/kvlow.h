@@ -123,7 +123,8 @@ void spx_kvlow_truncate(spx_kvlow *k, int64_t pos);
 void spx_kvlow_store(spx_kvlow *k, int64_t layer, int64_t pos, const float *kr, const float *vr);
 /* Encodes the blocks of layer complete below pos_end. */
 void spx_kvlow_commit(spx_kvlow *k, int64_t layer, int64_t pos_end);
-/* Floats of scratch attend needs for G heads. */
+/* Floats of scratch attend needs for G heads: a multiple of 16, so that
+ * per-thread slices of one malloc'd array keep its alignment. */
 size_t spx_kvlow_work_floats(const spx_kvlow *k, int G);
 /* Attention of G query heads sharing KV head kvh over positions [start,
  * end): q of head g at q + g qs, its probabilities built in sc + g scs

@@ -150,7 +150,8 @@ void spx_kvlow_select(const float *score, int64_t n, int64_t n_sel, int64_t *idx
 /* work layout: [idx: n_groups int64][gscore: n_groups][qx: G hd][qk: G hd][acc: G hd][row: hd][cst: G]
  *              [dz: G][qgs: G hd / group] */
 size_t spx_kvlow_work_floats(const spx_kvlow *k, int G) {
-    return (size_t)k->n_groups * 3 + (size_t)G * (size_t)k->hd * 4 + (size_t)k->hd + 2 * (size_t)G + 16;
+    size_t n = (size_t)k->n_groups * 3 + (size_t)G * (size_t)k->hd * 4 + (size_t)k->hd + 2 * (size_t)G;
+    return (n + 15) / 16 * 16; /* per-thread slices of one array stay 64-byte aligned: idx is int64 */
 }
 
 void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64_t kvh, int G, const float *q,
