@@ -115,6 +115,13 @@ typedef struct spx_session_params {
     int32_t kv_refine;         /* nested refinement bits per key and value element (1..8); 0: none */
     double kv_refine_frac;     /* fraction of token groups refined per step; 0: 1/128 */
     int32_t kv_refine_tokens;  /* tokens per refinement group (divides 128); 0: 4 on the CPU, 2 on a GPU */
+    /* where the refinement bits live: NULL, host RAM; else a file made in
+     * this folder (removed at once, gone with the session) read through an
+     * LRU RAM cache (the CPU only); kv_refine then defaults to 4 */
+    const char *kv_tier_dir;
+    int64_t kv_tier_cache_mb;  /* that cache's budget in MiB; 0: 256 */
+    int32_t kv_tier_wait;      /* a record not cached: 0, its group keeps its resident value this step (the
+                                * record is loaded in the background); 1, the step waits for it */
 } spx_session_params;
 
 spx_status spx_session_new(spx_model *m, const spx_session_params *p,

@@ -292,7 +292,18 @@ spx_status spx_session_truncate(spx_session *s, int64_t pos) {
                             "or 0, not to %lld", (long long)s->ckpt_pos, (long long)pos);
         SPX_TRY(state_op(s, SPX_STATE_RESTORE));
     }
-    spx_kv_truncate(&s->kv, pos);
+    if (spx_kv_truncate(&s->kv, pos, &s->err) != SPX_OK) {
+        /* some layers are cut, some not: nothing is left that can be
+         * trusted, so the session starts over (the message says so) */
+        spx_status st = s->err.code;
+        char msg[sizeof s->err.msg];
+        snprintf(msg, sizeof msg, "%s", s->err.msg);
+        s->pos = 0;
+        spx_kv_reset(&s->kv);
+        (void)state_op(s, SPX_STATE_RESET);
+        spx_err_clear(&s->err);
+        return spx_fail(&s->err, st, "truncate: %s; the session was reset to position 0", msg);
+    }
     s->pos = pos;
     return SPX_OK;
 }
