@@ -27,6 +27,9 @@ static void usage(FILE *f) {
                "  -p N            prompt tokens per run (int >= 0; default 512; 0 skips the prompt test)\n"
                "  -n N            generated tokens per run (int >= 0; default 128)\n"
                "  -r N            runs (int 1..100; default 5)\n"
+               "  -d N            depth: generation starts after N tokens of context (int >= 0; default 0, as\n"
+               "                  llama-bench -d): they are prefilled once, untimed, and each run decodes from\n"
+               "                  there (truncated back to N between runs); the prompt test runs apart\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16, q4 if f16 does not fit)\n"
                "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
                "  --ctx N         context length (int; default: p + n + 1)\n"
@@ -80,7 +83,7 @@ static void print_telemetry_summary(const spx_tele_sample *t, size_t n) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0;
+    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0, depth = 0;
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     cli_kv_extra kvx = {0};
@@ -100,6 +103,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-p")) { if (!cli_int(a, v, 0, 1 << 20, &np)) return 2; }
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 20, &ng)) return 2; }
         else if (!strcmp(a, "-r")) { if (!cli_int(a, v, 1, 100, &reps)) return 2; }
+        else if (!strcmp(a, "-d")) { if (!cli_int(a, v, 0, 1 << 24, &depth)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
@@ -109,13 +113,16 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!cli_kv_check(kv, &kvx)) return 2;
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
-    if (n_ctx > 0 && n_ctx < np + ng + 1) {
-        cli_error("bench: --ctx %lld is shorter than -p %lld + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng);
+    if (depth && !ng) { cli_error("bench: -d %lld without generation (-n 0)", (long long)depth); return 2; }
+    const int64_t need = (np > depth ? np : depth) + ng + 1;
+    if (n_ctx > 0 && n_ctx < need) {
+        cli_error("bench: --ctx %lld is shorter than max(-p %lld, -d %lld) + -n %lld + 1", (long long)n_ctx, (long long)np,
+                  (long long)depth, (long long)ng);
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
     if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
-    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1,
+    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : need,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;
     spx_model *m = cli_open_planned(model, &po, &plan);
@@ -127,7 +134,10 @@ int cmd_bench(int argc, char **argv) {
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
     cli_kv_apply(&kvx, &sp);
     float *logits = malloc((size_t)V * sizeof(float));
-    int32_t *ids = malloc((size_t)(np + 1) * sizeof *ids);
+    const int64_t nid = (np > depth ? np : depth) + 1;
+    int32_t *ids = malloc((size_t)nid * sizeof *ids);
+    double depth_s = 0;
+    int at_depth = 0; /* the session holds the depth's context (and nothing after it, once truncated) */
     double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);
     spx_telemetry *tele = NULL;
     spx_tele_sample *samples = NULL;
@@ -146,17 +156,27 @@ int cmd_bench(int argc, char **argv) {
     if (spx_session_eval(s, &w0, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     if (ng > 0 && spx_session_step_greedy(s, w0, &w0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     for (int64_t r = 0; r < reps; r++) {
-        for (int64_t i = 0; i < np + 1; i++) {
+        for (int64_t i = 0; i < nid; i++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             ids[i] = (int32_t)((rng >> 33) % (uint64_t)V);
         }
-        spx_session_reset(s);
-        if (np > 0) {
+        if (np > 0) { /* the prompt test from an empty cache (so the depth's context goes) */
+            spx_session_reset(s);
+            at_depth = 0;
             double t0 = spx_now();
             if (spx_session_eval(s, ids, (size_t)np, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             pp[r] = (double)np / (spx_now() - t0);
         }
-        if (ng > 0 && !cli_decode_tps(s, ids[np], ng, &tg[r])) goto done;
+        if (ng > 0 && depth > 0) {
+            if (!at_depth) { /* after the prompt test, or the first run: the depth's context once */
+                double t0 = spx_now();
+                spx_session_reset(s);
+                if (spx_session_eval(s, ids, (size_t)depth, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+                depth_s += spx_now() - t0;
+                at_depth = np == 0; /* with a prompt test it is prefilled again next run */
+            } else if (spx_session_truncate(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+            if (!cli_decode_tps_here(s, ids[depth], ng, &tg[r])) goto done;
+        } else if (ng > 0 && !cli_decode_tps(s, ids[np], ng, &tg[r])) goto done;
         if (!json) fprintf(stderr, "\rrun %lld/%lld", (long long)(r + 1), (long long)reps);
     }
     if (!json) fputc('\n', stderr);
@@ -201,10 +221,11 @@ int cmd_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
-               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f",
+               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f, \"n_depth\": %lld, "
+               "\"depth_prefill_s\": %.3f",
                model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
                pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
-               spx_kv_cache_bytes_per_token(&s->kv));
+               spx_kv_cache_bytes_per_token(&s->kv), (long long)depth, depth_s);
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
                "\"stream_bytes_per_token\": %llu, \"pinned_bytes\": %llu, \"slot_bytes\": %llu",
                (long long)s->n_ctx, spx_residency_name(res), (long long)off.n_layers, (long long)off.n_layers_resident,
@@ -251,9 +272,12 @@ int cmd_bench(int argc, char **argv) {
                kvn, (long long)reps);
         cli_kv_summary(stdout, s);
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);
+        char depth_txt[96] = "";
+        if (depth)
+            snprintf(depth_txt, sizeof depth_txt, " at depth %lld (prefilled in %.1f s)", (long long)depth, depth_s);
         if (ng)
-            printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n  weights read per token: %.1f MB -> %.2f GB/s\n",
-                   (long long)ng, tgm, tg[0], tg[reps - 1], (double)bpt / 1e6, gbs);
+            printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)%s\n  weights read per token: %.1f MB -> %.2f GB/s\n",
+                   (long long)ng, tgm, tg[0], tg[reps - 1], depth_txt, (double)bpt / 1e6, gbs);
         if (off.pingpong) {
             printf("  ping-pong: %lld of %lld layers resident, %.1f MB streamed per token (pinned %.1f MiB, slots 2 x "
                    "%.1f MiB)\n",

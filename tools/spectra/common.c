@@ -435,6 +435,10 @@ int cli_budget(const char *flag, const char *s, double *out) {
 
 int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps) {
     spx_session_reset(s); /* generation from a short context, as llama-bench tg */
+    return cli_decode_tps_here(s, first, n, tps);
+}
+
+int cli_decode_tps_here(spx_session *s, int32_t first, int64_t n, double *tps) {
     int32_t id = first;
     double t0 = spx_now();
     for (int64_t i = 0; i < n; i++) /* greedy, a decode loop: on a GPU only the id crosses to the host,

@@ -138,5 +138,7 @@ int cli_budget(const char *flag, const char *s, double *out);
  * the next (spx_session_step_greedy_ahead); *tps = n / seconds. Prints
  * the session's error and returns 0 on failure. */
 int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps);
+/* The same from the session's current position (bench -d: decode at depth). */
+int cli_decode_tps_here(spx_session *s, int32_t first, int64_t n, double *tps);
 
 #endif
