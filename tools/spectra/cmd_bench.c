@@ -29,7 +29,8 @@ static void usage(FILE *f) {
                "  -r N            runs (int 1..100; default 5)\n"
                "  -d N            depth: generation starts after N tokens of context (int >= 0; default 0, as\n"
                "                  llama-bench -d): they are prefilled once, untimed, and each run decodes from\n"
-               "                  there (truncated back to N between runs); the prompt test runs apart\n"
+               "                  there (truncated back to N between runs); with -p N too, each run's prompt\n"
+               "                  test is that context\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16, q4 if f16 does not fit)\n"
                "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
                "  --ctx N         context length (int; default: p + n + 1)\n"
@@ -166,6 +167,7 @@ int cmd_bench(int argc, char **argv) {
             double t0 = spx_now();
             if (spx_session_eval(s, ids, (size_t)np, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             pp[r] = (double)np / (spx_now() - t0);
+            at_depth = np == depth; /* -p N -d N: the prompt test's context is the depth's */
         }
         if (ng > 0 && depth > 0) {
             if (!at_depth) { /* after the prompt test, or the first run: the depth's context once */
