@@ -767,17 +767,26 @@ static spx_status scratch_check(const spx_tier *t, uint64_t off, uint32_t len, c
     return SPX_OK;
 }
 
-spx_status spx_tier_put(spx_tier *t, uint64_t off, uint32_t len, const uint8_t *data, spx_err *e) {
+/* pwrite (write != 0) or pread of the whole range through the read-write
+ * descriptor (buffered: no alignment to keep) */
+static spx_status scratch_io(spx_tier *t, int write, uint64_t off, uint32_t len, uint8_t *buf, spx_err *e) {
     char eb[128];
-    SPX_TRY(scratch_check(t, off, len, data, "put", e));
     for (uint64_t done = 0; done < len;) {
-        ssize_t r = pwrite(t->wfd, data + done, len - done, (off_t)(off + done));
+        ssize_t r = write ? pwrite(t->wfd, buf + done, len - done, (off_t)(off + done))
+                          : pread(t->wfd, buf + done, len - done, (off_t)(off + done));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0)
-            return spx_fail(e, SPX_ERR_IO, "%s: write of %u bytes at offset %llu failed: %s", t->path, len,
-                            (unsigned long long)off, r < 0 ? err_text(errno, eb, sizeof eb) : "nothing written");
+            return spx_fail(e, SPX_ERR_IO, "%s: %s of %u bytes at offset %llu failed: %s", t->path,
+                            write ? "write" : "read", len, (unsigned long long)off,
+                            r < 0 ? err_text(errno, eb, sizeof eb) : write ? "nothing written" : "end of file");
         done += (uint64_t)r;
     }
+    return SPX_OK;
+}
+
+spx_status spx_tier_put(spx_tier *t, uint64_t off, uint32_t len, const uint8_t *data, spx_err *e) {
+    SPX_TRY(scratch_check(t, off, len, data, "put", e));
+    SPX_TRY(scratch_io(t, 1, off, len, (uint8_t *)data, e));
     pthread_mutex_lock(&t->mu);
     t->st.writes++;
     t->st.bytes_written += len;
@@ -814,7 +823,6 @@ spx_status spx_tier_put(spx_tier *t, uint64_t off, uint32_t len, const uint8_t *
 }
 
 spx_status spx_tier_read_now(spx_tier *t, uint64_t off, uint32_t len, uint8_t *dst, spx_err *e) {
-    char eb[128];
     SPX_TRY(scratch_check(t, off, len, dst, "read_now", e));
     pthread_mutex_lock(&t->mu);
     int32_t i = table_find(t, off, len);
@@ -823,13 +831,5 @@ spx_status spx_tier_read_now(spx_tier *t, uint64_t off, uint32_t len, uint8_t *d
     spx_status st = tier_latched(t, e);
     pthread_mutex_unlock(&t->mu);
     if (hit || st != SPX_OK) return st;
-    for (uint64_t done = 0; done < len;) { /* through the read-write descriptor: no alignment to keep */
-        ssize_t r = pread(t->wfd, dst + done, len - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return spx_fail(e, SPX_ERR_IO, "%s: read of %u bytes at offset %llu failed: %s", t->path, len,
-                            (unsigned long long)off, r < 0 ? err_text(errno, eb, sizeof eb) : "end of file");
-        done += (uint64_t)r;
-    }
-    return SPX_OK;
+    return scratch_io(t, 0, off, len, dst, e);
 }
