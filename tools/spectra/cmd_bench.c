@@ -27,8 +27,12 @@ static void usage(FILE *f) {
                "  -p N            prompt tokens per run (int >= 0; default 512; 0 skips the prompt test)\n"
                "  -n N            generated tokens per run (int >= 0; default 128)\n"
                "  -r N            runs (int 1..100; default 5)\n"
+               "  -d N            context depth (int >= 0; default 0): each run's prompt and generation start at\n"
+               "                  position N, reached without computing it (the cache keeps what it holds\n"
+               "                  there, zeros in a new session; spx_session_seek): attention at depth N\n"
+               "                  without its prefill, unlike llama-bench's -d, which prefills N tokens\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16, q4 if f16 does not fit)\n"
-               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (docs/kv.md)\n" CLI_KV_USAGE
                "  --ctx N         context length (int; default: p + n + 1)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
@@ -80,7 +84,7 @@ static void print_telemetry_summary(const spx_tele_sample *t, size_t n) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0;
+    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0, depth = 0;
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     cli_kv_extra kvx = {0};
@@ -100,6 +104,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-p")) { if (!cli_int(a, v, 0, 1 << 20, &np)) return 2; }
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 20, &ng)) return 2; }
         else if (!strcmp(a, "-r")) { if (!cli_int(a, v, 1, 100, &reps)) return 2; }
+        else if (!strcmp(a, "-d")) { if (!cli_int(a, v, 0, 1 << 24, &depth)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
@@ -109,13 +114,13 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!cli_kv_check(kv, &kvx)) return 2;
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
-    if (n_ctx > 0 && n_ctx < np + ng + 1) {
-        cli_error("bench: --ctx %lld is shorter than -p %lld + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng);
+    if (n_ctx > 0 && n_ctx < depth + np + ng + 1) {
+        cli_error("bench: --ctx %lld is shorter than -d %lld + -p %lld + -n %lld + 1", (long long)n_ctx, (long long)depth,
+                  (long long)np, (long long)ng);
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
-    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1,
+    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : depth + np + ng + 1,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;
     spx_model *m = cli_open_planned(model, &po, &plan);
@@ -151,12 +156,13 @@ int cmd_bench(int argc, char **argv) {
             ids[i] = (int32_t)((rng >> 33) % (uint64_t)V);
         }
         spx_session_reset(s);
+        if (depth > 0 && spx_session_seek(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
         if (np > 0) {
             double t0 = spx_now();
             if (spx_session_eval(s, ids, (size_t)np, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             pp[r] = (double)np / (spx_now() - t0);
         }
-        if (ng > 0 && !cli_decode_tps(s, ids[np], ng, &tg[r])) goto done;
+        if (ng > 0 && !cli_decode_tps(s, ids[np], ng, depth, &tg[r])) goto done;
         if (!json) fprintf(stderr, "\rrun %lld/%lld", (long long)(r + 1), (long long)reps);
     }
     if (!json) fputc('\n', stderr);
@@ -198,11 +204,12 @@ int cmd_bench(int argc, char **argv) {
         tune_json = tj ? cJSON_PrintUnformatted(tj) : NULL;
         cJSON_Delete(tj);
         if (!tune_json) { cli_error("out of memory"); goto done; }
-        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
+        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f",
-               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
+               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
+               (long long)reps, ppm, pp[0],
                pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
                spx_kv_cache_bytes_per_token(&s->kv));
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "

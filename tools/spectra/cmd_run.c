@@ -78,7 +78,6 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .vram_budget_mb = vram, .kv = kv,
                          .quiet = quiet};
     spx_plan plan;

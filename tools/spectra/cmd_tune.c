@@ -154,14 +154,14 @@ static spx_status measure_slowdown(void *user, const spx_refine_config *c, doubl
     base.kn = 0;
     double ratio[100], tb[100], tc[100], tps;
     SPX_TRY(set_k(t, c, e));
-    if (!cli_decode_tps(t->s, next_token(t), t->tokens, &tps)) /* warm-up: the tier's cache, the code paths */
+    if (!cli_decode_tps(t->s, next_token(t), t->tokens, 0, &tps)) /* warm-up: the tier's cache, the code paths */
         return spx_fail(e, SPX_ERR_INTERNAL, "decode failed (message above)");
     for (int64_t r = 0; r < t->rounds; r++) {
         const int32_t first = next_token(t);
         for (int j = 0; j < 2; j++) {
             const int cand = (int)((r + j) % 2); /* base first in even rounds, the candidate first in odd ones */
             SPX_TRY(set_k(t, cand ? c : &base, e));
-            if (!cli_decode_tps(t->s, first, t->tokens, cand ? &tc[r] : &tb[r]))
+            if (!cli_decode_tps(t->s, first, t->tokens, 0, cand ? &tc[r] : &tb[r]))
                 return spx_fail(e, SPX_ERR_INTERNAL, "decode failed (message above)");
         }
         ratio[r] = tb[r] / tc[r];

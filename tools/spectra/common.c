@@ -416,8 +416,12 @@ int cli_budget(const char *flag, const char *s, double *out) {
     return 1;
 }
 
-int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps) {
-    spx_session_reset(s); /* generation from a short context, as llama-bench tg */
+int cli_decode_tps(spx_session *s, int32_t first, int64_t n, int64_t depth, double *tps) {
+    spx_session_reset(s); /* generation from a short context, as llama-bench tg, or at depth (spx_session_seek) */
+    if (depth > 0 && spx_session_seek(s, depth) != SPX_OK) {
+        cli_error("%s", spx_session_error(s));
+        return 0;
+    }
     int32_t id = first;
     double t0 = spx_now();
     for (int64_t i = 0; i < n; i++) /* greedy, a decode loop: on a GPU only the id crosses to the host,

@@ -1,0 +1,291 @@
+/* kvlow_refine.cu: the refinement pass of the device low-bit cache
+ * (kvlow_dev.cuh): eq. 7's selection and eq. 8's exact update, after
+ * spx_kvl_attention wrote the resident outputs, the groups' log-sum-exps
+ * (lse) and each head's (stat).
+ *
+ * kvl_select_kernel: one block of 1024 threads per (KV head, token). The
+ * candidates are the groups of [128, enc); score = max over the KV head's
+ * q heads of exp(lse - stat) (the group's share of the softmax), as its
+ * float bits (non-negative floats order as their bits). The n_sel-th
+ * largest key T comes from a radix select (four 8-bit digits, shared
+ * histograms with warp-aggregated increments); the selected set is every
+ * key > T and the first (lowest index) keys == T that complete n_sel: the
+ * CPU's total order. It is written in ascending group order (each thread
+ * owns a contiguous run; two block scans place the runs).
+ *
+ * kvl_update_kernel: blocks of 4 warps per (KV head, chunk of selected
+ * groups, token), a warp per group, lane l on dimensions ND l ..: per
+ * token of the group the resident key and value from the codes, the
+ * deltas dk, dv from the group's tier record (mapped host memory, read
+ * once), per q head p = exp(scale q.k - stat), p' = p exp(scale q.dk),
+ * dz += p' - p, dO += (p' - p) v + p' dv (codes' coordinates) into
+ * shared, then global accumulators; the last block of the (KV head,
+ * token) writes out = (out + R dO) / (1 + dz) (R: the rotation back for
+ * ROT) and clears the accumulators and its counter for the next layer. */
+#include "cuda/attention_internal.cuh"
+#include "cuda/kvlow_dev.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+#define KS_THREADS 1024
+#define KU_WARPS 4
+#define KU_GROUPS_PER_WARP 2
+
+size_t spx_kvl_ref_words_per_token(const spx_kvl_dev &d, int nh) {
+    /* lse [nh][ng], stat [nh], keys and sel [nkv][ng], nsel [nkv], acc [nh][hd + 1], cnt2 [nkv] */
+    const size_t ng = (size_t)d.n_groups;
+    return (size_t)nh * ng + (size_t)nh + 2 * (size_t)d.nkv * ng + (size_t)d.nkv + (size_t)nh * (size_t)(d.hd + 1) +
+           (size_t)d.nkv;
+}
+
+__device__ __forceinline__ int64_t kvl_n_sel(double frac, int64_t cand) { /* spx_kvlow_n_sel */
+    if (cand <= 0 || frac <= 0) return 0;
+    if (frac >= 1) return cand;
+    const int64_t n = (int64_t)floor(frac * (double)cand + 0.5);
+    return n < 1 ? 1 : n > cand ? cand : n;
+}
+
+/* candidates of a query at p in a call starting at p0: groups [0, nc) */
+__device__ __forceinline__ int64_t kvl_cands(const spx_kvl_dev &c, int64_t p0) {
+    const int64_t enc = spx_kvl_enc(p0);
+    return enc > SPX_KVL_BLOCK ? (enc - SPX_KVL_BLOCK) / c.gt : 0;
+}
+
+__global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_constant__ spx_kvl_ref_args r) {
+    typedef cub::BlockScan<int, KS_THREADS> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_k;
+    const spx_kvl_attn_args &a = r.a;
+    const spx_kvl_dev &c = a.c;
+    const int kvh = blockIdx.x, t = blockIdx.y, G = a.nh / c.nkv, lane = threadIdx.x & 31;
+    const int64_t nc = kvl_cands(c, a.pos[0]), n_sel = kvl_n_sel(c.frac, nc), ng = c.n_groups;
+    unsigned *keys = r.keys + ((int64_t)t * c.nkv + kvh) * ng;
+    int *sel = r.sel + ((int64_t)t * c.nkv + kvh) * ng;
+    if (threadIdx.x == 0) {
+        r.nsel[(int64_t)t * c.nkv + kvh] = (int)n_sel;
+        if (c.stats && n_sel) {
+            atomicAdd(c.stats, (unsigned long long)n_sel);
+            atomicAdd(c.stats + 1, (unsigned long long)n_sel * (unsigned long long)c.gbytes);
+        }
+    }
+    if (n_sel == 0) return;
+    if (n_sel >= nc) {
+        for (int64_t g = threadIdx.x; g < nc; g += KS_THREADS) sel[g] = (int)g;
+        return;
+    }
+    /* keys, and the first digit's histogram */
+    const float *lse = a.lse + ((int64_t)t * a.nh + (int64_t)kvh * G) * ng, *stat = a.stat + (int64_t)t * a.nh + kvh * G;
+    for (int i = threadIdx.x; i < 256; i += KS_THREADS) hist[i] = 0;
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_k = (unsigned)n_sel;
+    }
+    __syncthreads();
+    unsigned prefix = 0, mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int64_t g0 = 0; g0 < nc; g0 += KS_THREADS) { /* whole warps iterate (match_any needs them) */
+            const int64_t g = g0 + threadIdx.x;
+            int bin = -1;
+            if (g < nc) {
+                unsigned key;
+                if (shift == 24) {
+                    float sc = 0.0f;
+                    for (int h = 0; h < G; h++) sc = fmaxf(sc, expf(lse[(int64_t)h * ng + g] - stat[h]));
+                    key = __float_as_uint(sc);
+                    keys[g] = key;
+                } else
+                    key = keys[g];
+                if ((key & mask) == prefix) bin = (int)((key >> shift) & 255u);
+            }
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) { /* the digit holding the k-th largest */
+            unsigned cum = 0, k = s_k;
+            int dg = 0;
+            for (int d = 255; d >= 0; d--) {
+                if (cum + hist[d] >= k) {
+                    dg = d;
+                    break;
+                }
+                cum += hist[d];
+            }
+            s_k = k - cum;
+            s_prefix |= (unsigned)dg << shift;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        mask |= 255u << shift;
+        for (int i = threadIdx.x; i < 256; i += KS_THREADS) hist[i] = 0;
+        __syncthreads();
+    }
+    const unsigned T = prefix;
+    const int need_eq = (int)s_k; /* keys == T to take, lowest indices first */
+    /* each thread a contiguous run: counts, two scans, then the writes */
+    const int64_t run = (nc + KS_THREADS - 1) / KS_THREADS, b0 = (int64_t)threadIdx.x * run, b1 = min(nc, b0 + run);
+    int n_eq = 0, n_gt = 0;
+    for (int64_t g = b0; g < b1; g++) {
+        const unsigned k = keys[g];
+        n_eq += k == T;
+        n_gt += k > T;
+    }
+    int eq_before;
+    scan_t(tmp).ExclusiveSum(n_eq, eq_before);
+    __syncthreads();
+    const int take_eq = max(0, min(n_eq, need_eq - eq_before));
+    int out_before;
+    scan_t(tmp).ExclusiveSum(n_gt + take_eq, out_before);
+    int o = out_before, taken = 0;
+    for (int64_t g = b0; g < b1; g++) {
+        const unsigned k = keys[g];
+        if (k > T || (k == T && taken++ < take_eq)) sel[o++] = (int)g;
+    }
+}
+
+/* n bits (<= 16) at bit `bit` of p, reading 3 bytes */
+__device__ __forceinline__ unsigned ku_bits(const uint8_t *p, int64_t bit, int n) {
+    const uint8_t *q = p + (bit >> 3);
+    const unsigned w = (unsigned)q[0] | (unsigned)q[1] << 8 | (unsigned)q[2] << 16;
+    return (w >> (bit & 7)) & ((1u << n) - 1);
+}
+
+template <int ND, bool ROT>
+__global__ void __launch_bounds__(KU_WARPS * 32) kvl_update_kernel(const __grid_constant__ spx_kvl_ref_args r) {
+    constexpr int HD = 32 * ND;
+    extern __shared__ __align__(16) float ku_sm[]; /* qr [G][HD], sacc [G][HD], sdz [G], flag */
+    const spx_kvl_attn_args &a = r.a;
+    const spx_kvl_dev &c = a.c;
+    const int kvh = blockIdx.x, t = blockIdx.z, G = a.nh / c.nkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int L = a.layer, kvd = c.kvd, grp = c.group, ngr = kvd / grp;
+    float *qr = ku_sm, *sacc = qr + G * HD, *sdz = sacc + G * HD;
+    int *flag = reinterpret_cast<int *>(sdz + G);
+    const float rsc = 1.0f / sqrtf((float)HD), scale = a.scale > 0 ? a.scale : rsc;
+    const int nsel = r.nsel[(int64_t)t * c.nkv + kvh];
+    const int per_blk = KU_WARPS * KU_GROUPS_PER_WARP, first = blockIdx.y * per_blk;
+    const float *stat = a.stat + (int64_t)t * a.nh + kvh * G;
+    if (first < nsel) {
+        for (int h = warp; h < G; h += KU_WARPS) { /* q in the codes' coordinates */
+            float v[ND];
+#pragma unroll
+            for (int e = 0; e < ND; e++) v[e] = a.q[((int64_t)t * a.nh + kvh * G + h) * HD + ND * lane + e];
+            if (ROT) spx_kvq4_fwht_warp<ND>(v, rsc);
+#pragma unroll
+            for (int e = 0; e < ND; e++) {
+                qr[h * HD + ND * lane + e] = v[e];
+                sacc[h * HD + ND * lane + e] = 0.0f;
+            }
+            if (lane == 0) sdz[h] = 0.0f;
+        }
+        __syncthreads();
+        const int *sel = r.sel + ((int64_t)t * c.nkv + kvh) * c.n_groups;
+        const int ch = kvh * HD + ND * lane;
+        const float step = 1.0f / (float)(1 << c.rb);
+        const uint8_t *ck = c.ck + (size_t)L * c.n_ctx * c.krow, *cv = c.cv + (size_t)L * c.n_ctx * c.vrow;
+        for (int si = first + warp; si < min(nsel, first + per_blk); si += KU_WARPS) {
+            const int64_t g = sel[si];
+            const uint8_t *rec = c.tier + (((size_t)L * c.n_groups + g) * c.nkv + kvh) * c.gbytes;
+            for (int tg = 0; tg < c.gt; tg++) {
+                const int64_t k = SPX_KVL_BLOCK + g * c.gt + tg;
+                const unsigned kc = ku_bits(ck + k * c.krow, (int64_t)ch * c.kb, ND * c.kb);
+                const unsigned vc = ku_bits(cv + k * c.vrow, (int64_t)ch * c.vb, ND * c.vb);
+                const unsigned jk = ku_bits(rec, ((int64_t)tg * HD + ND * lane) * c.rb, ND * c.rb <= 16 ? ND * c.rb : 16);
+                const unsigned jv = ku_bits(rec, ((int64_t)(c.gt + tg) * HD + ND * lane) * c.rb, ND * c.rb <= 16 ? ND * c.rb : 16);
+                float kh[ND], dk[ND], vh[ND], dv[ND];
+                const float2 vms = __half22float2(*reinterpret_cast<const __half2 *>(c.mv + (((size_t)L * c.n_ctx + k) * ngr + ch / grp) * 2));
+                float2 kms = make_float2(0.0f, 0.0f);
+                if (ROT) kms = __half22float2(*reinterpret_cast<const __half2 *>(c.mk + (((size_t)L * c.n_ctx + k) * ngr + ch / grp) * 2));
+#pragma unroll
+                for (int e = 0; e < ND; e++) {
+                    if (!ROT) kms = __half22float2(*reinterpret_cast<const __half2 *>(c.mk + (((size_t)L * c.n_blocks + k / SPX_KVL_BLOCK) * kvd + ch + e) * 2));
+                    const unsigned rk = ND * c.rb <= 16 ? (jk >> (e * c.rb)) & ((1u << c.rb) - 1)
+                                                        : ku_bits(rec, ((int64_t)tg * HD + ND * lane + e) * c.rb, c.rb);
+                    const unsigned rv = ND * c.rb <= 16 ? (jv >> (e * c.rb)) & ((1u << c.rb) - 1)
+                                                        : ku_bits(rec, ((int64_t)(c.gt + tg) * HD + ND * lane + e) * c.rb, c.rb);
+                    kh[e] = fmaf(kms.y, (float)((kc >> (e * c.kb)) & ((1u << c.kb) - 1)), kms.x);
+                    dk[e] = kms.y * (((float)rk + 0.5f) * step - 0.5f);
+                    vh[e] = fmaf(vms.y, (float)((vc >> (e * c.vb)) & ((1u << c.vb) - 1)), vms.x);
+                    dv[e] = vms.y * (((float)rv + 0.5f) * step - 0.5f);
+                }
+                for (int h = 0; h < G; h++) {
+                    float d1 = 0.0f, d2 = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < ND; e++) {
+                        const float qv = qr[h * HD + ND * lane + e];
+                        d1 = fmaf(qv, kh[e], d1);
+                        d2 = fmaf(qv, dk[e], d2);
+                    }
+                    d1 = spx_warp_sum(d1);
+                    d2 = spx_warp_sum(d2);
+                    const float pr = expf(scale * d1 - stat[h]), pp = pr * expf(scale * d2), dp = pp - pr;
+#pragma unroll
+                    for (int e = 0; e < ND; e++) atomicAdd(&sacc[h * HD + ND * lane + e], fmaf(dp, vh[e], pp * dv[e]));
+                    if (lane == 0) atomicAdd(&sdz[h], dp);
+                }
+            }
+        }
+        __syncthreads();
+        float *gacc = r.acc + ((int64_t)t * a.nh + kvh * G) * (HD + 1);
+        for (int i = threadIdx.x; i < G * (HD + 1); i += blockDim.x) {
+            const int h = i / (HD + 1), d = i - h * (HD + 1);
+            atomicAdd(&gacc[i], d < HD ? sacc[h * HD + d] : sdz[h]);
+        }
+    }
+    /* every block of the (KV head, token) counts in; the last applies */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+                     : "=r"(old)
+                     : "l"(r.cnt2 + (int64_t)t * c.nkv + kvh)
+                     : "memory");
+        *flag = old == (int)gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!*flag) return;
+    float *gacc = r.acc + ((int64_t)t * a.nh + kvh * G) * (HD + 1);
+    for (int h = warp; h < G; h += KU_WARPS) {
+        float v[ND];
+#pragma unroll
+        for (int e = 0; e < ND; e++) {
+            v[e] = __ldcg(gacc + h * (HD + 1) + ND * lane + e);
+            gacc[h * (HD + 1) + ND * lane + e] = 0.0f;
+        }
+        const float dz = __ldcg(gacc + h * (HD + 1) + HD);
+        __syncwarp();
+        if (lane == 0) gacc[h * (HD + 1) + HD] = 0.0f;
+        if (ROT) spx_kvq4_fwht_warp<ND>(v, rsc);
+        float *o = a.out + ((int64_t)t * a.nh + kvh * G + h) * HD + ND * lane;
+        const float inv = 1.0f / (1.0f + dz);
+#pragma unroll
+        for (int e = 0; e < ND; e++) o[e] = (o[e] + v[e]) * inv;
+    }
+    if (threadIdx.x == 0) r.cnt2[(int64_t)t * c.nkv + kvh] = 0;
+}
+
+template <int ND> static cudaError_t ku_launch(const spx_kvl_ref_args &r, unsigned chunks, cudaStream_t st) {
+    const int G = r.a.nh / r.a.c.nkv;
+    const size_t smem = ((size_t)2 * G * 32 * ND + G + 1) * 4;
+    if (r.a.c.layout == SPX_KV_LAYOUT_ROT)
+        kvl_update_kernel<ND, true><<<dim3((unsigned)r.a.c.nkv, chunks, (unsigned)r.a.n_tok), KU_WARPS * 32, smem, st>>>(r);
+    else
+        kvl_update_kernel<ND, false><<<dim3((unsigned)r.a.c.nkv, chunks, (unsigned)r.a.n_tok), KU_WARPS * 32, smem, st>>>(r);
+    return cudaGetLastError();
+}
+
+cudaError_t spx_kvl_refine(const spx_kvl_ref_args &r, cudaStream_t st) {
+    const spx_kvl_attn_args &a = r.a;
+    if (a.n_tok <= 0 || !a.c.tier || r.max_sel <= 0) return cudaSuccess;
+    if (!a.lse || !a.stat || a.c.gt > 32) return cudaErrorInvalidValue;
+    kvl_select_kernel<<<dim3((unsigned)a.c.nkv, (unsigned)a.n_tok), KS_THREADS, 0, st>>>(r);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    const unsigned chunks = (unsigned)((r.max_sel + KU_WARPS * KU_GROUPS_PER_WARP - 1) / (KU_WARPS * KU_GROUPS_PER_WARP));
+    switch (a.c.hd) {
+    case 32: return ku_launch<1>(r, chunks, st);
+    case 64: return ku_launch<2>(r, chunks, st);
+    case 128: return ku_launch<4>(r, chunks, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
