@@ -16,7 +16,11 @@
  *
  * session_init allocates the device KV cache (fp16, the CPU's layout, or
  * with --kv q4 the CPU's 4-bit rows split into code/scale/zero planes,
- * kvq4_math.h) and
+ * kvq4_math.h, or with --kv k2v2 .. k4v4 StrataFlux-KV: the CPU's low-bit
+ * arrays and a mapped pinned refinement tier, kvlow_dev.cuh, cu_kvlow.cu:
+ * rope_store writes sinks/ring, kvlow_attend.cu and kvlow_refine.cu
+ * replace the attention kernels, and one encode launch after the last
+ * layer encodes completed blocks, in the decode graph too) and
  * scratch for SPX_BATCH_MAX_CUDA tokens. forward(n) runs the same math as the
  * CPU reference (engine/forward.c): n == 1 through the fused GEMV path
  * (RMSNorm in the GEMV prologue, merged Q/K/V launch, residual adds and
@@ -37,8 +41,9 @@
  * the token's K/V row, quantized for --kv q4); SPECTRA_CUDA_KVQ4_FUSE=0
  * keeps rope_store's launch for the 4-bit cache (measurements).
  *
- * Limits: one device (the first); KV cache fp16 or q4 (--kv f32 is refused
- * with a message); head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
+ * Limits: one device (the first); KV cache fp16, q4 or low-bit (--kv f32
+ * is refused with a message; low-bit needs head_dim 32, 64 or 128);
+ * head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
  * The host-side KV cache and scratch that api.c allocates for every
  * session stay unused here. */
 #ifndef SPX_CUDA_CU_BACKEND_CUH

@@ -30,7 +30,11 @@ template <int ND> struct kvl_layout {
     static constexpr int MRG = QGS + AT_HB * (HD / 8) * 4;               /* attn_merge scratch, then [AT_HB][HD] output */
     static constexpr int MRG_F = 2 * AT_WARPS * AT_HB + AT_WARPS * AT_HB * HD;
     static constexpr int OUT = MRG + MRG_F * 4;                          /* [AT_HB][HD] */
-    static constexpr int FLAG = OUT + AT_HB * HD * 4;
+    /* [AD_WARPS] staging of a tile's values: fp16 rows [32][HD] halves, or
+     * codes [32][16] words then (m, s) pairs [32][16] words */
+    static constexpr int VST_WARP = (32 * HD * 2 > 32 * 32 * 4 ? 32 * HD * 2 : 32 * 32 * 4);
+    static constexpr int VST = OUT + AT_HB * HD * 4;
+    static constexpr int FLAG = VST + AD_WARPS * VST_WARP;
     static constexpr int BYTES = FLAG + 16;
 };
 
@@ -48,6 +52,19 @@ template <int KB> __device__ __forceinline__ float kvl_code(const uint32_t *w, i
     const int bit = e * KB;
     const unsigned cd = __funnelshift_r(w[bit >> 5], w[(bit >> 5) + 1], bit & 31) & ((1u << KB) - 1);
     return __uint_as_float(0x4B000000u | cd) - 8388608.0f;
+}
+
+/* ND contiguous halves of a staged V row as floats */
+template <int ND> __device__ __forceinline__ void ad_load_v_kvl(const __half *src, float (&v)[ND]) {
+#pragma unroll
+    for (int e = 0; e < ND; e += 2) {
+        if (e + 1 < ND) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(src + e));
+            v[e] = f.x;
+            v[e + 1] = f.y;
+        } else
+            v[e] = __half2float(src[e]);
+    }
 }
 
 template <int ND, int KB, bool ROT>
@@ -103,11 +120,36 @@ __global__ void __launch_bounds__(AD_WARPS * 32) kvl_attn_kernel(const __grid_co
     const uint8_t *cv = c.cv + (size_t)L * c.n_ctx * c.vrow;
     const int ngr = kvd / grp;
     const __half *mv = c.mv + (size_t)L * c.n_ctx * ngr * 2;
+    __half *vst = reinterpret_cast<__half *>(kv_sm + LY::VST + warp * LY::VST_WARP);
     int64_t blk_seen = -1;
     for (int64_t k0 = kb + warp * 32; k0 < ke; k0 += AD_WARPS * 32) {
         const int64_t key = k0 + lane;
         const bool valid = key >= start && key < ke;
         const bool codes = k0 >= SPX_KVL_BLOCK && k0 < enc; /* tile-uniform (aligned tiles) */
+        const int j0 = (int)max((int64_t)0, start - k0), j1 = (int)min((int64_t)32, ke - k0);
+        /* the tile's values into the warp's staging, under the scores (one round trip) */
+        __syncwarp(); /* the previous tile's values are consumed */
+        if (!codes) {
+            constexpr int CPR = HD / 8; /* 16-byte chunks per row */
+            for (int i = lane; i < 32 * CPR; i += 32) {
+                const int r = i / CPR, cc = i - r * CPR;
+                const int64_t kj = k0 + r;
+                if (r >= j0 && r < j1)
+                    cp_async16(vst + r * HD + cc * 8, (kj < SPX_KVL_BLOCK ? sv + kj * kvd : rv + (kj % c.ring) * kvd) + cc * 8);
+            }
+        } else {
+            const int vw = HD * c.vb / 32, nm = HD / grp;
+            uint32_t *sc_w = reinterpret_cast<uint32_t *>(vst), *sm_w = sc_w + 32 * 16;
+            for (int i = lane; i < 32 * vw; i += 32) {
+                const int r = i / vw, w = i - r * vw;
+                if (r >= j0 && r < j1) cp_async4(sc_w + r * 16 + w, cv + (k0 + r) * c.vrow + kvh * HD * c.vb / 8 + 4 * w);
+            }
+            for (int i = lane; i < 32 * nm; i += 32) {
+                const int r = i / nm, w = i - r * nm;
+                if (r >= j0 && r < j1) cp_async4(sm_w + r * 16 + w, mv + ((k0 + r) * ngr + kvh * nm + w) * 2);
+            }
+        }
+        cp_commit();
         float s[AT_HB];
 #pragma unroll
         for (int hh = 0; hh < AT_HB; hh++) s[hh] = 0.0f;
@@ -225,22 +267,24 @@ __global__ void __launch_bounds__(AD_WARPS * 32) kvl_attn_kernel(const __grid_co
                     a.lse[((int64_t)t * a.nh + h0 + hh) * c.n_groups + (key - SPX_KVL_BLOCK) / gt] = m[hh] + logf(gs);
             }
         }
-        /* values */
-        const int j0 = (int)max((int64_t)0, start - k0), j1 = (int)min((int64_t)32, ke - k0);
+        /* values, from the staging */
+        cp_wait<0>();
+        __syncwarp();
+        const uint32_t *sc_w = reinterpret_cast<const uint32_t *>(vst), *sm_w = sc_w + 32 * 16;
+        const int vbit = ND * lane * c.vb, vsh = vbit & 31, vwd = vbit >> 5, mgi = ND * lane / grp;
+        const unsigned vmask = (1u << c.vb) - 1;
         for (int j = j0; j < j1; j++) {
-            const int64_t kj = k0 + j;
             float v[ND];
             if (!codes) {
-                const __half *vr = (kj < SPX_KVL_BLOCK ? sv + kj * kvd : rv + (kj % c.ring) * kvd) + ND * lane;
-#pragma unroll
-                for (int e = 0; e < ND; e++) v[e] = __half2float(vr[e]);
+                ad_load_v_kvl<ND>(vst + j * HD + ND * lane, v);
                 if (ROT) spx_kvq4_fwht_warp<ND>(v, rsc);
             } else {
-                const int ch = kvh * HD + ND * lane;
-                const unsigned cd = kvl_bits3(cv + kj * c.vrow, (int64_t)ch * c.vb, ND * c.vb);
-                const float2 ms = __half22float2(*reinterpret_cast<const __half2 *>(mv + (kj * ngr + ch / grp) * 2));
+                const unsigned cd = __funnelshift_r(sc_w[j * 16 + vwd], sc_w[j * 16 + vwd + 1], vsh);
+                const uint32_t mw = sm_w[j * 16 + mgi];
+                const float2 ms = __half22float2(*reinterpret_cast<const __half2 *>(&mw));
 #pragma unroll
-                for (int e = 0; e < ND; e++) v[e] = fmaf(ms.y, (float)((cd >> (e * c.vb)) & ((1u << c.vb) - 1)), ms.x);
+                for (int e = 0; e < ND; e++)
+                    v[e] = fmaf(ms.y, __uint_as_float(0x4B000000u | ((cd >> (e * c.vb)) & vmask)) - 8388608.0f, ms.x);
             }
 #pragma unroll
             for (int hh = 0; hh < AT_HB; hh++) {

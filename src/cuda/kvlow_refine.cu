@@ -28,6 +28,7 @@
 #include <cub/block/block_scan.cuh>
 
 #define KS_THREADS 1024
+#define KS_BATCH 8 /* keys per thread in flight in the select's passes */
 #define KU_WARPS 4
 #define KU_GROUPS_PER_WARP 2
 
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
         for (int64_t g = threadIdx.x; g < nc; g += KS_THREADS) sel[g] = (int)g;
         return;
     }
-    /* keys, and the first digit's histogram */
+    /* keys (first pass) and the histograms of their four 8-bit digits */
     const float *lse = a.lse + ((int64_t)t * a.nh + (int64_t)kvh * G) * ng, *stat = a.stat + (int64_t)t * a.nh + kvh * G;
     for (int i = threadIdx.x; i < 256; i += KS_THREADS) hist[i] = 0;
     if (threadIdx.x == 0) {
@@ -84,36 +85,64 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
     __syncthreads();
     unsigned prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int64_t g0 = 0; g0 < nc; g0 += KS_THREADS) { /* whole warps iterate (match_any needs them) */
-            const int64_t g = g0 + threadIdx.x;
-            int bin = -1;
-            if (g < nc) {
-                unsigned key;
-                if (shift == 24) {
-                    float sc = 0.0f;
-                    for (int h = 0; h < G; h++) sc = fmaxf(sc, expf(lse[(int64_t)h * ng + g] - stat[h]));
-                    key = __float_as_uint(sc);
-                    keys[g] = key;
-                } else
-                    key = keys[g];
-                if ((key & mask) == prefix) bin = (int)((key >> shift) & 255u);
+        /* KS_BATCH keys per thread loaded before any is counted (independent loads); whole warps
+         * iterate (match_any needs them) */
+        for (int64_t g0 = 0; g0 < nc; g0 += (int64_t)KS_THREADS * KS_BATCH) {
+            unsigned key[KS_BATCH];
+            bool in[KS_BATCH];
+#pragma unroll
+            for (int u = 0; u < KS_BATCH; u++) {
+                const int64_t g = g0 + (int64_t)u * KS_THREADS + threadIdx.x;
+                in[u] = g < nc;
+                key[u] = 0;
+                if (in[u]) {
+                    if (shift == 24) {
+                        float sc = 0.0f;
+                        for (int h = 0; h < G; h++) sc = fmaxf(sc, expf(lse[(int64_t)h * ng + g] - stat[h]));
+                        key[u] = __float_as_uint(sc);
+                    } else
+                        key[u] = keys[g];
+                }
             }
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+#pragma unroll
+            for (int u = 0; u < KS_BATCH; u++) {
+                const int64_t g = g0 + (int64_t)u * KS_THREADS + threadIdx.x;
+                if (shift == 24 && in[u]) keys[g] = key[u];
+                const int bin = in[u] && (key[u] & mask) == prefix ? (int)((key[u] >> shift) & 255u) : -1;
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+            }
         }
         __syncthreads();
-        if (threadIdx.x == 0) { /* the digit holding the k-th largest */
-            unsigned cum = 0, k = s_k;
-            int dg = 0;
-            for (int d = 255; d >= 0; d--) {
-                if (cum + hist[d] >= k) {
-                    dg = d;
-                    break;
-                }
-                cum += hist[d];
+        if (threadIdx.x < 32) { /* warp 0: the digit holding the k-th largest; lane l sums bins 255 - 8 l .. 248 - 8 l */
+            unsigned hv[8], loc = 0;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                hv[u] = hist[255 - 8 * lane - u];
+                loc += hv[u];
             }
-            s_k = k - cum;
-            s_prefix |= (unsigned)dg << shift;
+            unsigned inc = loc; /* inclusive prefix over lanes (lane 0: the top bins) */
+#pragma unroll
+            for (int o = 1; o < 32; o *= 2) {
+                const unsigned v = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += v;
+            }
+            const unsigned k = s_k, before = inc - loc;
+            const bool here = before < k && inc >= k;
+            if (here) {
+                unsigned cum = before;
+                int dg = 255 - 8 * lane;
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    if (cum + hv[u] >= k) {
+                        dg = 255 - 8 * lane - u;
+                        break;
+                    }
+                    cum += hv[u];
+                }
+                s_k = k - cum;
+                s_prefix |= (unsigned)dg << shift;
+            }
         }
         __syncthreads();
         prefix = s_prefix;
@@ -126,6 +155,7 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
     /* each thread a contiguous run: counts, two scans, then the writes */
     const int64_t run = (nc + KS_THREADS - 1) / KS_THREADS, b0 = (int64_t)threadIdx.x * run, b1 = min(nc, b0 + run);
     int n_eq = 0, n_gt = 0;
+#pragma unroll 8
     for (int64_t g = b0; g < b1; g++) {
         const unsigned k = keys[g];
         n_eq += k == T;
@@ -138,6 +168,7 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
     int out_before;
     scan_t(tmp).ExclusiveSum(n_gt + take_eq, out_before);
     int o = out_before, taken = 0;
+#pragma unroll 8
     for (int64_t g = b0; g < b1; g++) {
         const unsigned k = keys[g];
         if (k > T || (k == T && taken++ < take_eq)) sel[o++] = (int)g;
