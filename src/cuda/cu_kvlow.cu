@@ -112,6 +112,10 @@ static spx_kvl_ref_args ref_args(const cu_kvl *k, const spx_kvl_attn_args &a, in
     w += T * nkv * ng;
     r.sel = (int *)w;
     w += T * nkv * ng;
+    r.ckey = (unsigned *)w;
+    w += T * nkv * ng;
+    r.cidx = (int *)w;
+    w += T * nkv * ng;
     r.nsel = (int *)w;
     w += T * nkv;
     r.acc = w;

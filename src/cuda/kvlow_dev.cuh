@@ -128,6 +128,8 @@ struct spx_kvl_ref_args {
     spx_kvl_attn_args a;
     unsigned *keys;      /* [n_tok][nkv][n_groups] */
     int *sel;            /* [n_tok][nkv][n_groups] selected groups, ascending */
+    unsigned *ckey;      /* [n_tok][nkv][n_groups] the level-1 winners' keys and groups */
+    int *cidx;
     int *nsel;           /* [n_tok][nkv] */
     float *acc;          /* [n_tok][nh][hd + 1] zeroed (left zeroed) */
     int *cnt2;           /* [n_tok][nkv] zeroed (left zeroed) */

@@ -3,21 +3,23 @@
  * spx_kvl_attention wrote the resident outputs, the groups' log-sum-exps
  * (lse) and each head's (stat).
  *
- * kvl_select_kernel: one block of 1024 threads per (KV head, token). The
- * candidates are the groups of [128, enc); score = max over the KV head's
- * q heads of exp(lse - stat) (the group's share of the softmax), as its
- * float bits (non-negative floats order as their bits). The n_sel-th
+ * Selection, in two levels of 1024-thread blocks (kvl_select1_kernel per
+ * (KV head, chunk of KS_CHUNK groups, token), kvl_select2_kernel per (KV
+ * head, token) over the chunks' winners). The candidates are the groups
+ * of [128, enc); score = max over the KV head's q heads of exp(lse -
+ * stat) (the group's share of the softmax), as its float bits
+ * (non-negative floats order as their bits). In each block the n-th
  * largest key T comes from a radix select (four 8-bit digits, shared
  * histograms with warp-aggregated increments); the selected set is every
- * key > T and the first (lowest index) keys == T that complete n_sel: the
+ * key > T and the first (lowest position) keys == T that complete n: the
  * CPU's total order. It is written in ascending group order (each thread
  * owns a contiguous run; two block scans place the runs).
  *
  * kvl_update_kernel: blocks of 4 warps per (KV head, chunk of selected
  * groups, token), a warp per group, lane l on dimensions ND l ..: per
  * token of the group the resident key and value from the codes, the
- * deltas dk, dv from the group's tier record (mapped host memory, read
- * once), per q head p = exp(scale q.k - stat), p' = p exp(scale q.dk),
+ * deltas dk, dv from the group's tier record (mapped host memory, copied
+ * once into the warp's shared staging by 8-byte loads), per q head p = exp(scale q.k - stat), p' = p exp(scale q.dk),
  * dz += p' - p, dO += (p' - p) v + p' dv (codes' coordinates) into
  * shared, then global accumulators; the last block of the (KV head,
  * token) writes out = (out + R dO) / (1 + dz) (R: the rotation back for
@@ -29,13 +31,14 @@
 
 #define KS_THREADS 1024
 #define KS_BATCH 8 /* keys per thread in flight in the select's passes */
+#define KS_CHUNK 4096 /* groups per level-1 select block */
 #define KU_WARPS 4
 #define KU_GROUPS_PER_WARP 2
 
 size_t spx_kvl_ref_words_per_token(const spx_kvl_dev &d, int nh) {
-    /* lse [nh][ng], stat [nh], keys and sel [nkv][ng], nsel [nkv], acc [nh][hd + 1], cnt2 [nkv] */
+    /* lse [nh][ng], stat [nh], keys, sel, ckey, cidx [nkv][ng], nsel [nkv], acc [nh][hd + 1], cnt2 [nkv] */
     const size_t ng = (size_t)d.n_groups;
-    return (size_t)nh * ng + (size_t)nh + 2 * (size_t)d.nkv * ng + (size_t)d.nkv + (size_t)nh * (size_t)(d.hd + 1) +
+    return (size_t)nh * ng + (size_t)nh + 4 * (size_t)d.nkv * ng + (size_t)d.nkv + (size_t)nh * (size_t)(d.hd + 1) +
            (size_t)d.nkv;
 }
 
@@ -52,31 +55,17 @@ __device__ __forceinline__ int64_t kvl_cands(const spx_kvl_dev &c, int64_t p0) {
     return enc > SPX_KVL_BLOCK ? (enc - SPX_KVL_BLOCK) / c.gt : 0;
 }
 
-__global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_constant__ spx_kvl_ref_args r) {
+/* The block's selection of the n_sel best of keys[0, n) (descending, ties
+ * to the lower position) as positions, ascending: out_idx[o] = idx[g] (or
+ * base + g without idx) and out_key[o] = keys[g] (when given). Every
+ * thread of the block calls it; 0 < n_sel < n. */
+__device__ void kvl_select_core(const unsigned *keys, const int *idx, int64_t base, int64_t n, int64_t n_sel,
+                                int *out_idx, unsigned *out_key) {
     typedef cub::BlockScan<int, KS_THREADS> scan_t;
     __shared__ typename scan_t::TempStorage tmp;
     __shared__ unsigned hist[256];
     __shared__ unsigned s_prefix, s_k;
-    const spx_kvl_attn_args &a = r.a;
-    const spx_kvl_dev &c = a.c;
-    const int kvh = blockIdx.x, t = blockIdx.y, G = a.nh / c.nkv, lane = threadIdx.x & 31;
-    const int64_t nc = kvl_cands(c, a.pos[0]), n_sel = kvl_n_sel(c.frac, nc), ng = c.n_groups;
-    unsigned *keys = r.keys + ((int64_t)t * c.nkv + kvh) * ng;
-    int *sel = r.sel + ((int64_t)t * c.nkv + kvh) * ng;
-    if (threadIdx.x == 0) {
-        r.nsel[(int64_t)t * c.nkv + kvh] = (int)n_sel;
-        if (c.stats && n_sel) {
-            atomicAdd(c.stats, (unsigned long long)n_sel);
-            atomicAdd(c.stats + 1, (unsigned long long)n_sel * (unsigned long long)c.gbytes);
-        }
-    }
-    if (n_sel == 0) return;
-    if (n_sel >= nc) {
-        for (int64_t g = threadIdx.x; g < nc; g += KS_THREADS) sel[g] = (int)g;
-        return;
-    }
-    /* keys (first pass) and the histograms of their four 8-bit digits */
-    const float *lse = a.lse + ((int64_t)t * a.nh + (int64_t)kvh * G) * ng, *stat = a.stat + (int64_t)t * a.nh + kvh * G;
+    const int lane = threadIdx.x & 31;
     for (int i = threadIdx.x; i < 256; i += KS_THREADS) hist[i] = 0;
     if (threadIdx.x == 0) {
         s_prefix = 0;
@@ -85,30 +74,18 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
     __syncthreads();
     unsigned prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        /* KS_BATCH keys per thread loaded before any is counted (independent loads); whole warps
-         * iterate (match_any needs them) */
-        for (int64_t g0 = 0; g0 < nc; g0 += (int64_t)KS_THREADS * KS_BATCH) {
+        /* KS_BATCH keys per thread loaded before any is counted; whole warps iterate (match_any) */
+        for (int64_t g0 = 0; g0 < n; g0 += (int64_t)KS_THREADS * KS_BATCH) {
             unsigned key[KS_BATCH];
-            bool in[KS_BATCH];
 #pragma unroll
             for (int u = 0; u < KS_BATCH; u++) {
                 const int64_t g = g0 + (int64_t)u * KS_THREADS + threadIdx.x;
-                in[u] = g < nc;
-                key[u] = 0;
-                if (in[u]) {
-                    if (shift == 24) {
-                        float sc = 0.0f;
-                        for (int h = 0; h < G; h++) sc = fmaxf(sc, expf(lse[(int64_t)h * ng + g] - stat[h]));
-                        key[u] = __float_as_uint(sc);
-                    } else
-                        key[u] = keys[g];
-                }
+                key[u] = g < n ? keys[g] : 0u;
             }
 #pragma unroll
             for (int u = 0; u < KS_BATCH; u++) {
                 const int64_t g = g0 + (int64_t)u * KS_THREADS + threadIdx.x;
-                if (shift == 24 && in[u]) keys[g] = key[u];
-                const int bin = in[u] && (key[u] & mask) == prefix ? (int)((key[u] >> shift) & 255u) : -1;
+                const int bin = g < n && (key[u] & mask) == prefix ? (int)((key[u] >> shift) & 255u) : -1;
                 const unsigned peers = __match_any_sync(0xffffffffu, bin);
                 if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
             }
@@ -128,8 +105,7 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
                 if (lane >= o) inc += v;
             }
             const unsigned k = s_k, before = inc - loc;
-            const bool here = before < k && inc >= k;
-            if (here) {
+            if (before < k && inc >= k) {
                 unsigned cum = before;
                 int dg = 255 - 8 * lane;
 #pragma unroll
@@ -151,9 +127,9 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
         __syncthreads();
     }
     const unsigned T = prefix;
-    const int need_eq = (int)s_k; /* keys == T to take, lowest indices first */
+    const int need_eq = (int)s_k; /* keys == T to take, lowest positions first */
     /* each thread a contiguous run: counts, two scans, then the writes */
-    const int64_t run = (nc + KS_THREADS - 1) / KS_THREADS, b0 = (int64_t)threadIdx.x * run, b1 = min(nc, b0 + run);
+    const int64_t run = (n + KS_THREADS - 1) / KS_THREADS, b0 = (int64_t)threadIdx.x * run, b1 = min(n, b0 + run);
     int n_eq = 0, n_gt = 0;
 #pragma unroll 8
     for (int64_t g = b0; g < b1; g++) {
@@ -171,8 +147,74 @@ __global__ void __launch_bounds__(KS_THREADS) kvl_select_kernel(const __grid_con
 #pragma unroll 8
     for (int64_t g = b0; g < b1; g++) {
         const unsigned k = keys[g];
-        if (k > T || (k == T && taken++ < take_eq)) sel[o++] = (int)g;
+        if (k > T || (k == T && taken++ < take_eq)) {
+            out_idx[o] = idx ? idx[g] : (int)(base + g);
+            if (out_key) out_key[o] = k;
+            o++;
+        }
     }
+    __syncthreads(); /* the shared state is reused by a next call */
+}
+
+/* Level 1: grid (KV head, chunk of KS_CHUNK groups, token). The chunk's
+ * keys, then its best min(n_sel, chunk) into the candidate list at chunk
+ * b min(n_sel, KS_CHUNK) (ascending: chunks in order), or with one chunk
+ * straight into the selection. The global best n_sel lie among the
+ * chunks' best n_sel under the same total order, so level 2 selects
+ * exactly the CPU's set from the candidates. */
+__global__ void __launch_bounds__(KS_THREADS) kvl_select1_kernel(const __grid_constant__ spx_kvl_ref_args r) {
+    const spx_kvl_attn_args &a = r.a;
+    const spx_kvl_dev &c = a.c;
+    const int kvh = blockIdx.x, b = blockIdx.y, t = blockIdx.z, G = a.nh / c.nkv;
+    const int64_t nc = kvl_cands(c, a.pos[0]), n_sel = kvl_n_sel(c.frac, nc), ng = c.n_groups;
+    const int64_t c0 = (int64_t)b * KS_CHUNK, c1 = min(nc, c0 + KS_CHUNK), nb = (nc + KS_CHUNK - 1) / KS_CHUNK;
+    const int64_t row = ((int64_t)t * c.nkv + kvh) * ng;
+    if (b == 0 && threadIdx.x == 0) {
+        r.nsel[(int64_t)t * c.nkv + kvh] = (int)n_sel;
+        if (c.stats && n_sel) {
+            atomicAdd(c.stats, (unsigned long long)n_sel);
+            atomicAdd(c.stats + 1, (unsigned long long)n_sel * (unsigned long long)c.gbytes);
+        }
+    }
+    if (n_sel == 0 || c0 >= nc) return; /* block-uniform */
+    if (n_sel >= nc) { /* all */
+        for (int64_t g = c0 + threadIdx.x; g < c1; g += KS_THREADS) r.sel[row + g] = (int)g;
+        return;
+    }
+    const float *lse = a.lse + ((int64_t)t * a.nh + (int64_t)kvh * G) * ng, *stat = a.stat + (int64_t)t * a.nh + kvh * G;
+    unsigned *keys = r.keys + row;
+    for (int64_t g = c0 + threadIdx.x; g < c1; g += KS_THREADS) {
+        float sc = 0.0f; /* eq. 7: the group's largest share of a q head's softmax */
+        for (int h = 0; h < G; h++) sc = fmaxf(sc, expf(lse[(int64_t)h * ng + g] - stat[h]));
+        keys[g] = __float_as_uint(sc);
+    }
+    __syncthreads();
+    const int64_t len = c1 - c0, m = min(n_sel, (int64_t)KS_CHUNK), take = min(n_sel, len);
+    if (nb == 1) {
+        kvl_select_core(keys, NULL, 0, len, n_sel, r.sel + row, NULL);
+        return;
+    }
+    if (take == len) { /* the whole chunk */
+        for (int64_t g = threadIdx.x; g < len; g += KS_THREADS) {
+            r.cidx[row + b * m + g] = (int)(c0 + g);
+            r.ckey[row + b * m + g] = keys[c0 + g];
+        }
+        return;
+    }
+    kvl_select_core(keys + c0, NULL, c0, len, take, r.cidx + row + b * m, r.ckey + row + b * m);
+}
+
+/* Level 2: one block per (KV head, token) over the candidates. */
+__global__ void __launch_bounds__(KS_THREADS) kvl_select2_kernel(const __grid_constant__ spx_kvl_ref_args r) {
+    const spx_kvl_attn_args &a = r.a;
+    const spx_kvl_dev &c = a.c;
+    const int kvh = blockIdx.x, t = blockIdx.y;
+    const int64_t nc = kvl_cands(c, a.pos[0]), n_sel = kvl_n_sel(c.frac, nc), ng = c.n_groups;
+    const int64_t nb = (nc + KS_CHUNK - 1) / KS_CHUNK, m = min(n_sel, (int64_t)KS_CHUNK);
+    if (n_sel == 0 || n_sel >= nc || nb <= 1) return; /* level 1 wrote the selection */
+    const int64_t row = ((int64_t)t * c.nkv + kvh) * ng;
+    const int64_t n = (nb - 1) * m + min(n_sel, nc - (nb - 1) * KS_CHUNK); /* only the last chunk is short */
+    kvl_select_core(r.ckey + row, r.cidx + row, 0, n, n_sel, r.sel + row, NULL);
 }
 
 /* n bits (<= 16) at bit `bit` of p, reading 3 bytes */
@@ -192,6 +234,7 @@ __global__ void __launch_bounds__(KU_WARPS * 32) kvl_update_kernel(const __grid_
     const int L = a.layer, kvd = c.kvd, grp = c.group, ngr = kvd / grp;
     float *qr = ku_sm, *sacc = qr + G * HD, *sdz = sacc + G * HD;
     int *flag = reinterpret_cast<int *>(sdz + G);
+    uint8_t *recs = reinterpret_cast<uint8_t *>(ku_sm + ((2 * G * HD + G + 1 + 3) & ~3)); /* [KU_WARPS][gbytes] */
     const float rsc = 1.0f / sqrtf((float)HD), scale = a.scale > 0 ? a.scale : rsc;
     const int nsel = r.nsel[(int64_t)t * c.nkv + kvh];
     const int per_blk = KU_WARPS * KU_GROUPS_PER_WARP, first = blockIdx.y * per_blk;
@@ -216,7 +259,13 @@ __global__ void __launch_bounds__(KU_WARPS * 32) kvl_update_kernel(const __grid_
         const uint8_t *ck = c.ck + (size_t)L * c.n_ctx * c.krow, *cv = c.cv + (size_t)L * c.n_ctx * c.vrow;
         for (int si = first + warp; si < min(nsel, first + per_blk); si += KU_WARPS) {
             const int64_t g = sel[si];
-            const uint8_t *rec = c.tier + (((size_t)L * c.n_groups + g) * c.nkv + kvh) * c.gbytes;
+            /* the record into the warp's staging: 8-byte loads over the bus (gbytes % 8 == 0 for hd >= 32) */
+            const uint2 *rs = reinterpret_cast<const uint2 *>(c.tier + (((size_t)L * c.n_groups + g) * c.nkv + kvh) * c.gbytes);
+            uint2 *rd = reinterpret_cast<uint2 *>(recs + warp * c.gbytes);
+            __syncwarp();
+            for (int i = lane; i < (int)(c.gbytes / 8); i += 32) rd[i] = rs[i];
+            __syncwarp();
+            const uint8_t *rec = recs + warp * c.gbytes;
             for (int tg = 0; tg < c.gt; tg++) {
                 const int64_t k = SPX_KVL_BLOCK + g * c.gt + tg;
                 const unsigned kc = ku_bits(ck + k * c.krow, (int64_t)ch * c.kb, ND * c.kb);
@@ -297,7 +346,16 @@ __global__ void __launch_bounds__(KU_WARPS * 32) kvl_update_kernel(const __grid_
 
 template <int ND> static cudaError_t ku_launch(const spx_kvl_ref_args &r, unsigned chunks, cudaStream_t st) {
     const int G = r.a.nh / r.a.c.nkv;
-    const size_t smem = ((size_t)2 * G * 32 * ND + G + 1) * 4;
+    const size_t smem = (((size_t)2 * G * 32 * ND + G + 1 + 3) & ~(size_t)3) * 4 + (size_t)KU_WARPS * r.a.c.gbytes + 16;
+    static bool set = false;
+    if (!set) { /* 2 G hd floats plus 4 records: past the default 48 KB for wide groups */
+        cudaError_t err = cudaFuncSetAttribute(kvl_update_kernel<ND, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        if (err == cudaSuccess)
+            err = cudaFuncSetAttribute(kvl_update_kernel<ND, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        if (err != cudaSuccess) return err;
+        set = true;
+    }
+    if (smem > 200 * 1024) return cudaErrorInvalidValue;
     if (r.a.c.layout == SPX_KV_LAYOUT_ROT)
         kvl_update_kernel<ND, true><<<dim3((unsigned)r.a.c.nkv, chunks, (unsigned)r.a.n_tok), KU_WARPS * 32, smem, st>>>(r);
     else
@@ -309,8 +367,13 @@ cudaError_t spx_kvl_refine(const spx_kvl_ref_args &r, cudaStream_t st) {
     const spx_kvl_attn_args &a = r.a;
     if (a.n_tok <= 0 || !a.c.tier || r.max_sel <= 0) return cudaSuccess;
     if (!a.lse || !a.stat || a.c.gt > 32) return cudaErrorInvalidValue;
-    kvl_select_kernel<<<dim3((unsigned)a.c.nkv, (unsigned)a.n_tok), KS_THREADS, 0, st>>>(r);
+    const int64_t maxc = a.c.n_groups; /* candidates at most (the grid's chunks; blocks past nc return) */
+    const unsigned nb = (unsigned)((maxc + KS_CHUNK - 1) / KS_CHUNK);
+    kvl_select1_kernel<<<dim3((unsigned)a.c.nkv, nb > 0 ? nb : 1, (unsigned)a.n_tok), KS_THREADS, 0, st>>>(r);
     cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    if (nb > 1) kvl_select2_kernel<<<dim3((unsigned)a.c.nkv, (unsigned)a.n_tok), KS_THREADS, 0, st>>>(r);
+    err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     const unsigned chunks = (unsigned)((r.max_sel + KU_WARPS * KU_GROUPS_PER_WARP - 1) / (KU_WARPS * KU_GROUPS_PER_WARP));
     switch (a.c.hd) {
