@@ -388,10 +388,10 @@ static void test_e2e(const char *path, int refine) {
               path, graph_same, graph_n, graph_near);
         char desc[512];
         spx_kv_describe(&sg->kv, desc, sizeof desc);
-        printf("e2e %s k2v2 refine %d: cuda vs cpu: prompt %.3g (tol %.2g), steps %.3g (worst at %d), after graph steps "
+        printf("e2e %s k2v2 refine %d: cuda vs cpu: prompt %.3g (bound %.3g: fp16's + %.2g), steps %.3g (worst at %d), after graph steps "
                "%.3g (tol %.2g), graph tokens %d/%d (+%d near-ties); fp16 cache cuda vs cpu on the same tokens %.3g; low-bit vs fp16 "
                "mean: cuda %.3g, cpu %.3g; cuda %s\n",
-               path, refine, wp, E2E_TOL, wd, worst, wa, E2E_LOWBIT_TOL, graph_same, graph_n, graph_near, wf, qg, qc, desc);
+               path, refine, wp, wf0 + E2E_TOL, E2E_TOL, wd, worst, wa, E2E_LOWBIT_TOL, graph_same, graph_n, graph_near, wf, qg, qc, desc);
     }
     spx_session_free(fc);
     spx_session_free(fg);
