@@ -38,13 +38,6 @@ template <int ND> struct kvl_layout {
     static constexpr int BYTES = FLAG + 16;
 };
 
-/* n bits at bit `bit` of p (n <= 16), reading 3 bytes (the arrays carry slack). */
-__device__ __forceinline__ unsigned kvl_bits3(const uint8_t *p, int64_t bit, int n) {
-    const uint8_t *q = p + (bit >> 3);
-    const unsigned w = (unsigned)q[0] | (unsigned)q[1] << 8 | (unsigned)q[2] << 16;
-    return (w >> (bit & 7)) & ((1u << n) - 1);
-}
-
 /* Code e of a head's key codes in w (words, little-endian; w[NW] = 0) as
  * a float: the bits OR'ed into 2^23's mantissa, minus 2^23 (exact; no
  * integer conversion). */
