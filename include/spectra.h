@@ -144,6 +144,13 @@ void spx_session_checkpoint(spx_session *s);
  * and leaves the session as it was. Speculation checkpoints before a
  * draft, truncates to the checkpoint and re-feeds the accepted tokens. */
 spx_status spx_session_truncate(spx_session *s, int64_t pos);
+/* Benchmarks: moves a session at position 0 to pos without computing the
+ * positions before it (their KV rows are whatever the cache holds: zeros
+ * in a new session), so attention at depth pos can be timed without its
+ * prefill. SPX_ERR_RANGE unless the session is at 0 and pos < its context,
+ * SPX_ERR_UNSUPPORTED for a model with recurrent layers (no state for the
+ * skipped tokens). */
+spx_status spx_session_seek(spx_session *s, int64_t pos);
 
 /* Feeds n tokens at the current position. logits: NULL, or [vocab] for the
  * last token, or when all_logits != 0, [n, vocab] for every token. */

@@ -604,11 +604,15 @@ int main(void) {
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 8 -r 2 --backend cpu --kv k2v2 --kv-group 8 --kv-refine 4", tmp);
     expect(a, 0, "refine +4/+4 bits, 0.0078125 of 4-token groups, tier");
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 8 -r 1 --json", tmp);
-    expect(a, 0, "\"n_depth\": 300");
-    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 0", tmp);
+    expect(a, 0, "\"depth\": 300");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -d 300 -n 0", tmp);
     expect(a, 2, "without generation");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -n 8 --seek", tmp);
+    expect(a, 2, "--seek needs -d N");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 8 -r 1 --seek", tmp);
+    expect(a, 0, "at depth 300 (seek: not computed)");
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 8 -d 300 -n 8 --ctx 100", tmp);
-    expect(a, 2, "max(-p 8, -d 300)");
+    expect(a, 2, "max(-p, -d) + -n + 1");
     snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --temp 0 --vram-budget 1 --backend cpu -q", tmp);
     expect(a, 0, NULL);
     /* --backend cuda where there is no GPU (or no CUDA in the build): one clear line */

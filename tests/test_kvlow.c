@@ -499,6 +499,27 @@ static void test_e2e(void) {
                e_k2r, e_tr);
     }
     free(a), free(b), free(c), free(d), free(t);
+    /* spx_session_seek (bench -d): only from 0, below n_ctx; the blocks below count as encoded */
+    spx_session *s = NULL;
+    CHECK(spx_session_new(m, &k2, &s) == SPX_OK, "session: %s", spx_model_error(m));
+    if (s) {
+        float *lg = malloc((size_t)spx_model_vocab_size(m) * sizeof *lg);
+        CHECK(lg && spx_session_eval(s, ids, 1, lg, 0) == SPX_OK, "eval: %s", spx_session_error(s));
+        CHECK(spx_session_seek(s, 300) == SPX_ERR_RANGE, "seek from position 1 accepted");
+        spx_session_reset(s);
+        CHECK(spx_session_seek(s, NP + ST) == SPX_ERR_RANGE, "seek to n_ctx accepted");
+        CHECK(spx_session_seek(s, 300) == SPX_OK && spx_session_pos(s) == 300, "seek to 300: %s", spx_session_error(s));
+        for (int64_t l = 0; l < s->kv.low.n_layers; l++)
+            CHECK(s->kv.low.enc[l] == 256, "seek to 300: layer %lld encoded to %lld, not 256", (long long)l,
+                  (long long)s->kv.low.enc[l]);
+        CHECK(lg && spx_session_eval(s, ids, 1, lg, 0) == SPX_OK && spx_session_pos(s) == 301, "eval after seek: %s",
+              spx_session_error(s));
+        int finite = lg != NULL;
+        for (int64_t i = 0; lg && i < spx_model_vocab_size(m); i++) finite &= isfinite(lg[i]);
+        CHECK(finite, "logits after seek not finite");
+        free(lg);
+    }
+    spx_session_free(s);
     spx_model_free(m);
 }
 

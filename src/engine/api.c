@@ -270,6 +270,18 @@ void spx_session_checkpoint(spx_session *s) {
     s->ckpt_pos = state_op(s, SPX_STATE_CHECKPOINT) == SPX_OK ? s->pos : -1;
 }
 
+spx_status spx_session_seek(spx_session *s, int64_t pos) {
+    spx_err_clear(&s->err);
+    if (s->pos != 0 || pos < 0 || pos >= s->n_ctx)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "seek: the session is at %lld (must be 0) and %lld must be in 0..%lld",
+                        (long long)s->pos, (long long)pos, (long long)s->n_ctx - 1);
+    if (s->m->state_floats)
+        return spx_fail(&s->err, SPX_ERR_UNSUPPORTED, "seek: a model with recurrent layers has no state for skipped tokens");
+    spx_kv_seek(&s->kv, pos);
+    s->pos = pos;
+    return SPX_OK;
+}
+
 spx_status spx_session_truncate(spx_session *s, int64_t pos) {
     spx_err_clear(&s->err);
     if (pos < 0 || pos > s->pos)

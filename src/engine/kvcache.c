@@ -123,6 +123,14 @@ spx_status spx_kv_truncate(spx_kvcache *c, int64_t pos, spx_err *e) {
     return c->lowbit ? spx_kvlow_truncate(&c->low, pos, e) : SPX_OK;
 }
 
+void spx_kv_seek(spx_kvcache *c, int64_t pos) {
+    if (!c->lowbit) return;
+    for (int64_t l = 0; l < c->low.n_layers; l++) {
+        const int64_t e = pos / SPX_KVL_BLOCK * SPX_KVL_BLOCK;
+        c->low.enc[l] = e < SPX_KVL_BLOCK ? SPX_KVL_BLOCK : e;
+    }
+}
+
 spx_status spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end, spx_err *e) {
     return c->lowbit ? spx_kvlow_commit(&c->low, layer, pos_end, e) : SPX_OK;
 }

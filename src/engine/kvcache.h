@@ -46,6 +46,9 @@ void spx_kv_free(spx_kvcache *c);
  * ring; a no-op for the other types, whose rows are overwritten). */
 void spx_kv_reset(spx_kvcache *c);
 spx_status spx_kv_truncate(spx_kvcache *c, int64_t pos, spx_err *e);
+/* spx_session_seek from 0 to pos: a low-bit cache counts the blocks below
+ * pos as encoded (what the cache holds there is what attention reads). */
+void spx_kv_seek(spx_kvcache *c, int64_t pos);
 /* After a call's attention in a layer: encode what became complete below
  * pos_end (low-bit types; no-op otherwise). */
 spx_status spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end, spx_err *e);

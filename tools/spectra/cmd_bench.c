@@ -31,8 +31,11 @@ static void usage(FILE *f) {
                "                  llama-bench -d): they are prefilled once, untimed, and each run decodes from\n"
                "                  there (truncated back to N between runs); with -p N too, each run's prompt\n"
                "                  test is that context\n"
+               "  --seek          with -d: reach depth N without computing it (spx_session_seek: the cache\n"
+               "                  keeps what it holds there, zeros in a new session), so attention at depth\n"
+               "                  is timed without the prefill; each run's prompt and generation start at N\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16, q4 if f16 does not fit)\n"
-               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (docs/kv.md)\n" CLI_KV_USAGE
                "  --ctx N         context length (int; default: p + n + 1)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
@@ -88,7 +91,7 @@ int cmd_bench(int argc, char **argv) {
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     cli_kv_extra kvx = {0};
-    int json = 0, telemetry = 0;
+    int json = 0, telemetry = 0, seek = 0;
     spx_refine_params rp;
     cli_refine_defaults(&rp);
     for (int i = 1; i < argc; i++) {
@@ -99,6 +102,7 @@ int cmd_bench(int argc, char **argv) {
         else if ((rr = cli_kv_opt(argc, argv, &i, &kvx)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--telemetry")) telemetry = 1;
+        else if (!strcmp(a, "--seek")) seek = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "-p")) { if (!cli_int(a, v, 0, 1 << 20, &np)) return 2; }
@@ -115,14 +119,15 @@ int cmd_bench(int argc, char **argv) {
     if (!cli_kv_check(kv, &kvx)) return 2;
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
     if (depth && !ng) { cli_error("bench: -d %lld without generation (-n 0)", (long long)depth); return 2; }
-    const int64_t need = (np > depth ? np : depth) + ng + 1;
+    if (seek && !depth) { cli_error("bench: --seek needs -d N"); return 2; }
+    const int64_t need = seek ? depth + np + ng + 1 : (np > depth ? np : depth) + ng + 1;
     if (n_ctx > 0 && n_ctx < need) {
-        cli_error("bench: --ctx %lld is shorter than max(-p %lld, -d %lld) + -n %lld + 1", (long long)n_ctx, (long long)np,
-                  (long long)depth, (long long)ng);
+        cli_error("bench: --ctx %lld is shorter than %s", (long long)n_ctx,
+                  seek ? "-d + -p + -n + 1" : "max(-p, -d) + -n + 1");
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
+    if (kvx.tier_dir && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* the KV file tier: CPU only (docs/kv.md) */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : need,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;
@@ -161,15 +166,20 @@ int cmd_bench(int argc, char **argv) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             ids[i] = (int32_t)((rng >> 33) % (uint64_t)V);
         }
-        if (np > 0) { /* the prompt test from an empty cache (so the depth's context goes) */
+        if (np > 0) { /* the prompt test from an empty cache (so the depth's context goes), or at the seek's depth */
             spx_session_reset(s);
             at_depth = 0;
+            if (seek && spx_session_seek(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             double t0 = spx_now();
             if (spx_session_eval(s, ids, (size_t)np, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             pp[r] = (double)np / (spx_now() - t0);
             at_depth = np == depth; /* -p N -d N: the prompt test's context is the depth's */
         }
-        if (ng > 0 && depth > 0) {
+        if (ng > 0 && seek) {
+            spx_session_reset(s);
+            if (spx_session_seek(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+            if (!cli_decode_tps_here(s, ids[depth], ng, &tg[r])) goto done;
+        } else if (ng > 0 && depth > 0) {
             if (!at_depth) { /* after the prompt test, or the first run: the depth's context once */
                 double t0 = spx_now();
                 spx_session_reset(s);
@@ -220,14 +230,14 @@ int cmd_bench(int argc, char **argv) {
         tune_json = tj ? cJSON_PrintUnformatted(tj) : NULL;
         cJSON_Delete(tj);
         if (!tune_json) { cli_error("out of memory"); goto done; }
-        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
+        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
-               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f, \"n_depth\": %lld, "
+               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f, \"depth_seek\": %s, "
                "\"depth_prefill_s\": %.3f",
-               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
-               pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
-               spx_kv_cache_bytes_per_token(&s->kv), (long long)depth, depth_s);
+               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
+               (long long)reps, ppm, pp[0], pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
+               spx_kv_cache_bytes_per_token(&s->kv), seek ? "true" : "false", depth_s);
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
                "\"stream_bytes_per_token\": %llu, \"pinned_bytes\": %llu, \"slot_bytes\": %llu",
                (long long)s->n_ctx, spx_residency_name(res), (long long)off.n_layers, (long long)off.n_layers_resident,
@@ -276,7 +286,10 @@ int cmd_bench(int argc, char **argv) {
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);
         char depth_txt[96] = "";
         if (depth)
-            snprintf(depth_txt, sizeof depth_txt, " at depth %lld (prefilled in %.1f s)", (long long)depth, depth_s);
+        {
+            if (seek) snprintf(depth_txt, sizeof depth_txt, " at depth %lld (seek: not computed)", (long long)depth);
+            else snprintf(depth_txt, sizeof depth_txt, " at depth %lld (prefilled in %.1f s)", (long long)depth, depth_s);
+        }
         if (ng)
             printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)%s\n  weights read per token: %.1f MB -> %.2f GB/s\n",
                    (long long)ng, tgm, tg[0], tg[reps - 1], depth_txt, (double)bpt / 1e6, gbs);

@@ -134,7 +134,7 @@ void cli_refine_summary(FILE *f, const spx_model *m);
 int cli_budget(const char *flag, const char *s, double *out);
 
 /* The decode loop of `spectra bench -p 0 -n N` (and of `spectra tune`):
- * from a reset session, n greedy steps from token `first`, each queueing
+ * from a reset session (moved to depth by spx_session_seek when depth > 0), n greedy steps from token `first`, each queueing
  * the next (spx_session_step_greedy_ahead); *tps = n / seconds. Prints
  * the session's error and returns 0 on failure. */
 int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps);
