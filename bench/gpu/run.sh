@@ -97,7 +97,8 @@
 #                                q4; k2v2; k2v2 --kv-refine 4; the same at frac
 #                                1/32; k3v3 --kv-refine 4), settings interleaved
 #                                in ROUNDS rounds (default 3): medians and the
-#                                ratio to f16 at each depth (kv.txt).
+#                                ratio to f16 at each depth (kv.txt). KSEEK=
+#                                (empty): prefill each depth for real instead.
 # CHECKS=0 skips the checks (a staging folder without models).
 # Logs and the table go to $OUT (the device tool's folder) or /tmp/spx-gpu.
 # SPX_GPU_DIR (default .dev/gpu) names the staging folder, here and there.
@@ -249,7 +250,7 @@ if [ "$MODE" = kv ]; then # the low-bit KV cache: its test, then decode at depth
         for d in ${KDEPTHS:-8192 32768 131072}; do
             echo "$KSETS" | tr ';' '\n' | while read -r kset; do
                 # shellcheck disable=SC2086
-                timeout 200 $B/spectra bench -m $W/$s.trdc --backend cuda --kv $kset -p 0 -n "${KN:-64}" -r 1 -d $d --seek --json 2> $T/kb.err < /dev/null |
+                timeout 200 $B/spectra bench -m $W/$s.trdc --backend cuda --kv $kset -p 0 -n "${KN:-64}" -r 1 -d $d ${KSEEK---seek} --json 2> $T/kb.err < /dev/null |
                     tag "kv $kset, depth $d, round $round" >> "$OUT/kv.jsonl" ||
                     { echo "bench $kset depth $d failed:"; tail -n 3 $T/kb.err; } | tee /dev/fd/3
             done

@@ -20,7 +20,10 @@
  *     encoded blocks: the prompt's logits within E2E_TOL of the CPU's (beyond
  *     the fp16 cache's own cuda-vs-cpu error on that prompt), the
  *     steps' within E2E_LOWBIT_TOL (why: there), each backend's low-bit
- *     error against its own fp16 cache alike (E2E_QUANT_RATIO). */
+ *     error against its own fp16 cache alike (E2E_QUANT_RATIO).
+ *  4. Truncate far back (900 positions to 200, older than the device's
+ *     ring: its decode-back kernel) and re-feed: CUDA's logits and 40
+ *     steps after within E2E_LOWBIT_TOL of the CPU's doing the same. */
 #include "cuda/kvlow_dev.cuh"
 #include "cutest.cuh"
 
@@ -401,6 +404,58 @@ static void test_e2e(const char *path, int refine) {
     spx_model_free(mg);
 }
 
+/* Truncate far back into encoded blocks: 900 positions, back to 200, so
+ * the block [128, 256) is older than the device ring's 640 rows and is
+ * decoded back from codes and refinement (the device's decode-back kernel,
+ * the CPU's spx_kvlow_truncate), then 100 tokens re-fed: CUDA's logits
+ * against the CPU's doing the same, within the low-bit bound. */
+static void test_truncate_far(const char *path) {
+    spx_model_params pc = {0, "cpu", 0}, pg = {0, "cuda", 0};
+    spx_model *mc = NULL, *mg = NULL;
+    if (spx_model_open(path, &pc, &mc) != SPX_OK || spx_model_open(path, &pg, &mg) != SPX_OK) {
+        CHECK(0, "%s: open failed", path);
+        spx_model_free(mc);
+        return;
+    }
+    const int64_t V = spx_model_vocab_size(mc);
+    spx_session_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.n_ctx = 1024;
+    sp.kv = SPX_KV_K2V2;
+    sp.kv_refine = 4;
+    sp.kv_refine_tokens = 4;
+    spx_session *sc = NULL, *sg = NULL;
+    CHECK(spx_session_new(mc, &sp, &sc) == SPX_OK, "%s: cpu session: %s", path, spx_model_error(mc));
+    CHECK(spx_session_new(mg, &sp, &sg) == SPX_OK, "%s: cuda session: %s", path, spx_model_error(mg));
+    if (sc && sg) {
+        std::vector<int32_t> ids(900);
+        for (auto &id : ids) id = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+        std::vector<float> lc((size_t)V), lg((size_t)V);
+        bool ok = true;
+        for (int p = 0; p < 900; p += 300) /* three calls: blocks encoded between them */
+            ok = ok && spx_session_eval(sc, ids.data() + p, 300, lc.data(), 0) == SPX_OK &&
+                 spx_session_eval(sg, ids.data() + p, 300, lg.data(), 0) == SPX_OK;
+        ok = ok && spx_session_truncate(sc, 200) == SPX_OK && spx_session_truncate(sg, 200) == SPX_OK;
+        ok = ok && spx_session_eval(sc, ids.data() + 200, 100, lc.data(), 0) == SPX_OK &&
+             spx_session_eval(sg, ids.data() + 200, 100, lg.data(), 0) == SPX_OK;
+        CHECK(ok, "%s: eval/truncate failed: cpu %s, cuda %s", path, spx_session_error(sc), spx_session_error(sg));
+        double w = ok ? row_err(lg.data(), lc.data(), V) : 1e9, ws = 0;
+        for (int i = 0; ok && i < 40; i++) { /* steps past the block the truncate cut, until it is encoded again */
+            int32_t id = ids[300 + i];
+            ok = spx_session_eval(sc, &id, 1, lc.data(), 0) == SPX_OK && spx_session_eval(sg, &id, 1, lg.data(), 0) == SPX_OK;
+            ws = fmax(ws, ok ? row_err(lg.data(), lc.data(), V) : 1e9);
+        }
+        CHECK(ok && w <= E2E_LOWBIT_TOL && ws <= E2E_LOWBIT_TOL,
+              "%s: truncate 900 -> 200 and re-feed: cuda vs cpu logits %.3g, steps after %.3g (bound %.3g)", path, w, ws,
+              E2E_LOWBIT_TOL);
+        printf("truncate far %s: cuda vs cpu after 900 -> 200 + 100: %.3g, 40 steps after: %.3g\n", path, w, ws);
+    }
+    spx_session_free(sc);
+    spx_session_free(sg);
+    spx_model_free(mc);
+    spx_model_free(mg);
+}
+
 int main(int argc, char **argv) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
@@ -416,6 +471,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         test_e2e(argv[i], 0);
         test_e2e(argv[i], 4);
+        test_truncate_far(argv[i]);
     }
     return tl_finish("test_cuda_kvlow");
 }
