@@ -38,7 +38,7 @@ static inline void kvl_bin(const spx_kvlow *k, int value, int64_t layer, int64_t
 }
 
 /* element e of b bits (b <= 8) at bit e b, little-endian; reads two bytes
- * (allocations carry 8 bytes of slack) */
+ * (allocations carry 8 bytes of slack, the file tier's records SPX_TIER_SLACK) */
 static inline unsigned kvl_get_bits(const uint8_t *p, int64_t e, int b) {
     size_t bit = (size_t)e * (size_t)b;
     unsigned w = (unsigned)p[bit >> 3] | (unsigned)p[(bit >> 3) + 1] << 8;

@@ -400,7 +400,7 @@ static void *tier_loader_main(void *arg) {
         spx_err_clear(&le);
         read_count rc = {0, 0};
         spx_status st;
-        uint8_t *data = malloc(len);
+        uint8_t *data = calloc((size_t)len + SPX_TIER_SLACK, 1);
         if (!data)
             st = spx_fail(&le, SPX_ERR_NOMEM, "%s: no memory for %u bytes at offset %llu", t->path, len,
                           (unsigned long long)off);
@@ -805,7 +805,7 @@ spx_status spx_tier_put(spx_tier *t, uint64_t off, uint32_t len, const uint8_t *
             list_push_head(t, L_LRU, i);
         }
     } else if (st == SPX_OK && len <= t->budget && tier_reserve(t, 1) == 0) {
-        uint8_t *copy = malloc(len); /* no memory: the bytes are on disk, only not cached */
+        uint8_t *copy = calloc((size_t)len + SPX_TIER_SLACK, 1); /* no memory: the bytes are on disk, only not cached */
         if (copy) {
             memcpy(copy, data, len);
             i = ent_new(t, off, len);

@@ -91,6 +91,9 @@
 
 #define SPX_TIER_MAX_LOADERS 64
 #define SPX_TIER_ALIGN 4096 /* O_DIRECT span and buffer alignment (at least) */
+/* Every cached buffer has this many zero bytes after its len (bit readers
+ * that load a word at a time may read past a record's last byte). */
+#define SPX_TIER_SLACK 8
 
 typedef enum spx_tier_mode {
     SPX_TIER_SKIP = 0,    /* a miss returns NULL and is queued for the loaders */
