@@ -202,7 +202,8 @@ typedef struct spx_spec_params {
     int32_t min_count[SPX_SPEC_NGRAM_LIMIT];   /* [n-1]: earlier occurrences an n-gram needs, >= 1 */
     int32_t min_percent[SPX_SPEC_NGRAM_LIMIT]; /* [n-1]: share of them followed by the drafted token, 0..100 */
     /* adaptive K: after a pass that kept every draft token the cap doubles
-     * (up to draft_max); after a rejection it becomes the kept count + 1.
+     * (up to draft_max); after a rejection it becomes the kept count + 1
+     * (at least draft_min).
      * Drafting pauses for `pause` tokens when the running acceptance (each
      * pass weighs 1/8) falls below stop_below; then one probe pass decides:
      * its acceptance >= stop_below resumes, else the pause doubles (up to

@@ -185,7 +185,7 @@ static void adapt(spx_spec *sp, int32_t drafted, int32_t kept) {
     const spx_spec_params *p = &sp->p;
     double a = (double)kept / drafted;
     sp->k_cur = kept == drafted ? (sp->k_cur * 2 < p->draft_max ? sp->k_cur * 2 : p->draft_max) : kept + 1;
-    if (sp->k_cur < 1) sp->k_cur = 1;
+    if (sp->k_cur < p->draft_min) sp->k_cur = p->draft_min; /* a smaller cap would never draft again */
     if (p->stop_below <= 0) return;
     if (sp->probing) {
         sp->probing = 0;
