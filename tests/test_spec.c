@@ -94,10 +94,12 @@ static void test_proposer(void) {
 
 /* ---- fixtures --------------------------------------------------------------- */
 
-static spx_model *open_fixture(const char *name) {
+/* threads: 2 (rows split over threads: what the CLI runs) or 1 (the
+ * many short sampling runs, which 2 threads on a loaded machine slow) */
+static spx_model *open_fixture(const char *name, int threads) {
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s", name);
-    spx_model_params mp = {.n_threads = 2};
+    spx_model_params mp = {.n_threads = threads};
     spx_model *m = NULL;
     CHECK(spx_model_open(tl_shared(rel), &mp, &m) == SPX_OK, "%s: %s", name, spx_last_error());
     return m;
@@ -116,7 +118,7 @@ static int32_t *make_prompt(int64_t V, int n, uint64_t seed) {
 /* ---- truncate then re-eval ------------------------------------------------ */
 
 static void test_truncate(const char *name, spx_kv_type kv) {
-    spx_model *m = open_fixture(name);
+    spx_model *m = open_fixture(name, 2);
     if (!m) return;
     const int64_t V = spx_model_vocab_size(m);
     const int n = 24, cut = 13, extra = 5;
@@ -219,7 +221,7 @@ static int gen_spec(spx_model *m, spx_kv_type kv, const int32_t *prompt, int np,
 }
 
 static void test_greedy(const char *name, spx_kv_type kv) {
-    spx_model *m = open_fixture(name);
+    spx_model *m = open_fixture(name, 2);
     if (!m) return;
     const int64_t V = spx_model_vocab_size(m);
     const int np = 48, ng = quick() ? 24 : 64;
@@ -233,7 +235,9 @@ static void test_greedy(const char *name, spx_kv_type kv) {
             spx_spec_params_default(&pp);
             pp.draft_min = 1;
             pp.draft_max = 6;
-            if (mode > 0) pp.stop_below = 0; /* a drafter under test drafts at every step */
+            pp.stop_below = 0; /* a drafter under test drafts at every step it can */
+            if (mode == 0) /* the lookup drafts from any earlier match: more verifications to check */
+                for (int k = 0; k < SPX_SPEC_NGRAM_LIMIT; k++) pp.min_count[k] = 1, pp.min_percent[k] = 0;
             oracle o = {ref, np + ng, mode - 1, V, 0};
             spx_spec_stats st = {0};
             memset(got, 0xff, (size_t)ng * sizeof *got);
@@ -288,10 +292,10 @@ static double chi2_two(const int64_t *a, const int64_t *b, int64_t V, int64_t na
 }
 
 static void test_sampling(const char *name) {
-    spx_model *m = open_fixture(name);
+    spx_model *m = open_fixture(name, 1);
     if (!m) return;
     const int64_t V = spx_model_vocab_size(m);
-    const int np = 16, ng = 4, R = quick() ? 1500 : 6000;
+    const int np = 16, ng = 4, R = quick() ? 1000 : 3000;
     int32_t *prompt = make_prompt(V, np, 9);
     int32_t greedy[4], *ref = malloc((size_t)(np + ng) * sizeof *ref);
     spx_sampler_params smp = {1.0f, 6, 1.0f, 0};
@@ -335,7 +339,7 @@ static void test_sampling(const char *name) {
           name, c0, df0, df0 >= 3 ? chi2_crit(df0) : 0.0);
     CHECK(df1 >= 3 && c1 < chi2_crit(df1), "%s: third token's frequencies differ from plain sampling: chi2 %.1f, df %d, critical %.1f",
           name, c1, df1, df1 >= 3 ? chi2_crit(df1) : 0.0);
-    CHECK(kept >= 50 && kept < drafted, "%s: %lld of %lld drafts kept: the test needs both outcomes", name,
+    CHECK(kept >= R / 100 && kept < drafted, "%s: %lld of %lld drafts kept: the test needs both outcomes", name,
           (long long)kept, (long long)drafted);
     printf("%s sampling: chi2 %.1f (df %d, crit %.1f), %.1f (df %d, crit %.1f); kept %lld of %lld drafts\n", name, c0,
            df0, chi2_crit(df0), c1, df1, chi2_crit(df1), (long long)kept, (long long)drafted);
@@ -389,7 +393,7 @@ static void test_chi2_power(void) {
 }
 
 static void test_params(void) {
-    spx_model *m = open_fixture("tiny-llama3");
+    spx_model *m = open_fixture("tiny-llama3", 2);
     if (!m) return;
     spx_session *s = NULL;
     CHECK(spx_session_new(m, NULL, &s) == SPX_OK, "session");
