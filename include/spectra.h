@@ -204,8 +204,8 @@ typedef struct spx_spec_params {
     /* adaptive K: after a pass that kept every draft token the cap doubles
      * (up to draft_max); after a rejection it becomes the kept count + 1
      * (at least draft_min).
-     * Drafting pauses for `pause` tokens when the running acceptance (each
-     * pass weighs 1/8) falls below stop_below; then one probe pass decides:
+     * Drafting pauses for `pause` tokens when the running acceptance (from
+     * 1/2, each pass weighing 1/4) falls below stop_below; then one probe pass decides:
      * its acceptance >= stop_below resumes, else the pause doubles (up to
      * 16 pause). stop_below 0: never pause. */
     float stop_below;       /* 0..1 */

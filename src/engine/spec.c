@@ -105,7 +105,7 @@ spx_status spx_spec_new(spx_session *s, const spx_spec_params *p, spx_spec **out
         return spx_fail(&s->err, SPX_ERR_NOMEM, "out of memory for speculation (%zu logit rows)", R);
     }
     sp->k_cur = p->draft_max;
-    sp->acc = 1.0;
+    sp->acc = 0.5; /* neutral: three passes that keep nothing pause (0.5 * 0.75^3 < 0.25) */
     sp->pause_cur = p->pause;
     *out = sp;
     return SPX_OK;
@@ -198,7 +198,7 @@ static void adapt(spx_spec *sp, int32_t drafted, int32_t kept) {
         }
         return;
     }
-    sp->acc = 0.875 * sp->acc + 0.125 * a;
+    sp->acc = 0.75 * sp->acc + 0.25 * a;
     if (sp->acc < p->stop_below) sp->pause_left = sp->pause_cur;
 }
 
