@@ -1,5 +1,6 @@
 #!/bin/sh
-# bench/kv_speed.sh: decode speed at a given context for each KV setting,
+# bench/kv_speed.sh: prompt speed of ctx - GEN tokens, then decode speed of
+# GEN tokens after them (bench -p P -d P: at that depth), for each KV setting,
 # interleaved (round r runs every setting once before round r + 1, so a
 # noisy machine hits all of them alike). One JSON line per run (bench
 # --json plus the setting); take medians per (ctx, setting) over rounds.
@@ -21,7 +22,7 @@ while [ "$r" -lt "$ROUNDS" ]; do
             flags=""
             [ "$kv" = "$cfg" ] || flags=${cfg#*:}
             # shellcheck disable=SC2086
-            out=$("$BIN" bench -m "$M" -p $((ctx - GEN)) -n "$GEN" -r 1 --threads "$THREADS" --backend cpu \
+            out=$("$BIN" bench -m "$M" -p $((ctx - GEN)) -d $((ctx - GEN)) -n "$GEN" -r 1 --threads "$THREADS" --backend cpu \
                   --kv "$kv" $flags --json 2>/dev/null)
             printf '{"round": %s, "ctx": %s, "kv": "%s", "flags": "%s", "bench": %s}\n' "$r" "$ctx" "$kv" "$flags" "$out"
         done

@@ -115,6 +115,13 @@ typedef struct spx_session_params {
     int32_t kv_refine;         /* nested refinement bits per key and value element (1..8); 0: none */
     double kv_refine_frac;     /* fraction of token groups refined per step; 0: 1/128 */
     int32_t kv_refine_tokens;  /* tokens per refinement group (divides 128); 0: 4 on the CPU, 2 on a GPU */
+    /* where the refinement bits live: NULL, host RAM; else a file made in
+     * this folder (removed at once, gone with the session) read through an
+     * LRU RAM cache (the CPU only); kv_refine then defaults to 4 */
+    const char *kv_tier_dir;
+    int64_t kv_tier_cache_mb;  /* that cache's budget in MiB; 0: 256 */
+    int32_t kv_tier_wait;      /* a record not cached: 0, its group keeps its resident value this step (the
+                                * record is loaded in the background); 1, the step waits for it */
 } spx_session_params;
 
 spx_status spx_session_new(spx_model *m, const spx_session_params *p,
@@ -137,6 +144,13 @@ void spx_session_checkpoint(spx_session *s);
  * and leaves the session as it was. Speculation checkpoints before a
  * draft, truncates to the checkpoint and re-feeds the accepted tokens. */
 spx_status spx_session_truncate(spx_session *s, int64_t pos);
+/* Benchmarks: moves a session at position 0 to pos without computing the
+ * positions before it (their KV rows are whatever the cache holds: zeros
+ * in a new session), so attention at depth pos can be timed without its
+ * prefill. SPX_ERR_RANGE unless the session is at 0 and pos < its context,
+ * SPX_ERR_UNSUPPORTED for a model with recurrent layers (no state for the
+ * skipped tokens). */
+spx_status spx_session_seek(spx_session *s, int64_t pos);
 
 /* Feeds n tokens at the current position. logits: NULL, or [vocab] for the
  * last token, or when all_logits != 0, [n, vocab] for every token. */
@@ -201,13 +215,13 @@ typedef struct spx_spec_params {
     int32_t ngram_max;
     int32_t min_count[SPX_SPEC_NGRAM_LIMIT];   /* [n-1]: earlier occurrences an n-gram needs, >= 1 */
     int32_t min_percent[SPX_SPEC_NGRAM_LIMIT]; /* [n-1]: share of them followed by the drafted token, 0..100 */
-    /* adaptive K: after a pass that kept every draft token the cap doubles
+    /* adaptive K: the cap starts at draft_min; after a pass that kept every draft token it doubles
      * (up to draft_max); after a rejection it becomes the kept count + 1
      * (at least draft_min).
      * Drafting pauses for `pause` tokens when the running acceptance (from
      * 1/2, each pass weighing 1/4) falls below stop_below; then one probe pass decides:
      * its acceptance >= stop_below resumes, else the pause doubles (up to
-     * 16 pause). stop_below 0: never pause. */
+     * 16 pause); a probe drafts at most draft_min tokens. stop_below 0: never pause. */
     float stop_below;       /* 0..1 */
     int32_t pause;          /* >= 1 */
 } spx_spec_params;

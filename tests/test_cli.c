@@ -251,11 +251,14 @@ static double json_num(const char *out, const char *key, int models) {
  * PPL while k2v2 alone is further off (the flags reach the cache); the
  * record names the settings; flags that do not apply, and bad values, are
  * usage errors or a clear library message. */
-static void kv_lowbit_cases(void) {
+static void kv_lowbit_cases(const char *tmp) {
     const char *dl = tl_shared("models/docllama-long");
-    char a[1500], *o[3] = {NULL, NULL, NULL};
-    static const char *const kv[3] = {"--kv f16", "--kv k2v2", "--kv k2v2 --kv-refine 8 --kv-refine-frac 1"};
-    for (int k = 0; k < 3; k++) {
+    char a[1500], *o[4] = {NULL, NULL, NULL, NULL}, filetier[700];
+    /* the 4th: the 3rd with its records in a file tier (wait policy, a 1 MiB cache): the same PPL exactly */
+    snprintf(filetier, sizeof filetier, "--kv k2v2 --kv-refine 8 --kv-refine-frac 1 --kv-tier %s --kv-tier-miss wait "
+             "--kv-tier-cache 1", tmp);
+    const char *const kv[4] = {"--kv f16", "--kv k2v2", "--kv k2v2 --kv-refine 8 --kv-refine-frac 1", filetier};
+    for (int k = 0; k < 4; k++) {
         char cmd[2000];
         snprintf(cmd, sizeof cmd, "%s perplexity -m %s -f %s/eval.txt --ctx 512 --chunks 1 --threads 2 %s --json 2>&1",
                  bin(), dl, dl, kv[k]);
@@ -265,7 +268,15 @@ static void kv_lowbit_cases(void) {
     CHECK(fabs(p2r - p16) < 0.005 * p16 && fabs(p2 - p16) > fabs(p2r - p16), "PPL f16 %g, k2v2 %g, k2v2 +8 all %g", p16,
           p2, p2r);
     CHECK(o[2] && strstr(o[2], "refine +8/+8 bits, 1 of 4-token groups"), "no KV record in:\n%s", o[2]);
-    for (int k = 0; k < 3; k++) free(o[k]);
+    CHECK(json_num(o[3], "ppl", 0) == p2r, "PPL with the file tier %g, with host RAM %g", json_num(o[3], "ppl", 0), p2r);
+    CHECK(o[3] && strstr(o[3], "in a file (") && strstr(o[3], "1 MiB RAM cache (wait for misses"),
+          "no file-tier KV record in:\n%s", o[3]);
+    for (int k = 0; k < 4; k++) free(o[k]);
+    snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv k2v2 --kv-tier /nonexistent/kvt", dl, dl);
+    expect(a, 1, "/nonexistent/kvt: cannot create a tier file");
+    expect("perplexity -m x -f y --kv k2v2 --kv-tier-cache 64", 2, "need --kv-tier DIR");
+    expect("perplexity -m x -f y --kv q4 --kv-tier /tmp", 2, "apply to the low-bit KV types");
+    expect("perplexity -m x -f y --kv k2v2 --kv-tier /tmp --kv-tier-miss later", 2, "expected skip or wait");
     snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv-refine 4", dl, dl);
     expect(a, 2, "apply to the low-bit KV types");
     snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv k2v2 --kv-group 48", dl, dl);
@@ -553,7 +564,7 @@ int main(void) {
      * the refusals */
     tune_cases(tmp);
     tune_neuron_cases(tmp);
-    kv_lowbit_cases();
+    kv_lowbit_cases(tmp);
     score_last_cases(tmp); /* after tune_cases: its st.trdc, st.refine and story.txt */
 
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
@@ -613,6 +624,22 @@ int main(void) {
     expect(a, 2, "--vram-budget");
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 8 -n 8 --ctx 10", tmp);
     expect(a, 2, "--ctx");
+    /* -d: decode after 300 positions of context; with the low-bit cache
+     * its first complete block is encoded, so refinements are counted */
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 8 -r 2 --backend cpu --kv k2v2 --kv-group 8 --kv-refine 4", tmp);
+    expect(a, 0, "at depth 300");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 8 -r 2 --backend cpu --kv k2v2 --kv-group 8 --kv-refine 4", tmp);
+    expect(a, 0, "refine +4/+4 bits, 0.0078125 of 4-token groups, tier");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 8 -r 1 --json", tmp);
+    expect(a, 0, "\"depth\": 300");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -d 300 -n 0", tmp);
+    expect(a, 2, "without generation");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -n 8 --seek", tmp);
+    expect(a, 2, "--seek needs -d N");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 0 -d 300 -n 8 -r 1 --seek", tmp);
+    expect(a, 0, "at depth 300 (seek: not computed)");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 8 -d 300 -n 8 --ctx 100", tmp);
+    expect(a, 2, "max(-p, -d) + -n + 1");
     snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --temp 0 --vram-budget 1 --backend cpu -q", tmp);
     expect(a, 0, NULL);
     /* --backend cuda where there is no GPU (or no CUDA in the build): one clear line */

@@ -13,12 +13,21 @@
  *  4. End to end on docllama-58m: logits of a 600-token prompt and of decode
  *     steps with k4v4 + 8 refinement bits on every group equal the fp16
  *     cache's within TOL_E2E; k2v2 without refinement is further off than
- *     with it (the refinement is applied); truncate then re-feed matches. */
+ *     with it (the refinement is applied); truncate then re-feed matches.
+ *  5. The file tier (cfg.tier_dir, refine/tier.h's scratch tier): the same
+ *     codes as host RAM; identical attention with the wait policy at any
+ *     cache size; skip with no cache = the resident path; skip with a
+ *     small cache misses, then after the loads matches host RAM; refined
+ *     rows read back identically; end to end identical logits (incl.
+ *     truncate into an encoded block); a missing folder fails naming it;
+ *     --kv-tier alone turns on +4 bits. */
 #include "testlib.h"
 #include "core/err.h"
 #include "core/half.h"
 #include "engine/kvcache.h"
 #include "engine/kvlow.h"
+#include "engine/session.h"
+#include "refine/tier.h"
 #include "spectra.h"
 
 #include <math.h>
@@ -136,7 +145,7 @@ static int lib_build(spx_kvlow *k, const ref_cache *r, int rb_override) {
     }
     for (int64_t p = 0; p < r->n; p++) {
         spx_kvlow_store(k, 0, p, r->k + p * r->kvd, r->v + p * r->kvd);
-        spx_kvlow_commit(k, 0, p + 1);
+        CHECK(spx_kvlow_commit(k, 0, p + 1, NULL) == SPX_OK, "commit at %lld", (long long)p);
     }
     return 1;
 }
@@ -156,7 +165,7 @@ static void test_store_load(const ref_cache *r) {
     for (int64_t p = SPX_KVL_BLOCK; p < k.enc[0]; p++)
         for (int value = 0; value < 2; value++)
             for (int refined = 0; refined < 2; refined++) {
-                spx_kvlow_dequant_row(&k, 0, p, value, refined, row);
+                CHECK(spx_kvlow_dequant_row(&k, 0, p, value, refined, row, NULL) == SPX_OK, "dequant %lld", (long long)p);
                 const float *src = (refined ? (value ? r->vf : r->kf) : (value ? r->vr : r->kr)) + p * r->kvd;
                 if (r->cfg.layout == SPX_KV_LAYOUT_ROT)
                     for (int64_t h = 0; h < r->nkv; h++) hadamard(src + h * r->hd, exp_ + h * r->hd, r->hd, r->rot);
@@ -317,6 +326,84 @@ static void test_attention(const ref_cache *r) {
     free(q), free(sc), free(o1), free(o2), free(oref);
 }
 
+/* The file tier (cfg.tier_dir) against host RAM on the same rows and
+ * queries: with the wait policy the outputs are identical (same records,
+ * same order of work) whatever the cache's size; with the skip policy and
+ * no cache every selected group misses, which is the resident path
+ * exactly; with a cache that holds the selected records but not the
+ * whole tier, the first query misses some, and after the loaders ran the
+ * same query is identical to host RAM. */
+static void test_file_tier(const ref_cache *r) {
+    const int G = 3;
+    const int64_t hd = r->hd, n = r->n, kvh = r->nkv - 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    uint64_t rng = 1234;
+    float *q = malloc((size_t)G * hd * sizeof *q), *sc = malloc((size_t)G * n * sizeof *sc);
+    float *oram = malloc((size_t)G * hd * sizeof *oram), *o = malloc((size_t)G * hd * sizeof *o),
+          *ores = malloc((size_t)G * hd * sizeof *ores);
+    for (int64_t i = 0; i < G * hd; i++) q[i] = tl_rand_normal(&rng) * 1.5f;
+    spx_kvlow ram;
+    if (!lib_build(&ram, r, -1)) return;
+    float *work = malloc(spx_kvlow_work_floats(&ram, G) * sizeof *work);
+    spx_kvlow_attend(&ram, NULL, 0, kvh, G, q, hd, 0, n, scale, sc, n, oram, hd, work);
+    ram.cfg.frac = 0;
+    spx_kvlow_attend(&ram, NULL, 0, kvh, G, q, hd, 0, n, scale, sc, n, ores, hd, work);
+    const int64_t cand = (ram.enc[0] - SPX_KVL_BLOCK) / r->cfg.gt, n_sel = spx_kvlow_n_sel(r->cfg.frac, cand);
+    struct { int wait; uint64_t cache; const char *what; } cases[] = {
+        {1, (uint64_t)1 << 30, "wait, everything cached"},
+        {1, ram.gbytes, "wait, a one-record cache"},
+        {0, 0, "skip, no cache"},
+        {0, (uint64_t)(n_sel + 2) * ram.gbytes, "skip, a cache of the selected records"},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        ref_cache rf = *r;
+        rf.cfg.tier_dir = tl_tmpdir();
+        rf.cfg.tier_cache = cases[ci].cache;
+        rf.cfg.tier_wait = cases[ci].wait;
+        spx_kvlow f;
+        if (!lib_build(&f, &rf, -1)) continue;
+        CHECK(f.ft && !f.tier, "%s: no file tier", cases[ci].what);
+        CHECK(!memcmp(f.ck, ram.ck, (size_t)ram.n_ctx * ram.krow) && !memcmp(f.cv, ram.cv, (size_t)ram.n_ctx * ram.vrow),
+              "%s: codes differ from host RAM's", cases[ci].what);
+        spx_kvlow_attend(&f, NULL, 0, kvh, G, q, hd, 0, n, scale, sc, n, o, hd, work);
+        const float *want = ci == 2 ? ores : ci == 3 ? NULL : oram;
+        if (want)
+            CHECK(!memcmp(o, want, (size_t)G * hd * sizeof *o), "%s: output differs from %s (max %g)", cases[ci].what,
+                  ci == 2 ? "the resident path" : "host RAM's", tl_max_diff(o, want, (size_t)(G * hd)));
+        spx_err e;
+        spx_err_clear(&e);
+        CHECK(spx_kvlow_error(&f, &e) == SPX_OK && spx_kvlow_step_end(&f, &e) == SPX_OK, "%s: %s", cases[ci].what, e.msg);
+        if (ci == 2)
+            CHECK(f.stats.groups_missed == (uint64_t)n_sel && f.stats.groups_refined == 0,
+                  "%s: %llu of %lld selected groups missed", cases[ci].what, (unsigned long long)f.stats.groups_missed,
+                  (long long)n_sel);
+        if (ci == 3) {
+            CHECK(f.stats.groups_missed > 0, "%s: the first query found every record cached", cases[ci].what);
+            spx_tier_drain(f.ft, &e);
+            uint64_t missed = f.stats.groups_missed;
+            spx_kvlow_attend(&f, NULL, 0, kvh, G, q, hd, 0, n, scale, sc, n, o, hd, work);
+            CHECK(f.stats.groups_missed == missed && !memcmp(o, oram, (size_t)G * hd * sizeof *o),
+                  "%s: after the loads the same query is not host RAM's (%llu more misses, max %g)", cases[ci].what,
+                  (unsigned long long)(f.stats.groups_missed - missed), tl_max_diff(o, oram, (size_t)(G * hd)));
+            CHECK(spx_kvlow_step_end(&f, &e) == SPX_OK, "step_end: %s", e.msg);
+        }
+        /* the rows read back with refinement: host RAM's */
+        float *a = malloc((size_t)r->kvd * sizeof *a), *b = malloc((size_t)r->kvd * sizeof *b);
+        for (int64_t p = SPX_KVL_BLOCK; p < ram.enc[0]; p += 37) {
+            CHECK(spx_kvlow_dequant_row(&f, 0, p, p & 1, 1, a, &e) == SPX_OK &&
+                      spx_kvlow_dequant_row(&ram, 0, p, p & 1, 1, b, &e) == SPX_OK &&
+                      !memcmp(a, b, (size_t)r->kvd * sizeof *a),
+                  "%s: refined row %lld differs from host RAM's: %s", cases[ci].what, (long long)p, e.msg);
+        }
+        free(a), free(b);
+        spx_kvlow_free(&f);
+    }
+    CHECK(tl_dir_entries(tl_tmpdir()) == 0, "a file tier left a file in %s", tl_tmpdir());
+    free(work);
+    spx_kvlow_free(&ram);
+    free(q), free(sc), free(oram), free(o), free(ores);
+}
+
 /* all groups, +8 bits: fp16-KV attention */
 static void test_full_refine(const spx_kvlow_cfg *c0, int64_t n, int64_t hd, int64_t nkv) {
     spx_kvlow_cfg c = *c0;
@@ -381,6 +468,27 @@ static void test_e2e(void) {
     float *a = run_session(m, &f16, ids, NP, ST, -1), *b = run_session(m, &full, ids, NP, ST, -1);
     float *c = run_session(m, &k2, ids, NP, ST, -1), *d = run_session(m, &k2r, ids, NP, ST, -1);
     float *t = run_session(m, &full, ids, NP, ST, 450);
+    /* the same two with the records in a file tier (wait: identical), one
+     * of them through a cache far smaller than the tier */
+    spx_session_params k2f = k2r, fullf = full;
+    k2f.kv_tier_dir = fullf.kv_tier_dir = tl_tmpdir();
+    k2f.kv_tier_wait = fullf.kv_tier_wait = 1;
+    k2f.kv_tier_cache_mb = 1;
+    float *df = run_session(m, &k2f, ids, NP, ST, -1), *tf = run_session(m, &fullf, ids, NP, ST, 450);
+    if (d && df) CHECK(!memcmp(d, df, n * sizeof *d), "k2v2 +8 all: file tier (1 MiB cache) logits differ from host RAM's");
+    if (t && tf) CHECK(!memcmp(t, tf, n * sizeof *t), "truncate + re-feed: file tier logits differ from host RAM's");
+    free(df), free(tf);
+    {
+        spx_session *s = NULL;
+        spx_session_params bad = {.n_ctx = 512, .kv = SPX_KV_K2V2, .kv_tier_dir = "/nonexistent/spectra-kv"};
+        CHECK(spx_session_new(m, &bad, &s) == SPX_ERR_IO && !s && strstr(spx_model_error(m), "/nonexistent/spectra-kv"),
+              "a missing tier folder: %s", spx_model_error(m));
+        spx_session_params norefine = {.n_ctx = 512, .kv = SPX_KV_K2V2, .kv_tier_dir = tl_tmpdir()};
+        CHECK(spx_session_new(m, &norefine, &s) == SPX_OK && s, "--kv-tier alone: %s", spx_model_error(m));
+        if (s) CHECK(s->kv.low.cfg.rb == 4 && s->kv.low.ft, "--kv-tier alone: refinement bits %d (expected 4 by default)",
+                     s->kv.low.cfg.rb);
+        spx_session_free(s);
+    }
     if (a && b && c && d && t) {
         double e_full = tl_max_diff(a, b, n), e_k2 = tl_mean_diff(a, c, n), e_k2r = tl_mean_diff(a, d, n);
         double e_tr = tl_max_diff(a, t, n);
@@ -391,6 +499,27 @@ static void test_e2e(void) {
                e_k2r, e_tr);
     }
     free(a), free(b), free(c), free(d), free(t);
+    /* spx_session_seek (bench -d): only from 0, below n_ctx; the blocks below count as encoded */
+    spx_session *s = NULL;
+    CHECK(spx_session_new(m, &k2, &s) == SPX_OK, "session: %s", spx_model_error(m));
+    if (s) {
+        float *lg = malloc((size_t)spx_model_vocab_size(m) * sizeof *lg);
+        CHECK(lg && spx_session_eval(s, ids, 1, lg, 0) == SPX_OK, "eval: %s", spx_session_error(s));
+        CHECK(spx_session_seek(s, 300) == SPX_ERR_RANGE, "seek from position 1 accepted");
+        spx_session_reset(s);
+        CHECK(spx_session_seek(s, NP + ST) == SPX_ERR_RANGE, "seek to n_ctx accepted");
+        CHECK(spx_session_seek(s, 300) == SPX_OK && spx_session_pos(s) == 300, "seek to 300: %s", spx_session_error(s));
+        for (int64_t l = 0; l < s->kv.low.n_layers; l++)
+            CHECK(s->kv.low.enc[l] == 256, "seek to 300: layer %lld encoded to %lld, not 256", (long long)l,
+                  (long long)s->kv.low.enc[l]);
+        CHECK(lg && spx_session_eval(s, ids, 1, lg, 0) == SPX_OK && spx_session_pos(s) == 301, "eval after seek: %s",
+              spx_session_error(s));
+        int finite = lg != NULL;
+        for (int64_t i = 0; lg && i < spx_model_vocab_size(m); i++) finite &= isfinite(lg[i]);
+        CHECK(finite, "logits after seek not finite");
+        free(lg);
+    }
+    spx_session_free(s);
     spx_model_free(m);
 }
 
@@ -412,6 +541,7 @@ int main(void) {
                 ref_build(&r, &c, 128 * 4 + 77, 64, 2, 1 + (uint64_t)n_cfg);
                 test_store_load(&r);
                 test_attention(&r);
+                if (gi == 0 && c.rb) test_file_tier(&r);
                 ref_free(&r);
                 if (gi == 0) test_full_refine(&c, 128 * 3 + 5, 64, 1);
                 n_cfg++;

@@ -25,7 +25,14 @@
  *   batches at once (SKIP and WAIT), every returned byte checked, the
  *   counters consistent at the end (hits + misses = requests; after a
  *   drain every queued range was loaded). Run under ASan/UBSan by the
- *   SAN=1 build. */
+ *   SAN=1 build.
+ * - Scratch tiers (spx_tier_create): the file is gone from its folder at
+ *   once; put ranges are returned at once from the cache (hits) and, once
+ *   evicted, from the file (O_DIRECT where allowed, buffered forced);
+ *   a put over a cached range replaces its bytes; read_now returns the
+ *   current bytes whether cached or not; a missing folder and a size no
+ *   file system can reserve fail naming the folder; put/read_now on a
+ *   read-only tier and past the end fail naming the file. */
 #include "testlib.h"
 
 #include "refine/tier.h"
@@ -42,6 +49,9 @@ static char g_path[512];
 
 static int range_ok(const uint8_t *p, uint64_t off, uint32_t len) {
     return p && memcmp(p, g_ref + off, len) == 0;
+}
+static int range_ok_in(const uint8_t *p, const uint8_t *ref, uint64_t off, uint32_t len) {
+    return p && memcmp(p, ref + off, len) == 0;
 }
 
 static void rand_range(uint64_t *rng, uint32_t max_len, uint64_t *off, uint32_t *len) {
@@ -458,6 +468,86 @@ static void test_concurrency(int wait_mode) {
     spx_tier_close(t);
 }
 
+static void test_scratch(int mode_flags) {
+    enum { REC = 700, N = 40 }; /* 700-byte records: none aligned to 4 KiB */
+    spx_tier *t = NULL;
+    spx_err e;
+    spx_err_clear(&e);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/scratch%d", tl_tmpdir(), mode_flags);
+    CHECK(tl_mkdir(dir) == 0, "mkdir %s", dir);
+    CHECK(spx_tier_create(dir, (uint64_t)REC * N, 4 * REC, SPX_TIER_WAIT | mode_flags, 2, &t, &e) == SPX_OK, "create: %s",
+          e.msg);
+    if (!t) return;
+    CHECK(tl_dir_entries(dir) == 0, "the scratch file is still in %s", dir);
+    uint8_t *want = malloc((size_t)REC * N), buf[REC];
+    uint64_t rng = 77 + (uint64_t)mode_flags;
+    for (size_t i = 0; i < (size_t)REC * N; i++) want[i] = (uint8_t)(tl_rand_u64(&rng) >> 56);
+    for (int r = 0; r < N; r++)
+        CHECK(spx_tier_put(t, (uint64_t)r * REC, REC, want + (size_t)r * REC, &e) == SPX_OK, "put %d: %s", r, e.msg);
+    spx_tier_stats st;
+    spx_tier_stats_get(t, &st);
+    CHECK(st.writes == N && st.bytes_written == (uint64_t)REC * N && st.cur_bytes <= 4 * REC && st.entries == 4,
+          "after %d puts: %llu writes, %llu cached bytes in %llu entries", N, (unsigned long long)st.writes,
+          (unsigned long long)st.cur_bytes, (unsigned long long)st.entries);
+    /* the newest four are cached: hits without a read */
+    const uint8_t *p = NULL;
+    CHECK(spx_tier_get(t, (uint64_t)(N - 1) * REC, REC, &p, &e) == SPX_OK && range_ok_in(p, want, (uint64_t)(N - 1) * REC, REC),
+          "newest record");
+    spx_tier_stats_get(t, &st);
+    CHECK(st.hits == 1 && st.loads == 0, "the newest record was not a cache hit (%llu hits, %llu loads)",
+          (unsigned long long)st.hits, (unsigned long long)st.loads);
+    CHECK(spx_tier_step_end(t, &e) == SPX_OK, "step_end: %s", e.msg);
+    /* every record from the file or the cache, in batches */
+    for (int r0 = 0; r0 < N; r0 += 3) {
+        uint64_t off[3];
+        uint32_t len[3];
+        const uint8_t *out[3];
+        int n = N - r0 < 3 ? N - r0 : 3;
+        for (int j = 0; j < n; j++) off[j] = (uint64_t)(r0 + j) * REC, len[j] = REC;
+        CHECK(spx_tier_get_many(t, (size_t)n, off, len, out, &e) == SPX_OK, "get_many: %s", e.msg);
+        for (int j = 0; j < n; j++) CHECK(range_ok_in(out[j], want, off[j], REC), "record %d read back", r0 + j);
+        CHECK(spx_tier_step_end(t, &e) == SPX_OK, "step_end: %s", e.msg);
+    }
+    /* a put over a cached range, and over one only on disk */
+    memset(buf, 0xA5, REC);
+    CHECK(spx_tier_put(t, (uint64_t)(N - 1) * REC, REC, buf, &e) == SPX_OK && spx_tier_put(t, 0, REC, buf, &e) == SPX_OK,
+          "re-put: %s", e.msg);
+    memcpy(want + (size_t)(N - 1) * REC, buf, REC);
+    memcpy(want, buf, REC);
+    for (int r = 0; r < N; r++) {
+        uint8_t got[REC];
+        CHECK(spx_tier_read_now(t, (uint64_t)r * REC, REC, got, &e) == SPX_OK && !memcmp(got, want + (size_t)r * REC, REC),
+              "read_now record %d: %s", r, e.msg);
+        CHECK(spx_tier_get(t, (uint64_t)r * REC, REC, &p, &e) == SPX_OK && range_ok_in(p, want, (uint64_t)r * REC, REC),
+              "record %d after the re-puts", r);
+        CHECK(spx_tier_step_end(t, &e) == SPX_OK, "step_end: %s", e.msg);
+    }
+    spx_err_clear(&e);
+    CHECK(spx_tier_put(t, (uint64_t)N * REC - 10, REC, buf, &e) == SPX_ERR_RANGE && strstr(e.msg, "spectra-tier-"),
+          "a put past the end: %s", e.msg);
+    spx_tier_close(t);
+    free(want);
+    /* errors */
+    char missing[700];
+    snprintf(missing, sizeof missing, "%s/no-such-folder", dir);
+    spx_err_clear(&e);
+    CHECK(spx_tier_create(missing, 4096, 4096, SPX_TIER_SKIP, 1, &t, &e) == SPX_ERR_IO && !t && strstr(e.msg, missing),
+          "a missing folder: %s", e.msg);
+    spx_err_clear(&e);
+    CHECK(spx_tier_create(dir, (uint64_t)1 << 62, 4096, SPX_TIER_SKIP, 1, &t, &e) == SPX_ERR_IO && !t &&
+              strstr(e.msg, dir) && strstr(e.msg, "no room"),
+          "a tier no disk can hold: %s", e.msg);
+    CHECK(tl_dir_entries(dir) == 0, "a failed create left a file in %s", dir);
+    spx_tier *ro = NULL;
+    spx_err_clear(&e);
+    if (spx_tier_open(g_path, 4096, SPX_TIER_WAIT, 1, &ro, &e) == SPX_OK) {
+        CHECK(spx_tier_put(ro, 0, 10, buf, &e) == SPX_ERR_ARG && strstr(e.msg, "read-only"), "put on a read-only tier: %s",
+              e.msg);
+        spx_tier_close(ro);
+    }
+}
+
 int main(void) {
     g_ref = malloc(FILE_BYTES);
     uint64_t rng = 0xfeedULL;
@@ -474,6 +564,8 @@ int main(void) {
     test_errors();
     test_concurrency(0);
     test_concurrency(1);
+    test_scratch(0);
+    test_scratch(SPX_TIER_BUFFERED);
     free(g_ref);
     return tl_finish("test_tier");
 }

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 int tl_failures;
 int tl_checks;
@@ -60,6 +63,17 @@ int tl_write(const char *path, const void *data, size_t len) {
     if (!f) return -1;
     size_t w = fwrite(data, 1, len, f);
     return fclose(f) == 0 && w == len ? 0 : -1;
+}
+
+int tl_mkdir(const char *path) { return mkdir(path, 0700) == 0 || errno == EEXIST ? 0 : -1; }
+
+int tl_dir_entries(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));) n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+    closedir(d);
+    return n;
 }
 
 tl_cmp tl_compare(const float *got, const float *ref, size_t n, double atol, double rtol) {

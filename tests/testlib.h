@@ -34,6 +34,10 @@ const char *tl_tmpdir(void);
 char *tl_read(const char *path, size_t *len);
 /* Writes bytes to a file; returns 0 on success. */
 int tl_write(const char *path, const void *data, size_t len);
+/* mkdir (0 also when it exists); entries of a folder other than . and ..
+ * (-1 if it cannot be read). */
+int tl_mkdir(const char *path);
+int tl_dir_entries(const char *path);
 
 typedef struct tl_cmp {
     double max_abs;     /* largest |got - ref| */

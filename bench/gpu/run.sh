@@ -85,6 +85,20 @@
 #                                at each width of LBITS (default "4 3 2"): tg128
 #                                in ROUNDS interleaved rounds, and the weight bytes
 #                                read per token over the time (lowbit.txt).
+#   sh bench/gpu/run.sh pack-kv  here: a staging folder for the kv mode ($D,
+#                                default .dev/gpuk): spectra, test_cuda_kvlow
+#                                (stripped) and tiny-llama3, docllama-58m .trdc.
+#   sh bench/gpu/run.sh kv       (SPX_GPU_DIR=.dev/gpuk) test_cuda_kvlow on those
+#                                models, then the synthetic KSHAPE (default
+#                                llama3-8b) decode (tg KN tokens, default 64) at
+#                                each depth of KDEPTHS (default "8192 32768
+#                                131072"; spectra bench -d --seek: no prefill) for each
+#                                KV setting of KSETS (';'-separated, default f16;
+#                                q4; k2v2; k2v2 --kv-refine 4; the same at frac
+#                                1/32; k3v3 --kv-refine 4), settings interleaved
+#                                in ROUNDS rounds (default 3): medians and the
+#                                ratio to f16 at each depth (kv.txt). KSEEK=
+#                                (empty): prefill each depth for real instead.
 # CHECKS=0 skips the checks (a staging folder without models).
 # Logs and the table go to $OUT (the device tool's folder) or /tmp/spx-gpu.
 # SPX_GPU_DIR (default .dev/gpu) names the staging folder, here and there.
@@ -121,6 +135,18 @@ if [ "${1:-}" = pack-lowbit ]; then
         m=${mb%:*} b=${mb#*:}
         [ $D/models/$m-b$b.trdc -nt "$BUILD"/spectra ] ||
             "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m-b$b.trdc --bits $b -q || exit 1
+    done
+    git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
+    du -sh $D
+    exit 0
+fi
+
+if [ "${1:-}" = pack-kv ]; then
+    D=${SPX_GPU_DIR:-.dev/gpuk}
+    pack_bins spectra tests/cuda/test_cuda_kvlow
+    for m in tiny-llama3 docllama-58m; do
+        [ $D/models/$m.trdc -nt "$BUILD"/spectra ] ||
+            "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc -q || exit 1
     done
     git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
     du -sh $D
@@ -207,6 +233,48 @@ if [ "$MODE" = ncu-gemv ]; then # the GEMV kernels alone under ncu (scheduler, w
     CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -n 1)
     [ -n "$CUOBJ" ] && "$CUOBJ" -sass -fun "${SASS_FUN:-_Z13gemv_q4_tiledILi4ELi2EEv10gemv_kargs}" $B/bench_gemv > "$OUT/sass.txt" 2>&1
     echo "cuobjdump: ${CUOBJ:-none}" | tee /dev/fd/3
+    exit 0
+fi
+
+if [ "$MODE" = kv ]; then # the low-bit KV cache: its test, then decode at depth per KV setting
+    echo "== test_cuda_kvlow" | tee /dev/fd/3
+    timeout 300 $B/test_cuda_kvlow $D/models/*.trdc > "$OUT/test_kvlow.log" 2>&1
+    echo "test_cuda_kvlow exit $?" >> "$OUT/test_kvlow.log"
+    { grep -v '^FAIL' "$OUT/test_kvlow.log" | tail -n 8; grep '^FAIL' "$OUT/test_kvlow.log" | head -n 20; } | tee /dev/fd/3
+    s=${KSHAPE:-llama3-8b}
+    [ -f $W/$s.trdc ] || $B/spectra synth --shape $s -o $W/$s.trdc > $T/synth.log 2>&1 ||
+        { echo "synth $s failed:"; tail -n 3 $T/synth.log; } | tee /dev/fd/3
+    KSETS=${KSETS:-"f16;q4;k2v2;k2v2 --kv-refine 4;k2v2 --kv-refine 4 --kv-refine-frac 0.03125;k3v3 --kv-refine 4"}
+    : > "$OUT/kv.jsonl"
+    for round in $(seq 1 "${ROUNDS:-3}"); do
+        for d in ${KDEPTHS:-8192 32768 131072}; do
+            echo "$KSETS" | tr ';' '\n' | while read -r kset; do
+                # shellcheck disable=SC2086
+                timeout 200 $B/spectra bench -m $W/$s.trdc --backend cuda --kv $kset -p 0 -n "${KN:-64}" -r 1 -d $d ${KSEEK---seek} --json 2> $T/kb.err < /dev/null |
+                    tag "kv $kset, depth $d, round $round" >> "$OUT/kv.jsonl" ||
+                    { echo "bench $kset depth $d failed:"; tail -n 3 $T/kb.err; } | tee /dev/fd/3
+            done
+        done
+        echo "round $round done" | tee /dev/fd/3
+    done
+    python3 - "$OUT/kv.jsonl" <<'PY' | tee "$OUT/kv.txt" >&3
+import json, re, statistics, sys
+runs = {}
+for l in open(sys.argv[1]):
+    if not l.strip().startswith("{"): continue
+    r = json.loads(l)
+    m = re.search(r"\(kv (.*), depth (\d+), round (\d+)\)$", r["model"])
+    if m: runs.setdefault((int(m.group(2)), m.group(1)), []).append(r["tg_tps_median"])
+print("%-8s %-46s %-24s %8s %8s" % ("depth", "kv", "tg tok/s per round", "median", "vs f16"))
+for d in sorted({k[0] for k in runs}):
+    base = statistics.median(runs[(d, "f16")]) if (d, "f16") in runs else None
+    for (dd, kv), v in runs.items():
+        if dd != d: continue
+        med = statistics.median(v)
+        print("%-8d %-46s %-24s %8.2f %8s" % (d, kv, " ".join("%.2f" % x for x in v), med,
+              "%.2fx" % (med / base) if base else "-"))
+PY
+    exec 1>&3
     exit 0
 fi
 

@@ -16,7 +16,11 @@
  *
  * session_init allocates the device KV cache (fp16, the CPU's layout, or
  * with --kv q4 the CPU's 4-bit rows split into code/scale/zero planes,
- * kvq4_math.h) and
+ * kvq4_math.h, or with --kv k2v2 .. k4v4 StrataFlux-KV: the CPU's low-bit
+ * arrays and a mapped pinned refinement tier, kvlow_dev.cuh, cu_kvlow.cu:
+ * rope_store writes sinks/ring, kvlow_attend.cu and kvlow_refine.cu
+ * replace the attention kernels, and one encode launch after the last
+ * layer encodes completed blocks, in the decode graph too) and
  * scratch for SPX_BATCH_MAX_CUDA tokens. forward(n) runs the same math as the
  * CPU reference (engine/forward.c): n == 1 through the fused GEMV path
  * (RMSNorm in the GEMV prologue, merged Q/K/V launch, residual adds and
@@ -37,8 +41,9 @@
  * the token's K/V row, quantized for --kv q4); SPECTRA_CUDA_KVQ4_FUSE=0
  * keeps rope_store's launch for the 4-bit cache (measurements).
  *
- * Limits: one device (the first); KV cache fp16 or q4 (--kv f32 is refused
- * with a message); head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
+ * Limits: one device (the first); KV cache fp16, q4 or low-bit (--kv f32
+ * is refused with a message; low-bit needs head_dim 32, 64 or 128);
+ * head_dim <= 256; cols <= SPX_GEMV_MAX_COLS.
  * The host-side KV cache and scratch that api.c allocates for every
  * session stay unused here. */
 #ifndef SPX_CUDA_CU_BACKEND_CUH
@@ -197,6 +202,20 @@ struct cu_rf_launch {
     float eps;
 };
 
+/* The session's low-bit KV cache (--kv k2v2 .. k4v4; cu_kvlow.cu, the
+ * kernels' layout in kvlow_dev.cuh). */
+#include "cuda/kvlow_dev.cuh"
+struct cu_kvl {
+    spx_kvl_dev d;                /* the device arrays and the mapped tier */
+    uint8_t *tier_host;           /* pinned tier (cudaHostAllocMapped) */
+    unsigned long long *stats_h;  /* pinned: [2] the counters as the last pass left them */
+    float *scratch;               /* refinement scratch for tmax tokens */
+    int tmax, max_sel, n_splits;  /* slice of a prompt's refinement; most groups one query refines; decode splits */
+    int64_t hi;                   /* end of the last pass (host order): truncate detection */
+    void *allocs[12];
+    int n_allocs;
+};
+
 struct cu_sess {
     cudaStream_t st;
     __half *kc, *vc;                 /* [n_attn_layers, n_ctx, kvd]; --kv q4: the bytes of kvq4_math.h's layout */
@@ -235,6 +254,7 @@ struct cu_sess {
     spx_sample_dev pend_samp;
     int ahead_ok;                    /* SPECTRA_CUDA_AHEAD=0: never queue a step ahead (measurements) */
     int dec_splits;
+    cu_kvl *kvl;                     /* --kv k2v2 .. k4v4 (kc, vc unused), else NULL */
     void *allocs[32];                /* every cudaMalloc above, freed in session_free */
     int n_allocs;
     cu_pp pp;                        /* ping-pong offload (see the top of this file) */
@@ -255,6 +275,15 @@ void cu_model_free(spx_model *m);
 spx_status cu_model_init(spx_model *m, spx_err *e);
 spx_status cu_offload_stats(spx_session *s, int32_t n_steps, spx_offload_stats *o, spx_err *e);
 void cu_session_free(spx_session *s);
+/* The low-bit KV cache (cu_kvlow.cu): init/free with the session; one
+ * layer's attention (+ refinement) of the pass's n tokens from cs->q into
+ * cs->att; after the pass's layers, the encode of completed blocks; before
+ * a pass at p0, the counters and the rewrite a truncate may need. */
+spx_status cu_kvl_init(spx_session *s, cu_sess *cs, spx_err *e);
+void cu_kvl_free(cu_sess *cs);
+spx_status cu_kvl_attention(spx_session *s, cu_sess *cs, int64_t kv_layer, int n, cudaStream_t st, spx_err *e);
+spx_status cu_kvl_commit(cu_sess *cs, int n, cudaStream_t st, spx_err *e);
+spx_status cu_kvl_before(spx_session *s, cu_sess *cs, int64_t p0, int n, spx_err *e);
 spx_status cu_session_init(spx_session *s, spx_err *e);
 spx_status cu_state_op(spx_session *s, int op, spx_err *e);
 spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e);

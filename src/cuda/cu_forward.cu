@@ -238,6 +238,17 @@ static spx_status blk_attention(const fwd &f, const cu_layer *L, int64_t l, bool
     ra.kc = kc;
     ra.vc = vc;
     kv_q4_layer(s, cs, kvi, &ra.kq, &ra.vq, &ra.rot);
+    if (cs->kvl) { /* low-bit: rows to the sinks or the ring, then cu_kvlow.cu's attention */
+        const spx_kvl_dev &d = cs->kvl->d;
+        ra.kc = d.sink_k + (size_t)kvi * SPX_KVL_BLOCK * (size_t)kvd;
+        ra.vc = d.sink_v + (size_t)kvi * SPX_KVL_BLOCK * (size_t)kvd;
+        ra.kr = d.ring_k + (size_t)kvi * (size_t)d.ring * (size_t)kvd;
+        ra.vr = d.ring_v + (size_t)kvi * (size_t)d.ring * (size_t)kvd;
+        ra.ring = (int)d.ring;
+        SPX_CUDA_TRY(e, spx_rope_store(ra, f.st, f.pdl));
+        SPX_TRY(cu_kvl_attention(f.s, cs, kvi, f.n, f.st, e));
+        return out_proj(f, SPX_SL_O, L->v[SPX_SL_BO], cs->att, NULL, false, e);
+    }
     if (!f.fuse_rope) SPX_CUDA_TRY(e, spx_rope_store(ra, f.st, f.pdl));
     spx_attn_args aa;
     memset(&aa, 0, sizeof aa);
@@ -478,6 +489,7 @@ static spx_status p_head(void *ctx, spx_err *e) {
     const int64_t H = c->hidden_size, V = c->vocab_size;
     const int n = f.n, lmode = f.lmode;
     SPX_TRY(cu_pp_end(f.m, cm, cs, e));
+    if (cs->kvl) SPX_TRY(cu_kvl_commit(cs, n, st, e)); /* every layer's completed blocks, before the position moves */
     if (f.n == 1) SPX_TRY(cu_rf_flush(cs, cs->h, H, -1, st, e)); /* every lagged refinement, before the final norm */
     if (f.n == 1) SPX_TRY(cu_rf_lead_end(cs, st, e));            /* (none left: every lead was taken) */
     if (lmode == LM_NONE) return SPX_OK;
@@ -537,7 +549,8 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
     f.n = n, f.nsm = cm->n_sm, f.n_splits = n_splits;
     f.pdl = cm->pdl && n == 1; /* the decode chain only */
     /* the decode kernel does rope_store's work (the 4-bit cache too, unless SPECTRA_CUDA_KVQ4_FUSE=0) */
-    f.fuse_rope = n == 1 && (s->kv.type != SPX_KV_Q4 || cm->kvq4_fuse) && spx_attention_decode_fast((int)c->head_dim);
+    f.fuse_rope = n == 1 && !cs->kvl && (s->kv.type != SPX_KV_Q4 || cm->kvq4_fuse) &&
+                  spx_attention_decode_fast((int)c->head_dim);
     f.eps = c->rms_eps;
     f.lmode = lmode;
     f.L = NULL;
@@ -555,6 +568,7 @@ spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_lo
     if (n <= 0 || n > SPX_BATCH_MAX_CUDA) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_TRY(cu_rf_prepare(s, cs, e));
+    if (cs->kvl) SPX_TRY(cu_kvl_before(s, cs, s->pos, (int)n, e));
     memcpy(cs->pin, ids, (size_t)n * 4);
     cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));

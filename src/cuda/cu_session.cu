@@ -55,6 +55,7 @@ void cu_session_free(spx_session *s) {
         if (cs->step_ev[i]) cudaEventDestroy(cs->step_ev[i]);
     pp_session_free(cs);
     cu_rf_session_free(cs);
+    cu_kvl_free(cs);
     for (int i = 0; i < cs->n_allocs; i++) cudaFree(cs->allocs[i]);
     if (cs->pin) cudaFreeHost(cs->pin);
     if (cs->st) cudaStreamDestroy(cs->st);
@@ -92,10 +93,10 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     const spx_model *m = s->m;
     const cu_model *cm = (const cu_model *)m->be_state;
     const spx_config *c = &m->cfg;
-    if (s->kv.type != SPX_KV_F16 && s->kv.type != SPX_KV_Q4)
+    if (s->kv.type == SPX_KV_F32)
         return spx_fail(e, SPX_ERR_UNSUPPORTED,
-                        "the cuda backend keeps the KV cache in fp16 (--kv f16) or 4-bit (--kv q4); --kv %s runs on "
-                        "the CPU only (--backend cpu)", s->kv.type == SPX_KV_F32 ? "f32" : "k2v2/k3v2/k3v3/k4v4");
+                        "the cuda backend keeps the KV cache in fp16 (--kv f16), 4-bit (--kv q4) or low-bit (--kv "
+                        "k2v2/k3v2/k3v3/k4v4); --kv f32 runs on the CPU only (--backend cpu)");
     if (s->n_ctx >= ((int64_t)1 << 31)) return spx_fail(e, SPX_ERR_ARG, "context too large for the cuda backend");
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_CUDA_TRY(e, cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
@@ -106,8 +107,15 @@ static spx_status cu_session_init_inner(spx_session *s, cu_sess *cs, spx_err *e)
     /* q4: kvq4_math.h's planes, spx_kv_bytes_per_token's bytes (+ alignment) */
     size_t kv_bytes = s->kv.type == SPX_KV_Q4 ? L * spx_kvq4_layout_of((int64_t)T, (int64_t)kvd).layer_bytes
                                               : L * T * kvd * 2;
+    if (s->kv.lowbit) { /* its own arrays (cu_kvlow.cu) */
+        SPX_TRY(cu_kvl_init(s, cs, e));
+        kv_bytes = 0;
+    }
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->kc, kv_bytes));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->vc, kv_bytes));
+    /* zeros, not garbage, under positions never written (spx_session_seek's depth) */
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->kc, 0, kv_bytes, cs->st));
+    SPX_CUDA_TRY(e, cudaMemsetAsync(cs->vc, 0, kv_bytes, cs->st));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->h, z.h));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->x, z.x));
     SPX_CUDA_TRY(e, sess_alloc(cs, (void **)&cs->q, z.q));

@@ -87,6 +87,7 @@ static spx_status cu_step(spx_session *s, int32_t id, const spx_sampler_params *
                        (!sp || (q.temperature == want.temperature && q.top_k == want.top_k && q.top_p == want.top_p &&
                                 q.rng == want.rng));
     if (!queued) {
+        if (cs->kvl) SPX_TRY(cu_kvl_before(s, cs, p, 1, e));
         SPX_TRY(step_input(s, cs, id, e)); /* (drops a queued step) */
         if (sp) {
             *cs->pin_samp = want;
@@ -97,6 +98,7 @@ static spx_status cu_step(spx_session *s, int32_t id, const spx_sampler_params *
     }
     cs->pend = 0;
     const int spec = ahead && cs->ahead_ok && p + 1 < s->n_ctx;
+    if (spec && cs->kvl) SPX_TRY(cu_kvl_before(s, cs, p + 1, 1, e));
     if (spec) SPX_TRY(launch_step(cs, g, p + 1, e));
     /* step p's pinned inputs were copied before it ran: the next call may rewrite them */
     SPX_CUDA_TRY(e, cudaEventSynchronize(cs->step_ev[p & 1]));

@@ -56,8 +56,9 @@ __global__ void rope_store_kernel(const __grid_constant__ spx_rope_args a) {
     } else if (!isq) {
         __syncthreads();
         const int64_t kvd = (int64_t)a.nkv * hd;
-        __half *kd = a.kc + p * kvd + (int64_t)kh * hd;
-        __half *vd = a.vc + p * kvd + (int64_t)kh * hd;
+        const bool rg = a.ring > 0 && p >= 128; /* low-bit: the fp16 ring */
+        __half *kd = (rg ? a.kr + (p % a.ring) * kvd : a.kc + p * kvd) + (int64_t)kh * hd;
+        __half *vd = (rg ? a.vr + (p % a.ring) * kvd : a.vc + p * kvd) + (int64_t)kh * hd;
         const float *vs = a.v + (int64_t)t * kvd + (int64_t)kh * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             kd[i] = __float2half_rn(vec[i]);

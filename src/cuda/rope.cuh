@@ -29,6 +29,10 @@ struct spx_rope_args {
     __half *kc, *vc;       /* this layer's cache rows [n_ctx, nkv * hd] */
     spx_kvq4 kq, vq;       /* --kv q4: this layer's caches instead (kq.codes NULL: fp16) */
     int rot;               /* q4: Hadamard block, spx_kvq4_rot(hd, nkv * hd) */
+    /* low-bit cache (kvlow_dev.cuh): ring > 0 stores rows p < 128 at kc/vc
+     * (the layer's sinks) and later rows at kr/vr + (p % ring) kvd */
+    __half *kr, *vr;
+    int ring;
 };
 
 cudaError_t spx_rope_store(const spx_rope_args &a, cudaStream_t st, bool pdl = false);

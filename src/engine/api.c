@@ -270,6 +270,18 @@ void spx_session_checkpoint(spx_session *s) {
     s->ckpt_pos = state_op(s, SPX_STATE_CHECKPOINT) == SPX_OK ? s->pos : -1;
 }
 
+spx_status spx_session_seek(spx_session *s, int64_t pos) {
+    spx_err_clear(&s->err);
+    if (s->pos != 0 || pos < 0 || pos >= s->n_ctx)
+        return spx_fail(&s->err, SPX_ERR_RANGE, "seek: the session is at %lld (must be 0) and %lld must be in 0..%lld",
+                        (long long)s->pos, (long long)pos, (long long)s->n_ctx - 1);
+    if (s->m->state_floats)
+        return spx_fail(&s->err, SPX_ERR_UNSUPPORTED, "seek: a model with recurrent layers has no state for skipped tokens");
+    spx_kv_seek(&s->kv, pos);
+    s->pos = pos;
+    return SPX_OK;
+}
+
 spx_status spx_session_truncate(spx_session *s, int64_t pos) {
     spx_err_clear(&s->err);
     if (pos < 0 || pos > s->pos)
@@ -292,7 +304,18 @@ spx_status spx_session_truncate(spx_session *s, int64_t pos) {
                             "or 0, not to %lld", (long long)s->ckpt_pos, (long long)pos);
         SPX_TRY(state_op(s, SPX_STATE_RESTORE));
     }
-    spx_kv_truncate(&s->kv, pos);
+    if (spx_kv_truncate(&s->kv, pos, &s->err) != SPX_OK) {
+        /* some layers are cut, some not: nothing is left that can be
+         * trusted, so the session starts over (the message says so) */
+        spx_status st = s->err.code;
+        char msg[sizeof s->err.msg];
+        snprintf(msg, sizeof msg, "%s", s->err.msg);
+        s->pos = 0;
+        spx_kv_reset(&s->kv);
+        (void)state_op(s, SPX_STATE_RESET);
+        spx_err_clear(&s->err);
+        return spx_fail(&s->err, st, "truncate: %s; the session was reset to position 0", msg);
+    }
     s->pos = pos;
     return SPX_OK;
 }

@@ -93,7 +93,7 @@ static spx_status attention(spx_session *s, const spx_layer *L, int64_t n, int64
     }
     attn_job aj = {s, L->kv_index, n, pos0};
     spx_pool_run(m->pool, attn_task, &aj);
-    spx_kv_commit(&s->kv, L->kv_index, pos0 + n); /* blocks complete now are encoded (low-bit types) */
+    SPX_TRY(spx_kv_commit(&s->kv, L->kv_index, pos0 + n, e)); /* blocks complete now are encoded (low-bit types) */
     return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_O], s->att, n, s->x, L->v[SPX_SL_BO], e);
 }
 
@@ -275,5 +275,6 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     s->pos += n;
     /* the refinement columns this step used are released to the cache */
     if (s->cpu.refine && s->cpu.refine->tier) SPX_TRY(spx_tier_step_end(s->cpu.refine->tier, e));
+    SPX_TRY(spx_kv_step_end(&s->kv, e)); /* and the KV cache's file tier's records */
     return SPX_OK;
 }

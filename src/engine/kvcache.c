@@ -3,6 +3,7 @@
 #include "core/half.h"
 #include "cpu/ops.h"
 #include "quant/g32.h"
+#include "refine/tier.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -118,13 +119,23 @@ void spx_kv_reset(spx_kvcache *c) {
     if (c->lowbit) spx_kvlow_reset(&c->low);
 }
 
-void spx_kv_truncate(spx_kvcache *c, int64_t pos) {
-    if (c->lowbit) spx_kvlow_truncate(&c->low, pos);
+spx_status spx_kv_truncate(spx_kvcache *c, int64_t pos, spx_err *e) {
+    return c->lowbit ? spx_kvlow_truncate(&c->low, pos, e) : SPX_OK;
 }
 
-void spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end) {
-    if (c->lowbit) spx_kvlow_commit(&c->low, layer, pos_end);
+void spx_kv_seek(spx_kvcache *c, int64_t pos) {
+    if (!c->lowbit) return;
+    for (int64_t l = 0; l < c->low.n_layers; l++) {
+        const int64_t e = pos / SPX_KVL_BLOCK * SPX_KVL_BLOCK;
+        c->low.enc[l] = e < SPX_KVL_BLOCK ? SPX_KVL_BLOCK : e;
+    }
 }
+
+spx_status spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end, spx_err *e) {
+    return c->lowbit ? spx_kvlow_commit(&c->low, layer, pos_end, e) : SPX_OK;
+}
+
+spx_status spx_kv_step_end(spx_kvcache *c, spx_err *e) { return c->lowbit ? spx_kvlow_step_end(&c->low, e) : SPX_OK; }
 
 double spx_kv_cache_bytes_per_token(const spx_kvcache *c) {
     if (c->lowbit) return spx_kvlow_bytes_per_token(&c->low.cfg, c->n_layers, c->kvd);
@@ -142,13 +153,25 @@ void spx_kv_describe(const spx_kvcache *c, char *buf, size_t n) {
                      k->layout == SPX_KV_LAYOUT_ROT ? "rot" : "kivi", (long long)k->group, SPX_KVL_BLOCK,
                      (long long)c->low.ring, spx_kv_cache_bytes_per_token(c));
     if (w < 0 || (size_t)w >= n) return;
-    if (k->rb)
-        snprintf(buf + w, n - (size_t)w,
-                 "; refine +%d/+%d bits, %g of %lld-token groups, tier %.1f bytes per token in host RAM; %llu group "
-                 "refinements read %.1f MiB",
-                 k->rb, k->rb, k->frac, (long long)k->gt, spx_kvlow_tier_bytes_per_token(k, c->n_layers, c->kvd),
-                 (unsigned long long)c->low.stats.groups_refined, (double)c->low.stats.bytes_read / (1 << 20));
-    else snprintf(buf + w, n - (size_t)w, "; no refinement");
+    if (!k->rb) {
+        snprintf(buf + w, n - (size_t)w, "; no refinement");
+        return;
+    }
+    char where[160] = "host RAM";
+    if (c->low.ft) {
+        spx_tier_stats ts;
+        spx_tier_stats_get(c->low.ft, &ts);
+        snprintf(where, sizeof where, "a file (%s) with a %.0f MiB RAM cache (%s misses, %s reads; %llu hits, %llu misses, %.1f MiB read from disk)",
+                 spx_tier_path(c->low.ft), (double)ts.budget / (1 << 20), k->tier_wait ? "wait for" : "skip",
+                 ts.direct ? "direct" : "buffered", (unsigned long long)ts.hits, (unsigned long long)ts.misses,
+                 (double)ts.bytes_read / (1 << 20));
+    }
+    snprintf(buf + w, n - (size_t)w,
+             "; refine +%d/+%d bits, %g of %lld-token groups, tier %.1f bytes per token in %s; %llu group "
+             "refinements read %.1f MiB, %llu selected groups not cached",
+             k->rb, k->rb, k->frac, (long long)k->gt, spx_kvlow_tier_bytes_per_token(k, c->n_layers, c->kvd), where,
+             (unsigned long long)c->low.stats.groups_refined, (double)c->low.stats.bytes_read / (1 << 20),
+             (unsigned long long)c->low.stats.groups_missed);
 }
 
 size_t spx_kv_work_floats(const spx_kvcache *c, int G) { return c->lowbit ? spx_kvlow_work_floats(&c->low, G) : 0; }
@@ -315,7 +338,7 @@ void spx_kv_weighted_v(const spx_kvcache *c, const spx_qkernels *kt, int64_t lay
 
 void spx_kv_dequant_row(const spx_kvcache *c, int64_t layer, int64_t pos, int value, float *out) {
     if (c->lowbit) {
-        spx_kvlow_dequant_row(&c->low, layer, pos, value, 0, out);
+        (void)spx_kvlow_dequant_row(&c->low, layer, pos, value, 0, out, NULL); /* unrefined: cannot fail */
         return;
     }
     const uint8_t *row = row_at(c, value ? c->v : c->k, layer, pos);

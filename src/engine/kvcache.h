@@ -45,10 +45,15 @@ void spx_kv_free(spx_kvcache *c);
 /* Session reset / truncate to pos (the low-bit cache's encoded blocks and
  * ring; a no-op for the other types, whose rows are overwritten). */
 void spx_kv_reset(spx_kvcache *c);
-void spx_kv_truncate(spx_kvcache *c, int64_t pos);
+spx_status spx_kv_truncate(spx_kvcache *c, int64_t pos, spx_err *e);
+/* spx_session_seek from 0 to pos: a low-bit cache counts the blocks below
+ * pos as encoded (what the cache holds there is what attention reads). */
+void spx_kv_seek(spx_kvcache *c, int64_t pos);
 /* After a call's attention in a layer: encode what became complete below
  * pos_end (low-bit types; no-op otherwise). */
-void spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end);
+spx_status spx_kv_commit(spx_kvcache *c, int64_t layer, int64_t pos_end, spx_err *e);
+/* After a forward call (a file tier's records go back to its cache). */
+spx_status spx_kv_step_end(spx_kvcache *c, spx_err *e);
 /* Attention of G query heads sharing KV head kvh over [start, end), every
  * type: scores into sc + g scs, softmax, weighted values into out + g os
  * (and for a low-bit type with refinement, eq. 7 and 8: kvlow.h). work:

@@ -4,6 +4,7 @@
 #include "engine/kvcache.h"
 #include "engine/kvlow_internal.h"
 #include "core/half.h"
+#include "refine/tier.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -15,7 +16,12 @@ spx_status spx_kvlow_config(spx_kv_type t, const spx_session_params *p, int gpu,
                             spx_kvlow_cfg *out, spx_err *e) {
     static const int bits[4][2] = {{2, 2}, {3, 2}, {3, 3}, {4, 4}};
     if (!spx_kv_type_lowbit(t)) return spx_fail(e, SPX_ERR_ARG, "KV type %d is not a low-bit type", (int)t);
-    spx_kvlow_cfg c = {bits[t - SPX_KV_K2V2][0], bits[t - SPX_KV_K2V2][1], SPX_KV_LAYOUT_KIVI, 32, 0, 0, 1.0 / 128};
+    spx_kvlow_cfg c = {0};
+    c.kb = bits[t - SPX_KV_K2V2][0];
+    c.vb = bits[t - SPX_KV_K2V2][1];
+    c.layout = SPX_KV_LAYOUT_KIVI;
+    c.group = 32;
+    c.frac = 1.0 / 128;
     c.gt = gpu ? 2 : 4;
     if (p) {
         if (p->kv_layout) c.layout = p->kv_layout;
@@ -23,6 +29,18 @@ spx_status spx_kvlow_config(spx_kv_type t, const spx_session_params *p, int gpu,
         c.rb = p->kv_refine;
         if (p->kv_refine_frac > 0) c.frac = p->kv_refine_frac;
         if (p->kv_refine_tokens) c.gt = p->kv_refine_tokens;
+        if (p->kv_tier_dir) {
+            if (gpu)
+                return spx_fail(e, SPX_ERR_UNSUPPORTED,
+                                "--kv-tier %s: a file tier is for the CPU backend; a GPU keeps the refinement bits in "
+                                "pinned host RAM (leave --kv-tier out, or use --backend cpu)", p->kv_tier_dir);
+            c.tier_dir = p->kv_tier_dir;
+            if (!p->kv_refine) c.rb = 4;
+            if (p->kv_tier_cache_mb < 0 || p->kv_tier_cache_mb > ((int64_t)1 << 30))
+                return spx_fail(e, SPX_ERR_ARG, "--kv-tier-cache %lld MiB is out of range", (long long)p->kv_tier_cache_mb);
+            c.tier_cache = (uint64_t)(p->kv_tier_cache_mb ? p->kv_tier_cache_mb : 256) << 20;
+            c.tier_wait = p->kv_tier_wait != 0;
+        }
     }
     if (c.layout != SPX_KV_LAYOUT_KIVI && c.layout != SPX_KV_LAYOUT_ROT)
         return spx_fail(e, SPX_ERR_ARG, "KV layout %d is not kivi (1) or rot (2)", c.layout);
@@ -36,6 +54,8 @@ spx_status spx_kvlow_config(spx_kv_type t, const spx_session_params *p, int gpu,
         return spx_fail(e, SPX_ERR_ARG, "--kv-group %lld must be at least 8 and divide head_dim %lld", (long long)c.group,
                         (long long)head_dim);
     if (c.rb < 0 || c.rb > 8) return spx_fail(e, SPX_ERR_ARG, "--kv-refine %d is not in 0..8 bits", c.rb);
+    if (c.tier_dir && !c.rb)
+        return spx_fail(e, SPX_ERR_ARG, "--kv-tier %s holds refinement bits: --kv-refine must be 1..8", c.tier_dir);
     if (c.gt < 1 || SPX_KVL_BLOCK % c.gt)
         return spx_fail(e, SPX_ERR_ARG, "--kv-refine-group %lld tokens must divide %d", (long long)c.gt, SPX_KVL_BLOCK);
     if (!(c.frac > 0 && c.frac <= 1))
@@ -64,8 +84,9 @@ double spx_kvlow_tier_bytes_per_token(const spx_kvlow_cfg *c, int64_t n_layers, 
 
 void spx_kvlow_free(spx_kvlow *k) {
     void *p[] = {k->sink_k, k->sink_v, k->ring_k, k->ring_v, k->ck,   k->cv,
-                 k->mk,     k->mv,     k->enc,    k->tier,   k->enc_x, k->enc_ref};
+                 k->mk,     k->mv,     k->enc,    k->tier,   k->enc_x, k->enc_ref, k->enc_rec};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+    spx_tier_close(k->ft);
     memset(k, 0, sizeof *k);
 }
 
@@ -106,7 +127,9 @@ spx_status spx_kvlow_init(spx_kvlow *k, const spx_kvlow_cfg *c, int64_t n_layers
     else k->mk = zalloc(L * T * ng, 4, &fail);
     k->mv = zalloc(L * T * ng, 4, &fail);
     k->enc = zalloc(L, sizeof *k->enc, &fail);
-    if (c->rb) k->tier = zalloc(L * (size_t)k->n_groups * (size_t)k->nkv, k->gbytes, &fail);
+    const size_t n_rec = L * (size_t)k->n_groups * (size_t)k->nkv;
+    if (c->rb && !c->tier_dir) k->tier = zalloc(n_rec, k->gbytes, &fail);
+    if (c->rb) k->enc_rec = zalloc(1, k->gbytes, &fail);
     const size_t blk = (size_t)SPX_KVL_BLOCK * (size_t)head_dim;
     k->enc_x = zalloc(blk > 2 * D ? blk : 2 * D, sizeof *k->enc_x, &fail);
     k->enc_ref = zalloc(2 * blk, sizeof *k->enc_ref, &fail);
@@ -115,6 +138,15 @@ spx_status spx_kvlow_init(spx_kvlow *k, const spx_kvlow_cfg *c, int64_t n_layers
                          (double)n_ctx / (1 << 20);
         spx_kvlow_free(k);
         return spx_fail(e, SPX_ERR_NOMEM, "out of memory for a %.1f MiB low-bit KV cache (and its refinement tier)", mib);
+    }
+    k->cfg.tier_dir = NULL; /* the caller's string: not kept */
+    if (c->rb && c->tier_dir) { /* also for a context within the sinks (no record): the folder is checked */
+        spx_status st = spx_tier_create(c->tier_dir, n_rec ? (uint64_t)n_rec * k->gbytes : 1, c->tier_cache,
+                                        c->tier_wait ? SPX_TIER_WAIT : SPX_TIER_SKIP, 2, &k->ft, e);
+        if (st != SPX_OK) {
+            spx_kvlow_free(k);
+            return st;
+        }
     }
     spx_kvlow_reset(k);
     return SPX_OK;
@@ -174,8 +206,13 @@ static void minmax_pair(const float *x, int64_t n, int64_t stride, int b, uint16
     *s = spx_f16_to_f32(dst[1]);
 }
 
+/* byte offset of a record in the file tier (kvl_tier's layout) */
+static uint64_t rec_off(const spx_kvlow *k, int64_t layer, int64_t group, int64_t kvh) {
+    return (((uint64_t)layer * (uint64_t)k->n_groups + (uint64_t)group) * (uint64_t)k->nkv + (uint64_t)kvh) * k->gbytes;
+}
+
 /* Encodes one block of one layer from the ring. */
-static void encode_block(spx_kvlow *k, int64_t layer, int64_t blk) {
+static spx_status encode_block(spx_kvlow *k, int64_t layer, int64_t blk, spx_err *e) {
     const spx_kvlow_cfg *c = &k->cfg;
     const int64_t hd = k->hd, P0 = blk * SPX_KVL_BLOCK, G = c->group;
     float *x = k->enc_x; /* one head's block, [token][channel] */
@@ -216,38 +253,56 @@ static void encode_block(spx_kvlow *k, int64_t layer, int64_t blk) {
         }
         if (!c->rb) continue;
         for (int64_t t0 = 0; t0 < SPX_KVL_BLOCK; t0 += c->gt) {
-            uint8_t *rec = kvl_tier(k, layer, (P0 + t0 - SPX_KVL_BLOCK) / c->gt, h);
+            const int64_t grp = (P0 + t0 - SPX_KVL_BLOCK) / c->gt;
+            uint8_t *rec = k->ft ? k->enc_rec : kvl_tier(k, layer, grp, h);
             memset(rec, 0, k->gbytes);
             const int64_t n = c->gt * hd;
-            for (int64_t e = 0; e < n; e++) {
-                kvl_put_bits(rec, e, c->rb, refk[t0 * hd + e]);
-                kvl_put_bits(rec, n + e, c->rb, refv[t0 * hd + e]);
+            for (int64_t i = 0; i < n; i++) {
+                kvl_put_bits(rec, i, c->rb, refk[t0 * hd + i]);
+                kvl_put_bits(rec, n + i, c->rb, refv[t0 * hd + i]);
             }
+            if (k->ft) SPX_TRY(spx_tier_put(k->ft, rec_off(k, layer, grp, h), (uint32_t)k->gbytes, rec, e));
         }
     }
+    return SPX_OK;
 }
 
-void spx_kvlow_commit(spx_kvlow *k, int64_t layer, int64_t pos_end) {
+spx_status spx_kvlow_error(const spx_kvlow *k, spx_err *e) {
+    if (!__atomic_load_n(&k->failed, __ATOMIC_ACQUIRE)) return SPX_OK;
+    return spx_fail(e, k->ferr.code, "%s", k->ferr.msg);
+}
+
+spx_status spx_kvlow_commit(spx_kvlow *k, int64_t layer, int64_t pos_end, spx_err *e) {
+    SPX_TRY(spx_kvlow_error(k, e)); /* this call's attention, just run */
     while (k->enc[layer] + SPX_KVL_BLOCK <= pos_end) {
-        encode_block(k, layer, k->enc[layer] / SPX_KVL_BLOCK);
+        SPX_TRY(encode_block(k, layer, k->enc[layer] / SPX_KVL_BLOCK, e));
         k->enc[layer] += SPX_KVL_BLOCK;
     }
+    return SPX_OK;
 }
 
-void spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos, int value, int refined, float *out) {
+spx_status spx_kvlow_step_end(spx_kvlow *k, spx_err *e) { return k->ft ? spx_tier_step_end(k->ft, e) : SPX_OK; }
+
+spx_status spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos, int value, int refined, float *out,
+                                 spx_err *e) {
     const int64_t hd = k->hd;
     if (pos < SPX_KVL_BLOCK || pos >= k->enc[layer]) {
         const uint16_t *r = pos < SPX_KVL_BLOCK ? kvl_sink(k, value ? k->sink_v : k->sink_k, layer, pos)
                                                 : kvl_ring(k, value ? k->ring_v : k->ring_k, layer, pos);
         for (int64_t i = 0; i < k->kvd; i++) out[i] = spx_f16_to_f32(r[i]);
-        return;
+        return SPX_OK;
     }
     const spx_kvlow_cfg *c = &k->cfg;
     const int b = value ? c->vb : c->kb;
     const uint8_t *codes = kvl_codes(k, value, layer, pos);
     const int64_t gi = (pos - SPX_KVL_BLOCK) / c->gt, t = (pos - SPX_KVL_BLOCK) % c->gt;
     for (int64_t h = 0; h < k->nkv; h++) {
-        const uint8_t *rec = refined && k->tier ? kvl_tier(k, layer, gi, h) : NULL;
+        const uint8_t *rec = NULL;
+        if (refined && k->tier) rec = kvl_tier(k, layer, gi, h);
+        if (refined && k->ft) {
+            SPX_TRY(spx_tier_read_now(k->ft, rec_off(k, layer, gi, h), (uint32_t)k->gbytes, k->enc_rec, e));
+            rec = k->enc_rec;
+        }
         for (int64_t i = 0; i < hd; i++) {
             float m, s;
             kvl_bin(k, value, layer, pos, h * hd + i, &m, &s);
@@ -260,17 +315,18 @@ void spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos, int v
         }
         if (c->layout == SPX_KV_LAYOUT_ROT) spx_kv_rotate(out + h * hd, hd, k->rot); /* its own inverse */
     }
+    return SPX_OK;
 }
 
-void spx_kvlow_truncate(spx_kvlow *k, int64_t pos) {
+spx_status spx_kvlow_truncate(spx_kvlow *k, int64_t pos, spx_err *e) {
     float *row = k->enc_x;
     for (int64_t l = 0; l < k->n_layers; l++) {
         if (k->enc[l] <= pos) continue;
         int64_t ne = pos / SPX_KVL_BLOCK * SPX_KVL_BLOCK;
         if (ne < SPX_KVL_BLOCK) ne = SPX_KVL_BLOCK;
         for (int64_t p = ne; p < pos; p++) { /* ring rows of [ne, pos) are free: enc[l] > pos */
-            spx_kvlow_dequant_row(k, l, p, 0, 1, row);
-            spx_kvlow_dequant_row(k, l, p, 1, 1, row + k->kvd);
+            SPX_TRY(spx_kvlow_dequant_row(k, l, p, 0, 1, row, e));
+            SPX_TRY(spx_kvlow_dequant_row(k, l, p, 1, 1, row + k->kvd, e));
             uint16_t *dk = kvl_ring(k, k->ring_k, l, p), *dv = kvl_ring(k, k->ring_v, l, p);
             for (int64_t i = 0; i < k->kvd; i++) {
                 dk[i] = spx_f32_to_f16(row[i]);
@@ -279,4 +335,5 @@ void spx_kvlow_truncate(spx_kvlow *k, int64_t pos) {
         }
         k->enc[l] = ne;
     }
+    return SPX_OK;
 }

@@ -35,8 +35,15 @@
  * Tier layout: per layer, per token group of `gt` tokens (from position
  * 128 on), per KV head one contiguous record of gbytes: the keys' indices
  * [gt][head_dim] then the values', rb bits each, packed like the codes.
- * The tier is host memory here (spx_kvlow.tier); a device backend reads it
- * pinned.
+ * The tier is host memory (spx_kvlow.tier; a device backend reads it
+ * pinned) or, on the CPU with cfg.tier_dir, a scratch file behind the LRU
+ * RAM cache of refine/tier.h (spx_kvlow.ft), one cache entry per record:
+ * commit writes each record as its block is encoded (so a prompt's records
+ * go to the file and its newest stay cached, a decode step's new ones
+ * enter the cache directly); attend asks for its selected records in one
+ * batch per query and KV head; with the skip policy a record not cached
+ * leaves its group at the resident value for that query (stats.
+ * groups_missed) while the loaders fetch it for later steps.
  *
  * Selection and update (paper eq. 7 and 8), per query, per KV head: the
  * softmax p over all positions from resident keys; every group wholly in
@@ -71,11 +78,18 @@ typedef struct spx_kvlow_cfg {
     int rb;              /* refinement bits per element, 0 (off) .. 8 */
     int64_t gt;          /* tokens per refinement group; divides 128 */
     double frac;         /* fraction of candidate groups refined per query */
+    /* where the records live (rb > 0): tier_dir NULL, host RAM (spx_kvlow.tier);
+     * else a scratch file tier (refine/tier.h) made in that folder by init
+     * (the pointer is not kept), with an LRU cache of tier_cache bytes */
+    const char *tier_dir;
+    uint64_t tier_cache;
+    int tier_wait;       /* a missed record: 0 skip (resident value), 1 wait */
 } spx_kvlow_cfg;
 
 typedef struct spx_kvlow_stats {
     uint64_t groups_refined; /* (layer, KV head, query) group refinements */
     uint64_t bytes_read;     /* tier bytes they read */
+    uint64_t groups_missed;  /* selected groups whose record was not cached (file tier, skip): resident values */
 } spx_kvlow_stats;
 
 typedef struct spx_kvlow {
@@ -88,10 +102,14 @@ typedef struct spx_kvlow {
     uint16_t *mk, *mv;         /* (m, s) fp16 pairs: KIVI keys [L][blocks][kvd]; otherwise [L][n_ctx][kvd/group] */
     int64_t n_blocks;
     int64_t *enc;              /* [L] */
-    uint8_t *tier;             /* [L][n_groups][nkv][gbytes] or NULL */
+    uint8_t *tier;             /* [L][n_groups][nkv][gbytes] in host RAM, or NULL */
+    struct spx_tier *ft;       /* or the same layout as byte offsets of a scratch file tier */
+    uint8_t *enc_rec;          /* a record's bytes on their way to or from ft */
     int64_t n_groups;
     size_t gbytes;
     spx_kvlow_stats stats;     /* updated atomically by attend */
+    int failed;                /* attend's first error (a file tier's), set once atomically: ferr */
+    spx_err ferr;
     /* commit's and truncate's scratch (one thread runs them): one head's
      * block [128][head_dim] of floats (and a row pair [2 kvd]), and its
      * keys' and values' refinement indices */
@@ -118,11 +136,16 @@ void spx_kvlow_free(spx_kvlow *k);
 void spx_kvlow_reset(spx_kvlow *k);
 /* Forget positions >= pos: blocks past it are decoded (with refinement when
  * there is a tier) back into the ring, so they are re-encoded later. */
-void spx_kvlow_truncate(spx_kvlow *k, int64_t pos);
+spx_status spx_kvlow_truncate(spx_kvlow *k, int64_t pos, spx_err *e);
 /* k[kvd], v[kvd] of (layer, pos); pos >= enc[layer] or < 128. */
 void spx_kvlow_store(spx_kvlow *k, int64_t layer, int64_t pos, const float *kr, const float *vr);
 /* Encodes the blocks of layer complete below pos_end. */
-void spx_kvlow_commit(spx_kvlow *k, int64_t layer, int64_t pos_end);
+spx_status spx_kvlow_commit(spx_kvlow *k, int64_t layer, int64_t pos_end, spx_err *e);
+/* attend's latched error (a file tier's read or memory failure), if any */
+spx_status spx_kvlow_error(const spx_kvlow *k, spx_err *e);
+/* Ends a forward call: the file tier's records used in it go back to the
+ * LRU cache (refine/tier.h's spx_tier_step_end). */
+spx_status spx_kvlow_step_end(spx_kvlow *k, spx_err *e);
 /* Floats of scratch attend needs for G heads: a multiple of 16, so that
  * per-thread slices of one malloc'd array keep its alignment. */
 size_t spx_kvlow_work_floats(const spx_kvlow *k, int G);
@@ -135,7 +158,8 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
 /* The row (key if value == 0) as float32 in model coordinates: fp16 where
  * it is fp16, else the resident value, plus refinement when refined != 0
  * and there is a tier. */
-void spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos, int value, int refined, float *out);
+spx_status spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos, int value, int refined, float *out,
+                                 spx_err *e);
 
 /* Building blocks, exported for the tests' brute-force checks. */
 /* Selected groups: the n_sel best of score[n] (descending, ties by lower

@@ -8,6 +8,7 @@
 #include "engine/kvlow.h"
 #include "engine/kvcache.h"
 #include "engine/kvlow_internal.h"
+#include "refine/tier.h"
 
 #include <math.h>
 #include <string.h>
@@ -147,10 +148,10 @@ void spx_kvlow_select(const float *score, int64_t n, int64_t n_sel, int64_t *idx
     }
 }
 
-/* work layout: [idx: n_groups int64][gscore: n_groups][qx: G hd][qk: G hd][acc: G hd][row: hd][cst: G]
- *              [dz: G][qgs: G hd / group] */
+/* work layout: [idx: n_groups int64][recs: n_groups pointers][offs: n_groups uint64][gscore: n_groups]
+ *              [lens: n_groups uint32][qx: G hd][qk: G hd][acc: G hd][row: hd][cst: G][dz: G][qgs: G hd / group] */
 size_t spx_kvlow_work_floats(const spx_kvlow *k, int G) {
-    size_t n = (size_t)k->n_groups * 3 + (size_t)G * (size_t)k->hd * 4 + (size_t)k->hd + 2 * (size_t)G;
+    size_t n = (size_t)k->n_groups * 8 + (size_t)G * (size_t)k->hd * 4 + (size_t)k->hd + 2 * (size_t)G;
     return (n + 15) / 16 * 16; /* per-thread slices of one array stay 64-byte aligned: idx is int64 */
 }
 
@@ -163,7 +164,11 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
     if (!kt) kt = spx_qkernels_scalar();
     const kvl_ops ops = pick_ops(kt);
     int64_t *idx = (int64_t *)work;
-    float *gscore = work + 2 * k->n_groups, *qx = gscore + k->n_groups, *qk = qx + G * hd, *acc = qk + G * hd;
+    const uint8_t **recs = (const uint8_t **)(work + 2 * k->n_groups);
+    uint64_t *offs = (uint64_t *)(work + 4 * k->n_groups);
+    float *gscore = work + 6 * k->n_groups;
+    uint32_t *lens = (uint32_t *)(gscore + k->n_groups);
+    float *qx = gscore + 2 * k->n_groups, *qk = qx + G * hd, *acc = qk + G * hd;
     float *row = acc + G * hd, *cst = row + hd, *dz = cst + G, *qgs = dz + G;
     /* regions within [start, end) */
     const int64_t s_end = end < SPX_KVL_BLOCK ? end : SPX_KVL_BLOCK;
@@ -227,7 +232,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
         memset(out + g * os, 0, (size_t)hd * sizeof *out);
         memset(acc + g * hd, 0, (size_t)hd * sizeof *acc);
     }
-    if (k->tier && gB > gA) {
+    if ((k->tier || k->ft) && gB > gA) {
         const int64_t nc = gB - gA;
         for (int64_t gi = 0; gi < nc; gi++) {
             const int64_t p0 = SPX_KVL_BLOCK + (gA + gi) * gt;
@@ -242,9 +247,31 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
         n_sel = spx_kvlow_n_sel(c->frac, nc);
         spx_kvlow_select(gscore, nc, n_sel, idx);
         const float step = 1.0f / (float)(1 << c->rb);
+        int64_t n_got = n_sel;
+        if (k->ft) { /* the records in one batch: a miss (skip policy) is NULL and its group stays resident */
+            for (int64_t si = 0; si < n_sel; si++) {
+                offs[si] = (((uint64_t)layer * (uint64_t)k->n_groups + (uint64_t)(gA + idx[si])) * (uint64_t)k->nkv +
+                            (uint64_t)kvh) * k->gbytes;
+                lens[si] = (uint32_t)k->gbytes;
+            }
+            spx_err le;
+            spx_err_clear(&le);
+            if (spx_tier_get_many(k->ft, (size_t)n_sel, offs, lens, recs, &le) != SPX_OK) {
+                int expect = 0; /* the first error is kept; the step fails in commit */
+                if (__atomic_compare_exchange_n(&k->failed, &expect, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                    k->ferr = le;
+                    __atomic_store_n(&k->failed, 1, __ATOMIC_RELEASE);
+                }
+            }
+            n_got = 0;
+            for (int64_t si = 0; si < n_sel; si++) n_got += recs[si] != NULL;
+            __atomic_fetch_add(&k->stats.groups_missed, (uint64_t)(n_sel - n_got), __ATOMIC_RELAXED);
+        } else
+            for (int64_t si = 0; si < n_sel; si++) recs[si] = kvl_tier(k, layer, gA + idx[si], kvh);
         for (int64_t si = 0; si < n_sel; si++) {
             const int64_t grp = gA + idx[si], p0 = SPX_KVL_BLOCK + grp * gt;
-            const uint8_t *rec = kvl_tier(k, layer, grp, kvh);
+            const uint8_t *rec = recs[si];
+            if (!rec) continue;
             for (int64_t t = 0; t < gt; t++) {
                 const int64_t p = p0 + t;
                 for (int64_t i = 0; i < hd; i++) { /* dk in the codes' coordinates */
@@ -265,8 +292,8 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
                 for (int g = 0; g < G; g++) ops.axpb(acc + g * hd, sc[g * scs + p - start], row, 0, hd);
             }
         }
-        __atomic_fetch_add(&k->stats.groups_refined, (uint64_t)n_sel, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&k->stats.bytes_read, (uint64_t)n_sel * k->gbytes, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&k->stats.groups_refined, (uint64_t)n_got, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&k->stats.bytes_read, (uint64_t)n_got * k->gbytes, __ATOMIC_RELAXED);
     }
 
     /* value pass, with p' in place of p for the refined tokens */

@@ -178,8 +178,14 @@ static void fill_common(const plan_ctx *p, spx_plan *o, const level *lv, spx_kv_
     if (o->n_ctx_max < T) o->n_ctx_max = T;
     o->kv_bytes_per_token = spx_kv_bytes_per_token(kv, p->m->cfg.n_attn_layers, p->kvd);
     o->kv_bytes = o->kv_bytes_per_token * (uint64_t)T;
+    /* a low-bit cache's fp16 sinks and ring, sized by the batch of a forward
+     * call (the device's when the plan is cuda's: no CPU scores there) */
+    const uint64_t lfix = spx_kv_type_lowbit(kv) ? spx_kvlow_fixed_bytes(p->m->cfg.n_attn_layers, p->kvd,
+                                                                         p->score_bytes ? SPX_BATCH_MAX : SPX_BATCH_MAX_CUDA)
+                                                 : 0;
+    o->kv_bytes += lfix;
     o->scratch_bytes = p->S0 + p->score_bytes * (uint64_t)T;
-    o->planned_bytes = lv->fixed + per_token(p, kv) * (uint64_t)T;
+    o->planned_bytes = lv->fixed + per_token(p, kv) * (uint64_t)T + lfix;
     o->budget = p->budget;
 }
 

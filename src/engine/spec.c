@@ -104,7 +104,7 @@ spx_status spx_spec_new(spx_session *s, const spx_spec_params *p, spx_spec **out
         spx_spec_free(sp);
         return spx_fail(&s->err, SPX_ERR_NOMEM, "out of memory for speculation (%zu logit rows)", R);
     }
-    sp->k_cur = p->draft_max;
+    sp->k_cur = p->draft_min; /* grows by doubling: a first pass on text that does not repeat costs little */
     sp->acc = 0.5; /* neutral: three passes that keep nothing pause (0.5 * 0.75^3 < 0.25) */
     sp->pause_cur = p->pause;
     *out = sp;
@@ -208,9 +208,10 @@ static spx_status plain_step(spx_spec *sp, int32_t id, const spx_sampler_params 
     spx_session *s = sp->s;
     SPX_TRY(spx_sampler_greedy(smp) ? spx_session_step_greedy(s, id, out) : spx_session_step_sample(s, id, smp, rng, out));
     sp->st.passes++;
-    if (sp->pause_left > 0 && --sp->pause_left == 0) {
+    if (sp->pause_left > 0 && --sp->pause_left == 0) { /* the probe: a short draft */
         sp->probing = 1;
         sp->acc = sp->p.stop_below;
+        sp->k_cur = sp->p.draft_min;
     }
     return SPX_OK;
 }

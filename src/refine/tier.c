@@ -70,6 +70,7 @@ typedef struct tier_loader {
 struct spx_tier {
     char *path;
     int fd;
+    int wfd; /* a scratch tier's read-write descriptor (buffered); -1 otherwise */
     int direct;
     uint32_t align; /* 0 when buffered */
     int wait_mode;
@@ -451,7 +452,7 @@ spx_status spx_tier_open(const char *path, uint64_t cache_bytes, int mode, int n
 
     spx_tier *t = calloc(1, sizeof *t);
     if (!t) return spx_fail(e, SPX_ERR_NOMEM, "%s: no memory for the tier", path);
-    t->fd = -1;
+    t->fd = t->wfd = -1;
     t->n_started = -1; /* no mutex or threads yet: close must not touch them */
     t->path = spx_strdup(path);
     t->wait_mode = (mode & SPX_TIER_WAIT) != 0;
@@ -561,6 +562,7 @@ void spx_tier_close(spx_tier *t) {
     if (t->loaders)
         for (int k = 0; k < t->n_loaders; k++) free(t->loaders[k].bounce);
     if (t->fd >= 0) close(t->fd);
+    if (t->wfd >= 0) close(t->wfd);
     free(t->loaders);
     free(t->ents);
     free(t->table);
@@ -712,3 +714,122 @@ void spx_tier_stats_get(spx_tier *t, spx_tier_stats *s) {
 }
 
 const char *spx_tier_path(const spx_tier *t) { return t->path; }
+
+/* ======================================================================
+ * Scratch tiers: written by their owner, read like any other */
+
+spx_status spx_tier_create(const char *dir, uint64_t size, uint64_t cache_bytes, int mode, int n_loader_threads,
+                           spx_tier **out, spx_err *e) {
+    char eb[128];
+    if (!out) return spx_fail(e, SPX_ERR_ARG, "spx_tier_create: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir) return spx_fail(e, SPX_ERR_ARG, "spx_tier_create: no folder given");
+    if (size == 0 || size > (uint64_t)INT64_MAX)
+        return spx_fail(e, SPX_ERR_ARG, "%s: a scratch tier of %llu bytes", dir, (unsigned long long)size);
+    size_t n = strlen(dir) + 24;
+    char *path = malloc(n);
+    if (!path) return spx_fail(e, SPX_ERR_NOMEM, "%s: no memory for the tier's name", dir);
+    snprintf(path, n, "%s/spectra-tier-XXXXXX", dir);
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        spx_fail(e, SPX_ERR_IO, "%s: cannot create a tier file in this folder: %s", dir, err_text(errno, eb, sizeof eb));
+        free(path);
+        return SPX_ERR_IO;
+    }
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    /* the whole size reserved now, so a full disk is one message here and
+     * not a failed write in the middle of a generation */
+    int rc = posix_fallocate(fd, 0, (off_t)size);
+    if (rc == EOPNOTSUPP || rc == EINVAL) rc = ftruncate(fd, (off_t)size) != 0 ? errno : 0;
+    spx_status st = SPX_OK;
+    if (rc != 0)
+        st = spx_fail(e, SPX_ERR_IO, "%s: no room for a %.1f MiB tier file: %s", dir, (double)size / (1 << 20),
+                      err_text(rc, eb, sizeof eb));
+    else
+        st = spx_tier_open(path, cache_bytes, mode, n_loader_threads, out, e);
+    unlink(path); /* the file lives while its descriptors are open, and is gone after a crash */
+    free(path);
+    if (st != SPX_OK) {
+        close(fd);
+        return st;
+    }
+    (*out)->wfd = fd;
+    return SPX_OK;
+}
+
+static spx_status scratch_check(const spx_tier *t, uint64_t off, uint32_t len, const void *buf, const char *what,
+                                spx_err *e) {
+    if (!t || !buf) return spx_fail(e, SPX_ERR_ARG, "spx_tier_%s: NULL argument", what);
+    if (t->wfd < 0) return spx_fail(e, SPX_ERR_ARG, "%s: spx_tier_%s on a read-only tier", t->path, what);
+    if (len == 0 || off > t->size || len > t->size - off)
+        return spx_fail(e, SPX_ERR_RANGE, "%s: %s of %u bytes at offset %llu: outside the tier's %llu bytes", t->path,
+                        what, len, (unsigned long long)off, (unsigned long long)t->size);
+    return SPX_OK;
+}
+
+/* pwrite (write != 0) or pread of the whole range through the read-write
+ * descriptor (buffered: no alignment to keep) */
+static spx_status scratch_io(spx_tier *t, int write, uint64_t off, uint32_t len, uint8_t *buf, spx_err *e) {
+    char eb[128];
+    for (uint64_t done = 0; done < len;) {
+        ssize_t r = write ? pwrite(t->wfd, buf + done, len - done, (off_t)(off + done))
+                          : pread(t->wfd, buf + done, len - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return spx_fail(e, SPX_ERR_IO, "%s: %s of %u bytes at offset %llu failed: %s", t->path,
+                            write ? "write" : "read", len, (unsigned long long)off,
+                            r < 0 ? err_text(errno, eb, sizeof eb) : write ? "nothing written" : "end of file");
+        done += (uint64_t)r;
+    }
+    return SPX_OK;
+}
+
+spx_status spx_tier_put(spx_tier *t, uint64_t off, uint32_t len, const uint8_t *data, spx_err *e) {
+    SPX_TRY(scratch_check(t, off, len, data, "put", e));
+    SPX_TRY(scratch_io(t, 1, off, len, (uint8_t *)data, e));
+    pthread_mutex_lock(&t->mu);
+    t->st.writes++;
+    t->st.bytes_written += len;
+    spx_status st = tier_latched(t, e);
+    int32_t i = -1;
+    /* a queued or running load of the range's old bytes finishes first,
+     * so it cannot land after (and over) the new ones */
+    while (st == SPX_OK && (i = table_find(t, off, len)) >= 0 && t->ents[i].state != ENT_READY) {
+        pthread_cond_wait(&t->cv_done, &t->mu);
+        st = tier_latched(t, e);
+    }
+    if (st == SPX_OK && i >= 0) {
+        memcpy(t->ents[i].data, data, len); /* same (off, len): same size */
+        if (t->ents[i].list == L_LRU) {
+            list_unlink(t, i);
+            list_push_head(t, L_LRU, i);
+        }
+    } else if (st == SPX_OK && len <= t->budget && tier_reserve(t, 1) == 0) {
+        uint8_t *copy = malloc(len); /* no memory: the bytes are on disk, only not cached */
+        if (copy) {
+            memcpy(copy, data, len);
+            i = ent_new(t, off, len);
+            t->ents[i].data = copy;
+            t->ents[i].state = ENT_READY;
+            t->st.cur_bytes += len;
+            t->st.entries++;
+            list_push_head(t, L_LRU, i);
+            tier_trim(t);
+            if (t->st.cur_bytes > t->st.peak_bytes) t->st.peak_bytes = t->st.cur_bytes;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+spx_status spx_tier_read_now(spx_tier *t, uint64_t off, uint32_t len, uint8_t *dst, spx_err *e) {
+    SPX_TRY(scratch_check(t, off, len, dst, "read_now", e));
+    pthread_mutex_lock(&t->mu);
+    int32_t i = table_find(t, off, len);
+    int hit = i >= 0 && t->ents[i].state == ENT_READY;
+    if (hit) memcpy(dst, t->ents[i].data, len);
+    spx_status st = tier_latched(t, e);
+    pthread_mutex_unlock(&t->mu);
+    if (hit || st != SPX_OK) return st;
+    return scratch_io(t, 0, off, len, dst, e);
+}

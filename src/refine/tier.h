@@ -1,6 +1,7 @@
 /* tier.h: the CPU backing tier of StrataFlux weight refinement (issue 20,
  * "Delivery / CPU and unified memory"; ../shared/spec/strataflux-paper.txt
- * sections 3.3-3.4): refinement bits live in a file on disk and are read
+ * sections 3.3-3.4), and of the KV cache's refinement records (scratch
+ * tiers, below; engine/kvlow.h): refinement bits live in a file on disk and are read
  * into an LRU RAM cache with a byte budget. A step asks for the byte
  * ranges it wants (one residual column of one matrix is one contiguous
  * range, refine.h); what is cached is handed out as pointers, what is not
@@ -78,7 +79,9 @@
  *
  * Limits: n_loader_threads in [1, SPX_TIER_MAX_LOADERS]; lengths are
  * uint32; the file is read only (its size is taken at open; a file that
- * shrinks afterwards shows up as a loader's short read). */
+ * shrinks afterwards shows up as a loader's short read), except a scratch
+ * tier's (spx_tier_create: the KV cache's refinement bits), which its
+ * owner writes. */
 #ifndef SPX_TIER_H
 #define SPX_TIER_H
 
@@ -111,6 +114,8 @@ typedef struct spx_tier_stats {
     uint64_t waits;        /* WAIT calls that had to block */
     double wait_s;         /* total seconds spent blocked in them */
     uint64_t evictions;    /* entries evicted (LRU) */
+    uint64_t writes;       /* spx_tier_put calls (scratch tiers) */
+    uint64_t bytes_written;/* their bytes */
     uint64_t cur_bytes;    /* bytes of loaded entries now cached */
     uint64_t peak_bytes;   /* largest cur_bytes seen */
     uint64_t entries;      /* loaded entries now cached */
@@ -145,6 +150,28 @@ spx_status spx_tier_step_end(spx_tier *t, spx_err *e);
 /* Blocks until no range is queued or being loaded (tests, benchmarks, a
  * prefetch barrier). Returns a latched loader error, if any. */
 spx_status spx_tier_drain(spx_tier *t, spx_err *e);
+
+/* Scratch tiers. spx_tier_create makes a tier on a new file of `size`
+ * bytes in folder `dir` (reserved at once with posix_fallocate, so a full
+ * disk fails here, naming the folder; removed from the folder at once, so
+ * it lives exactly as long as the tier, also after a crash), opened and
+ * read as by spx_tier_open. Its owner writes it:
+ * - spx_tier_put writes [off, off + len) (pwrite through a second,
+ *   buffered descriptor: O_DIRECT reads of the range see it, the kernel
+ *   writes dirty pages back before a direct read) and caches the bytes as
+ *   the entry (off, len), most recently used (not pinned): a new range
+ *   enters the cache directly, as a prefill's oldest ranges leave it. An
+ *   entry that exists takes the new bytes; one being loaded is waited
+ *   for first, so the old bytes never land after the new ones. The owner
+ *   must not put a range it got a pointer to in the current step.
+ * - spx_tier_read_now copies a range's current bytes, from the cache or
+ *   the file, whatever the miss policy (rare, synchronous reads).
+ * A write error (ENOSPC, EIO) names the file, the offset and the length;
+ * it is returned, not latched (the caller fails its step). */
+spx_status spx_tier_create(const char *dir, uint64_t size, uint64_t cache_bytes, int mode, int n_loader_threads,
+                           spx_tier **out, spx_err *e);
+spx_status spx_tier_put(spx_tier *t, uint64_t off, uint32_t len, const uint8_t *data, spx_err *e);
+spx_status spx_tier_read_now(spx_tier *t, uint64_t off, uint32_t len, uint8_t *dst, spx_err *e);
 
 /* A snapshot of the counters (taken under the lock). The function is not
  * called spx_tier_stats because that is the struct's name. */

@@ -29,8 +29,15 @@ static void usage(FILE *f) {
                "  -r N            runs (int 1..100; default 5)\n"
                "  -f FILE         prompt text from FILE (tokenized with the model's tokenizer; replaces -p's random\n"
                "                  ids and sets -p to its length); generation then continues the prompt\n"
+               "  -d N            depth: generation starts after N tokens of context (int >= 0; default 0, as\n"
+               "                  llama-bench -d): they are prefilled once, untimed, and each run decodes from\n"
+               "                  there (truncated back to N between runs); with -p N too, each run's prompt\n"
+               "                  test is that context\n"
+               "  --seek          with -d: reach depth N without computing it (spx_session_seek: the cache\n"
+               "                  keeps what it holds there, zeros in a new session), so attention at depth\n"
+               "                  is timed without the prefill; each run's prompt and generation start at N\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16, q4 if f16 does not fit)\n"
-               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (docs/kv.md)\n" CLI_KV_USAGE
                "  --ctx N         context length (int; default: p + n + 1)\n"
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
@@ -124,11 +131,11 @@ static void print_telemetry_summary(const spx_tele_sample *t, size_t n) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0;
+    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0, depth = 0;
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     cli_kv_extra kvx = {0};
-    int json = 0, telemetry = 0, spec_given = 0;
+    int json = 0, telemetry = 0, seek = 0, spec_given = 0;
     const char *pfile = NULL;
     spx_refine_params rp;
     cli_refine_defaults(&rp);
@@ -143,12 +150,14 @@ int cmd_bench(int argc, char **argv) {
         else if ((rr = cli_spec_opt(argc, argv, &i, &spp, &spec_given)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--telemetry")) telemetry = 1;
+        else if (!strcmp(a, "--seek")) seek = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "-f")) pfile = v;
         else if (!strcmp(a, "-p")) { if (!cli_int(a, v, 0, 1 << 20, &np)) return 2; }
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 20, &ng)) return 2; }
         else if (!strcmp(a, "-r")) { if (!cli_int(a, v, 1, 100, &reps)) return 2; }
+        else if (!strcmp(a, "-d")) { if (!cli_int(a, v, 0, 1 << 24, &depth)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
@@ -163,13 +172,22 @@ int cmd_bench(int argc, char **argv) {
     if (pfile && !(ptext = cli_read_text(pfile, &ptext_len))) return 1;
     if (cont && np == 0 && !pfile) { cli_error("bench: --spec continues the prompt: give -p N >= 1 or -f FILE"); free(ptext); return 2; }
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
-    if (!pfile && n_ctx > 0 && n_ctx < np + ng + 1) {
-        cli_error("bench: --ctx %lld is shorter than -p %lld + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng);
+    if (depth && !ng) { cli_error("bench: -d %lld without generation (-n 0)", (long long)depth); return 2; }
+    if (seek && !depth) { cli_error("bench: --seek needs -d N"); return 2; }
+    const int64_t need = seek ? depth + np + ng + 1 : (np > depth ? np : depth) + ng + 1;
+    if (cont && (depth || seek)) {
+        cli_error("bench: -d and --seek do not combine with --spec or -f (generation continues the prompt)");
+        free(ptext);
+        return 2;
+    }
+    if (!pfile && n_ctx > 0 && n_ctx < need) {
+        cli_error("bench: --ctx %lld is shorter than %s", (long long)n_ctx,
+                  seek ? "-d + -p + -n + 1" : "max(-p, -d) + -n + 1");
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
-    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1,
+    if (kvx.tier_dir && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* the KV file tier: CPU only (docs/kv.md) */
+    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : need,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;
     int32_t *file_ids = NULL;
@@ -190,7 +208,7 @@ int cmd_bench(int argc, char **argv) {
         ptext = NULL;
         if (!ok || n_file == 0) { if (ok) cli_error("bench: %s encodes to no tokens", pfile); free(file_ids); return 1; }
         np = (int64_t)n_file;
-        if (!pfile && n_ctx > 0 && n_ctx < np + ng + 1) { cli_error("bench: --ctx %lld is shorter than the file's %lld tokens + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng); free(file_ids); return 2; }
+        if (n_ctx > 0 && n_ctx < np + ng + 1) { cli_error("bench: --ctx %lld is shorter than the file's %lld tokens + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng); free(file_ids); return 2; }
         po.n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1;
     }
     m = cli_open_planned(model, &po, &plan);
@@ -203,7 +221,10 @@ int cmd_bench(int argc, char **argv) {
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
     cli_kv_apply(&kvx, &sp);
     float *logits = malloc((size_t)V * sizeof(float));
-    int32_t *ids = malloc((size_t)(np + 1) * sizeof *ids);
+    const int64_t nid = (np > depth ? np : depth) + 1;
+    int32_t *ids = malloc((size_t)nid * sizeof *ids);
+    double depth_s = 0;
+    int at_depth = 0; /* the session holds the depth's context (and nothing after it, once truncated) */
     double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);
     spx_telemetry *tele = NULL;
     spx_tele_sample *samples = NULL;
@@ -222,18 +243,35 @@ int cmd_bench(int argc, char **argv) {
     if (spx_session_eval(s, &w0, 1, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     if (ng > 0 && spx_session_step_greedy(s, w0, &w0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     for (int64_t r = 0; r < reps; r++) {
-        for (int64_t i = 0; i < np + 1; i++) {
+        for (int64_t i = 0; i < nid; i++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             ids[i] = file_ids ? file_ids[i < np ? i : 0] : (int32_t)((rng >> 33) % (uint64_t)V);
         }
-        spx_session_reset(s);
-        if (np > 0) {
+        if (np > 0) { /* the prompt test from an empty cache (so the depth's context goes), or at the seek's depth */
+            spx_session_reset(s);
+            at_depth = 0;
+            if (seek && spx_session_seek(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             double t0 = spx_now();
             if (spx_session_eval(s, ids, (size_t)np, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             pp[r] = (double)np / (spx_now() - t0);
+            at_depth = np == depth; /* -p N -d N: the prompt test's context is the depth's */
         }
-        if (ng > 0 && cont && !spec_decode_tps(s, &spp, ids, (size_t)np, logits, ng, &tg[r], &sst)) goto done;
-        if (ng > 0 && !cont && !cli_decode_tps(s, ids[np], ng, &tg[r])) goto done;
+        if (ng > 0 && cont) {
+            if (!spec_decode_tps(s, &spp, ids, (size_t)np, logits, ng, &tg[r], &sst)) goto done;
+        } else if (ng > 0 && seek) {
+            spx_session_reset(s);
+            if (spx_session_seek(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+            if (!cli_decode_tps_here(s, ids[depth], ng, &tg[r])) goto done;
+        } else if (ng > 0 && depth > 0) {
+            if (!at_depth) { /* after the prompt test, or the first run: the depth's context once */
+                double t0 = spx_now();
+                spx_session_reset(s);
+                if (spx_session_eval(s, ids, (size_t)depth, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+                depth_s += spx_now() - t0;
+                at_depth = np == 0; /* with a prompt test it is prefilled again next run */
+            } else if (spx_session_truncate(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+            if (!cli_decode_tps_here(s, ids[depth], ng, &tg[r])) goto done;
+        } else if (ng > 0 && !cli_decode_tps(s, ids[np], ng, &tg[r])) goto done;
         if (!json) fprintf(stderr, "\rrun %lld/%lld", (long long)(r + 1), (long long)reps);
     }
     if (!json) fputc('\n', stderr);
@@ -275,13 +313,14 @@ int cmd_bench(int argc, char **argv) {
         tune_json = tj ? cJSON_PrintUnformatted(tj) : NULL;
         cJSON_Delete(tj);
         if (!tune_json) { cli_error("out of memory"); goto done; }
-        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"runs\": %lld, "
+        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
-               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f",
-               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)reps, ppm, pp[0],
-               pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
-               spx_kv_cache_bytes_per_token(&s->kv));
+               "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f, \"depth_seek\": %s, "
+               "\"depth_prefill_s\": %.3f",
+               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
+               (long long)reps, ppm, pp[0], pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
+               spx_kv_cache_bytes_per_token(&s->kv), seek ? "true" : "false", depth_s);
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
                "\"stream_bytes_per_token\": %llu, \"pinned_bytes\": %llu, \"slot_bytes\": %llu",
                (long long)s->n_ctx, spx_residency_name(res), (long long)off.n_layers, (long long)off.n_layers_resident,
@@ -342,9 +381,15 @@ int cmd_bench(int argc, char **argv) {
                kvn, (long long)reps);
         cli_kv_summary(stdout, s);
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);
+        char depth_txt[96] = "";
+        if (depth)
+        {
+            if (seek) snprintf(depth_txt, sizeof depth_txt, " at depth %lld (seek: not computed)", (long long)depth);
+            else snprintf(depth_txt, sizeof depth_txt, " at depth %lld (prefilled in %.1f s)", (long long)depth, depth_s);
+        }
         if (ng)
-            printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n  weights read per token: %.1f MB -> %.2f GB/s\n",
-                   (long long)ng, tgm, tg[0], tg[reps - 1], (double)bpt / 1e6, gbs);
+            printf("  tg%-6lld %9.2f tokens/s  (min %.2f, max %.2f)%s\n  weights read per token: %.1f MB -> %.2f GB/s\n",
+                   (long long)ng, tgm, tg[0], tg[reps - 1], depth_txt, (double)bpt / 1e6, gbs);
         if (off.pingpong) {
             printf("  ping-pong: %lld of %lld layers resident, %.1f MB streamed per token (pinned %.1f MiB, slots 2 x "
                    "%.1f MiB)\n",

@@ -14,7 +14,7 @@ static void usage(FILE *f) {
                "  --ids LIST     token ids, comma or space separated (fed as one sequence, no BOS added)\n"
                "  -o FILE        output: float32 little-endian, row-major [T, vocab]\n"
                "  --kv TYPE      KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16)\n"
-               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (docs/kv.md)\n" CLI_KV_USAGE
                "  --threads N    worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B    cpu, cuda or auto (auto: cuda if built in and a GPU is present; default cpu)\n");
 }

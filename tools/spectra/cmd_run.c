@@ -27,7 +27,7 @@ static void usage(FILE *f) {
             "  --ctx N         context length (int; default: min(model max, 4096), shrunk if it does not fit)\n"
             "  --kv TYPE       KV cache storage: f32, f16 or q4 (Group-32 4-bit; default f16, q4 if f16\n"
             "                  does not fit)\n"
-            "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
+            "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (docs/kv.md)\n" CLI_KV_USAGE
             "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
             "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
             "                  it: cuda for a .trdc when built in and a GPU is present, else cpu)\n"
@@ -82,7 +82,7 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (spx_kv_type_lowbit(kv) && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* low-bit KV: CPU only (docs/kv.md) */
+    if (kvx.tier_dir && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* the KV file tier: CPU only (docs/kv.md) */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .vram_budget_mb = vram, .kv = kv,
                          .quiet = quiet};
     spx_plan plan;

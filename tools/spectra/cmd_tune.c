@@ -81,7 +81,7 @@ static void usage(FILE *f) {
                "  --search-lead LIST  cuda: fetch leads tried, in blocks (as --search-lag; default all; a backend\n"
                "                  that refuses fetch lead has it left out with a note)\n"
                "  --kv TYPE       KV cache storage: f32, f16 or q4 (default f16)\n"
-               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (CPU; docs/kv.md)\n" CLI_KV_USAGE
+               "                  or the low-bit k2v2, k3v2, k3v3, k4v4 (docs/kv.md)\n" CLI_KV_USAGE
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --no-write      measure and print only; the .refine is not changed\n"
                "  --json          print the result as one JSON object\n"

@@ -98,8 +98,8 @@ int cli_kv(const char *s, spx_kv_type *out) {
 
 int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o) {
     const char *a = argv[*i], *v;
-    static const char *const flags[] = {"--kv-group", "--kv-layout", "--kv-refine", "--kv-refine-frac",
-                                        "--kv-refine-group"};
+    static const char *const flags[] = {"--kv-group",        "--kv-layout", "--kv-refine",     "--kv-refine-frac",
+                                        "--kv-refine-group", "--kv-tier",   "--kv-tier-cache", "--kv-tier-miss"};
     int known = 0;
     for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++) known |= !strcmp(a, flags[k]);
     if (!known) return 0;
@@ -115,6 +115,14 @@ int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o) {
     } else if (!strcmp(a, "--kv-refine")) {
         if (!cli_int(a, v, 0, 8, &x)) return -1;
         o->refine = (int32_t)x;
+    } else if (!strcmp(a, "--kv-tier")) {
+        o->tier_dir = v;
+    } else if (!strcmp(a, "--kv-tier-cache")) {
+        if (!cli_int(a, v, 1, (int64_t)1 << 30, &x)) return -1;
+        o->tier_cache_mb = x;
+    } else if (!strcmp(a, "--kv-tier-miss")) {
+        if (strcmp(v, "skip") && strcmp(v, "wait")) { cli_error("--kv-tier-miss: expected skip or wait, got '%s'", v); return -1; }
+        o->tier_wait = !strcmp(v, "wait");
     } else if (!strcmp(a, "--kv-refine-group")) {
         if (!cli_int(a, v, 1, 128, &x)) return -1;
         o->tokens = (int32_t)x;
@@ -131,15 +139,21 @@ int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o) {
 }
 
 void cli_kv_summary(FILE *f, const spx_session *s) {
-    char b[512];
+    char b[1024];
     spx_kv_describe(&s->kv, b, sizeof b);
     fprintf(f, "%s\n", b);
 }
 
 int cli_kv_check(spx_kv_type kv, const cli_kv_extra *o) {
-    if (!spx_kv_type_lowbit(kv) && (o->group || o->layout || o->refine > 0 || o->frac > 0 || o->tokens)) {
-        cli_error("--kv-group, --kv-layout and --kv-refine* apply to the low-bit KV types (--kv k2v2, k3v2, k3v3, "
-                  "k4v4)");
+    if (!spx_kv_type_lowbit(kv) && (o->group || o->layout || o->refine > 0 || o->frac > 0 || o->tokens ||
+                                    o->tier_dir || o->tier_cache_mb || o->tier_wait)) {
+        cli_error("--kv-group, --kv-layout, --kv-refine* and --kv-tier* apply to the low-bit KV types (--kv k2v2, "
+                  "k3v2, k3v3, k4v4)");
+        return 0;
+    }
+    if (!o->tier_dir && (o->tier_cache_mb || o->tier_wait)) {
+        cli_error("--kv-tier-cache and --kv-tier-miss need --kv-tier DIR (without it the refinement bits stay in "
+                  "host RAM)");
         return 0;
     }
     return 1;
@@ -151,6 +165,9 @@ void cli_kv_apply(const cli_kv_extra *o, spx_session_params *sp) {
     sp->kv_refine = o->refine;
     sp->kv_refine_frac = o->frac;
     sp->kv_refine_tokens = o->tokens;
+    sp->kv_tier_dir = o->tier_dir;
+    sp->kv_tier_cache_mb = o->tier_cache_mb;
+    sp->kv_tier_wait = o->tier_wait;
 }
 
 static void print_plan(const spx_plan *p) {
@@ -418,6 +435,10 @@ int cli_budget(const char *flag, const char *s, double *out) {
 
 int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps) {
     spx_session_reset(s); /* generation from a short context, as llama-bench tg */
+    return cli_decode_tps_here(s, first, n, tps);
+}
+
+int cli_decode_tps_here(spx_session *s, int32_t first, int64_t n, double *tps) {
     int32_t id = first;
     double t0 = spx_now();
     for (int64_t i = 0; i < n; i++) /* greedy, a decode loop: on a GPU only the id crosses to the host,

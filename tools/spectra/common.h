@@ -39,11 +39,19 @@ int cli_kv(const char *s, spx_kv_type *out);
 typedef struct cli_kv_extra {
     int32_t group, layout, refine, tokens; /* 0: the library's defaults */
     double frac;
+    const char *tier_dir;                  /* --kv-tier: NULL, host RAM */
+    int64_t tier_cache_mb;                 /* 0: the library's default */
+    int32_t tier_wait;
 } cli_kv_extra;
 #define CLI_KV_USAGE \
     "  --kv-group N    low-bit KV: channels per (min, step) pair of a token (8..head_dim; default 32)\n" \
     "  --kv-layout L   low-bit KV: kivi (keys per channel over 128-token blocks; default) or rot (Hadamard, per token)\n" \
-    "  --kv-refine B   low-bit KV: nested refinement bits per element, kept in host RAM (0: off, default; 1..8)\n" \
+    "  --kv-refine B   low-bit KV: nested refinement bits per element (0: off, default without --kv-tier; 1..8)\n" \
+    "  --kv-tier DIR   low-bit KV, CPU: the refinement bits in a file made in DIR (removed at once) behind an LRU\n" \
+    "                  RAM cache, instead of host RAM; --kv-refine then defaults to 4\n" \
+    "  --kv-tier-cache MIB  that cache's budget (default 256)\n" \
+    "  --kv-tier-miss skip|wait  a record not cached: its group keeps the resident value this step while it is\n" \
+    "                  loaded (skip, default), or the step waits for it\n" \
     "  --kv-refine-frac F  fraction of token groups refined per step (default 1/128 = 0.0078125)\n" \
     "  --kv-refine-group T tokens per refinement group (divides 128; default 4 on the CPU, 2 on a GPU)\n"
 /* argv[*i] one of them: 1 (value taken), 0 (not one), -1 (bad value, message printed). */
@@ -76,7 +84,7 @@ typedef struct cli_eval_opts {
     cli_kv_extra kvx;
     int64_t score_last; /* --score-last N (windows.h); 0: every position of the protocol scored */
 } cli_eval_opts;
-#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0, 0, {0, 0, 0, 0, 0}, 0}
+#define CLI_EVAL_OPTS_DEFAULT {NULL, NULL, 512, 0, 0, SPX_KV_F16, 0, 0, 0, {0, 0, 0, 0, 0, NULL, 0, 0}, 0}
 #define CLI_EVAL_SKIP_USAGE \
     "  --skip S        start at window S (int >= 0; default 0): windows S .. S+C-1 are used\n"
 #define CLI_EVAL_SCORE_LAST_USAGE \
@@ -126,10 +134,12 @@ void cli_refine_summary(FILE *f, const spx_model *m);
 int cli_budget(const char *flag, const char *s, double *out);
 
 /* The decode loop of `spectra bench -p 0 -n N` (and of `spectra tune`):
- * from a reset session, n greedy steps from token `first`, each queueing
+ * from a reset session (moved to depth by spx_session_seek when depth > 0), n greedy steps from token `first`, each queueing
  * the next (spx_session_step_greedy_ahead); *tps = n / seconds. Prints
  * the session's error and returns 0 on failure. */
 int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps);
+/* The same from the session's current position (bench -d: decode at depth). */
+int cli_decode_tps_here(spx_session *s, int32_t first, int64_t n, double *tps);
 
 /* Speculative decoding flags (docs/spec.md), on run and bench:
  * --spec lookup|off, --draft-max K, --draft-min K. The record starts as
