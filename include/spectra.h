@@ -193,6 +193,78 @@ spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler
 spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng_state,
                                          int32_t *next, int ahead);
 
+/* Speculative decoding (prompt lookup; docs/spec.md). A spx_spec rides on
+ * a session: it keeps the session's token history, drafts up to draft_max
+ * tokens from an earlier occurrence of the history's last n tokens, feeds
+ * the last token and the draft in one forward pass, keeps the longest
+ * prefix the model agrees with and rewinds the rest. Greedy: the tokens are
+ * those of spx_session_step_greedy, one by one. Sampling: a draft token d is
+ * kept with probability p(d), p the distribution spx_sample draws from,
+ * else a token is drawn from p without d (renormalised), which leaves the
+ * distribution of every token that of spx_sample. Weight refinement is
+ * applied to one-token steps only, so while it is attached every step is a
+ * plain one (nothing is drafted). */
+#define SPX_SPEC_DRAFT_LIMIT 32 /* draft_max at most */
+#define SPX_SPEC_NGRAM_LIMIT 4  /* ngram_max at most */
+typedef enum spx_spec_kind { SPX_SPEC_OFF = 0, SPX_SPEC_LOOKUP = 1 } spx_spec_kind;
+typedef struct spx_spec_params {
+    spx_spec_kind kind;     /* OFF: every step a plain one (the same loop, for comparisons) */
+    int32_t draft_max;      /* K: tokens drafted per pass at most, 1..SPX_SPEC_DRAFT_LIMIT */
+    int32_t draft_min;      /* a shorter draft is not verified (a plain step runs), 1..draft_max */
+    int32_t ngram_min;      /* n-gram lengths looked up, longest first: 1 <= min <= max <= 4 */
+    int32_t ngram_max;
+    int32_t min_count[SPX_SPEC_NGRAM_LIMIT];   /* [n-1]: earlier occurrences an n-gram needs, >= 1 */
+    int32_t min_percent[SPX_SPEC_NGRAM_LIMIT]; /* [n-1]: share of them followed by the drafted token, 0..100 */
+    /* adaptive K: the cap starts at draft_min; after a pass that kept every draft token it doubles
+     * (up to draft_max); after a rejection it becomes the kept count + 1
+     * (at least draft_min).
+     * Drafting pauses for `pause` tokens when the running acceptance (from
+     * 1/2, each pass weighing 1/4) falls below stop_below; then one probe pass decides:
+     * its acceptance >= stop_below resumes, else the pause doubles (up to
+     * 16 pause); a probe drafts at most draft_min tokens. stop_below 0: never pause. */
+    float stop_below;       /* 0..1 */
+    int32_t pause;          /* >= 1 */
+} spx_spec_params;
+/* The defaults (docs/spec.md says how they were chosen). */
+void spx_spec_params_default(spx_spec_params *p);
+
+typedef struct spx_spec_stats {
+    int64_t passes;       /* forward passes over the weights: plain steps, verifications and re-feeds */
+    int64_t verify;       /* of which verifications of a draft */
+    int64_t refeeds;      /* of which re-feeds of kept tokens after a rollback (recurrent layers) */
+    int64_t drafted;      /* draft tokens verified */
+    int64_t accepted;     /* of which kept */
+    int64_t tokens;       /* tokens returned */
+} spx_spec_stats;
+
+typedef struct spx_spec spx_spec;
+/* A drafter other than the lookup (tests, other proposers): writes up to
+ * max tokens to draft[] from the history hist[n] (the session's tokens and
+ * the one being fed) and returns how many (0..max). */
+typedef int32_t (*spx_draft_fn)(void *user, const int32_t *hist, int64_t n, int32_t *draft, int32_t max);
+
+/* Binds speculation to s (which must outlive it). The history starts with
+ * nothing: give it the tokens already in s with spx_spec_history. Errors
+ * name the field (spx_session_error(s)). */
+spx_status spx_spec_new(spx_session *s, const spx_spec_params *p, spx_spec **out);
+void spx_spec_free(spx_spec *sp);
+/* Appends ids (tokens the caller fed to the session itself: the prompt) to
+ * the history. */
+spx_status spx_spec_history(spx_spec *sp, const int32_t *ids, size_t n);
+/* Replaces the lookup by fn (NULL: back to the lookup). */
+void spx_spec_set_drafter(spx_spec *sp, spx_draft_fn fn, void *user);
+/* Feeds id and returns the tokens that follow it, out[0 .. *n_out), 1 <=
+ * *n_out <= cap: out[*n_out - 1] is not yet fed (it is the next call's id,
+ * as with spx_session_step_greedy). smp NULL or greedy parameters: greedy.
+ * The history must hold exactly the session's tokens (SPX_ERR_ARG if not:
+ * a token fed around it). */
+spx_status spx_spec_step(spx_spec *sp, int32_t id, const spx_sampler_params *smp, uint64_t *rng, int32_t *out,
+                         size_t cap, size_t *n_out);
+void spx_spec_get_stats(const spx_spec *sp, spx_spec_stats *st);
+/* "lookup" / "off" <-> kind; -1 for an unknown name. */
+const char *spx_spec_kind_name(spx_spec_kind k);
+int spx_spec_kind_parse(const char *name);
+
 /* Weight refinement (StrataFlux-W): a compressed model's decode steps add,
  * per projection, the selected input channels' share of the quantization
  * residual, read from a .refine file (spectra compress --refine) that

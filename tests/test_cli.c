@@ -426,6 +426,33 @@ int main(void) {
              tl_shared("models/tiny-qwen3"));
     expect(a, 0, "247 247 247 247");
 
+    /* --spec: greedy lookup speculation prints plain greedy's tokens
+     * (a prompt that repeats, so drafts are verified); bad values exit 2 */
+    {
+        const char *ids = "5,6,7,8,9,10,11,12,5,6,7,8,9,10,11,12,5,6,7,8";
+        char *o[2] = {NULL, NULL}, cmd[3000];
+        int rc[2];
+        for (int i = 0; i < 2; i++) {
+            snprintf(cmd, sizeof cmd, "%s run -m %s --ids %s -n 40 --temp 0 -q --spec %s --draft-max 4", bin(),
+                     tl_shared("models/tiny-llama3"), ids, i ? "lookup" : "off");
+            rc[i] = sh(cmd, &o[i]);
+        }
+        CHECK(rc[0] == 0 && rc[1] == 0 && strlen(o[0]) > 0 && !strcmp(o[0], o[1]), "--spec lookup differs from off:\n%s\n%s",
+              o[0], o[1]);
+        free(o[0]);
+        free(o[1]);
+        snprintf(a, sizeof a, "run -m %s --ids %s -n 20 --temp 0 --spec lookup --draft-min 1", tl_shared("models/tiny-llama3"), ids);
+        expect(a, 0, "spec lookup: draft 1..8");
+        snprintf(a, sizeof a, "run -m %s --ids 1,2 -n 3 --spec ngram", tl_shared("models/tiny-llama3"));
+        expect(a, 2, "--spec: expected lookup or off");
+        snprintf(a, sizeof a, "run -m %s --ids 1,2 -n 3 --spec lookup --draft-max 2 --draft-min 3", tl_shared("models/tiny-llama3"));
+        expect(a, 2, "--draft-min 3 exceeds --draft-max 2");
+        snprintf(a, sizeof a, "bench -m %s -p 24 -n 16 -r 1 --spec lookup --json", tl_shared("models/tiny-llama3"));
+        expect(a, 0, "\"tokens_per_pass\"");
+        snprintf(a, sizeof a, "bench -m %s -p 0 -n 16 -r 1 --spec lookup", tl_shared("models/tiny-llama3"));
+        expect(a, 2, "--spec continues the prompt");
+    }
+
     /* compress -> inspect -> verify -> run, with the file's tokenizer */
     snprintf(a, sizeof a, "compress -m %s -o %s/s.trdc -q", tl_shared("models/stories260K"), tmp);
     expect(a, 0, "bits/weight");

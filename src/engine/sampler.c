@@ -4,7 +4,7 @@
  * over the softmax of what is left, then a draw. Greedy ties go to the
  * lowest id (torch.argmax). The RNG is splitmix64 seeded by the caller, so
  * a seed reproduces a run. */
-#include "spectra.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -23,18 +23,17 @@ static int32_t argmax(const float *x, int64_t n) {
     return (int32_t)best;
 }
 
-typedef struct { float p; int32_t id; } cand;
-
 static int cand_desc(const void *a, const void *b) {
-    const cand *x = a, *y = b;
+    const spx_cand *x = a, *y = b;
     if (x->p != y->p) return x->p < y->p ? 1 : -1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-int32_t spx_sample(const float *logits, int64_t vocab, const spx_sampler_params *p, uint64_t *rng) {
-    if (!p || p->temperature <= 0 || p->top_k == 1) return argmax(logits, vocab);
-    cand *c = malloc((size_t)vocab * sizeof *c);
-    if (!c) return argmax(logits, vocab); /* no memory: degrade to greedy */
+int spx_sampler_greedy(const spx_sampler_params *p) { return !p || p->temperature <= 0 || p->top_k == 1; }
+
+double spx_rng_uniform(uint64_t *rng) { return (double)(next_u64(rng) >> 11) * (1.0 / 9007199254740992.0); }
+
+int64_t spx_sampler_dist(const float *logits, int64_t vocab, const spx_sampler_params *p, spx_cand *c, double *sum_out) {
     float mx = -INFINITY;
     for (int64_t i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
     for (int64_t i = 0; i < vocab; i++) {
@@ -57,7 +56,17 @@ int32_t spx_sample(const float *logits, int64_t vocab, const spx_sampler_params 
         sum = 0;
         for (int64_t i = 0; i < n; i++) sum += c[i].p;
     }
-    double r = (double)(next_u64(rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+    *sum_out = sum;
+    return n;
+}
+
+int32_t spx_sample(const float *logits, int64_t vocab, const spx_sampler_params *p, uint64_t *rng) {
+    if (spx_sampler_greedy(p)) return argmax(logits, vocab);
+    spx_cand *c = malloc((size_t)vocab * sizeof *c);
+    if (!c) return argmax(logits, vocab); /* no memory: degrade to greedy */
+    double sum;
+    int64_t n = spx_sampler_dist(logits, vocab, p, c, &sum);
+    double r = spx_rng_uniform(rng) * sum;
     int32_t id = c[n - 1].id;
     double acc = 0;
     for (int64_t i = 0; i < n; i++) {

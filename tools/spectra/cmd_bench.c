@@ -27,6 +27,8 @@ static void usage(FILE *f) {
                "  -p N            prompt tokens per run (int >= 0; default 512; 0 skips the prompt test)\n"
                "  -n N            generated tokens per run (int >= 0; default 128)\n"
                "  -r N            runs (int 1..100; default 5)\n"
+               "  -f FILE         prompt text from FILE (tokenized with the model's tokenizer; replaces -p's random\n"
+               "                  ids and sets -p to its length); generation then continues the prompt\n"
                "  -d N            depth: generation starts after N tokens of context (int >= 0; default 0, as\n"
                "                  llama-bench -d): they are prefilled once, untimed, and each run decodes from\n"
                "                  there (truncated back to N between runs); with -p N too, each run's prompt\n"
@@ -45,7 +47,49 @@ static void usage(FILE *f) {
                "                  copy and compute times are measured after the runs\n"
                "  --telemetry     sample RSS, CPU time, GPU memory, clocks, power and temperature every\n"
                "                  100 ms during the benchmark (a \"telemetry\" array in the JSON)\n"
-               "  --json          print one JSON object (on one line)\n" CLI_REFINE_USAGE);
+               "  --json          print one JSON object (on one line)\n" CLI_SPEC_USAGE
+               "                  (with --spec or -f, generation continues the prompt, greedy, through the\n"
+               "                  speculation loop, off or lookup; otherwise it starts from a reset session)\n"
+               CLI_REFINE_USAGE);
+}
+
+/* Greedy generation of n tokens continuing the prompt already in s (its
+ * last logits in `logits`), through spx_spec_step (kind off: a plain step
+ * each time, the same loop); *tps = (n - 1) / seconds (the first token
+ * comes from the prompt's logits); the counts add to *acc. */
+static int spec_decode_tps(spx_session *s, const spx_spec_params *p, const int32_t *prompt, size_t np, const float *logits,
+                           int64_t n, double *tps, spx_spec_stats *acc) {
+    spx_spec *sx = NULL;
+    if (spx_spec_new(s, p, &sx) != SPX_OK || spx_spec_history(sx, prompt, np) != SPX_OK) {
+        cli_error("%s", spx_session_error(s));
+        spx_spec_free(sx);
+        return 0;
+    }
+    int32_t id = spx_sample(logits, spx_model_vocab_size(s->m), NULL, NULL), out[SPX_SPEC_DRAFT_LIMIT + 1];
+    int64_t done = 1;
+    double t0 = spx_now();
+    while (done < n) {
+        size_t got = 0, room = (size_t)(n - done);
+        if (spx_spec_step(sx, id, NULL, NULL, out, room < sizeof out / sizeof *out ? room : sizeof out / sizeof *out, &got) !=
+            SPX_OK) {
+            cli_error("%s", spx_session_error(s));
+            spx_spec_free(sx);
+            return 0;
+        }
+        done += (int64_t)got;
+        id = out[got - 1];
+    }
+    *tps = n > 1 ? (double)(n - 1) / (spx_now() - t0) : 0;
+    spx_spec_stats st;
+    spx_spec_get_stats(sx, &st);
+    acc->passes += st.passes;
+    acc->verify += st.verify;
+    acc->refeeds += st.refeeds;
+    acc->drafted += st.drafted;
+    acc->accepted += st.accepted;
+    acc->tokens += st.tokens;
+    spx_spec_free(sx);
+    return 1;
 }
 
 static int cmp(const void *a, const void *b) {
@@ -91,20 +135,25 @@ int cmd_bench(int argc, char **argv) {
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     cli_kv_extra kvx = {0};
-    int json = 0, telemetry = 0, seek = 0;
+    int json = 0, telemetry = 0, seek = 0, spec_given = 0;
+    const char *pfile = NULL;
     spx_refine_params rp;
     cli_refine_defaults(&rp);
+    spx_spec_params spp;
+    cli_spec_defaults(&spp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int rr = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
         else if ((rr = cli_kv_opt(argc, argv, &i, &kvx)) != 0) { if (rr < 0) return 2; }
+        else if ((rr = cli_spec_opt(argc, argv, &i, &spp, &spec_given)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--telemetry")) telemetry = 1;
         else if (!strcmp(a, "--seek")) seek = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "-f")) pfile = v;
         else if (!strcmp(a, "-p")) { if (!cli_int(a, v, 0, 1 << 20, &np)) return 2; }
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 20, &ng)) return 2; }
         else if (!strcmp(a, "-r")) { if (!cli_int(a, v, 1, 100, &reps)) return 2; }
@@ -116,12 +165,22 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("bench: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    if (!cli_kv_check(kv, &kvx)) return 2;
+    if (!cli_kv_check(kv, &kvx) || !cli_spec_check(&spp)) return 2;
+    const int cont = spec_given || pfile; /* generation continues the prompt */
+    char *ptext = NULL;
+    size_t ptext_len = 0;
+    if (pfile && !(ptext = cli_read_text(pfile, &ptext_len))) return 1;
+    if (cont && np == 0 && !pfile) { cli_error("bench: --spec continues the prompt: give -p N >= 1 or -f FILE"); free(ptext); return 2; }
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
     if (depth && !ng) { cli_error("bench: -d %lld without generation (-n 0)", (long long)depth); return 2; }
     if (seek && !depth) { cli_error("bench: --seek needs -d N"); return 2; }
     const int64_t need = seek ? depth + np + ng + 1 : (np > depth ? np : depth) + ng + 1;
-    if (n_ctx > 0 && n_ctx < need) {
+    if (cont && (depth || seek)) {
+        cli_error("bench: -d and --seek do not combine with --spec or -f (generation continues the prompt)");
+        free(ptext);
+        return 2;
+    }
+    if (!pfile && n_ctx > 0 && n_ctx < need) {
         cli_error("bench: --ctx %lld is shorter than %s", (long long)n_ctx,
                   seek ? "-d + -p + -n + 1" : "max(-p, -d) + -n + 1");
         return 2;
@@ -131,11 +190,33 @@ int cmd_bench(int argc, char **argv) {
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : need,
                         .vram_budget_mb = vram, .kv = kv, .quiet = json};
     spx_plan plan;
-    spx_model *m = cli_open_planned(model, &po, &plan);
-    if (!m) return 1;
-    if (!cli_apply_refine(m, &rp)) { spx_model_free(m); return 1; }
+    int32_t *file_ids = NULL;
+    size_t n_file = 0;
+    spx_model *m = NULL;
+    if (pfile) {
+        /* the file's tokens fix -p; the plan needs the context first, so
+         * the model is opened once for its tokenizer */
+        spx_model *tm = cli_open_model(model, 1);
+        if (!tm) { free(ptext); return 1; }
+        size_t cap = ptext_len + 16;
+        file_ids = malloc(cap * sizeof *file_ids);
+        n_file = cap;
+        int ok = file_ids && spx_model_has_tokenizer(tm) && spx_tokenize(tm, ptext, ptext_len, 1, file_ids, &n_file) == SPX_OK;
+        if (!ok) cli_error("bench: %s: %s", pfile, spx_model_has_tokenizer(tm) ? spx_model_error(tm) : "the model has no tokenizer");
+        spx_model_free(tm);
+        free(ptext);
+        ptext = NULL;
+        if (!ok || n_file == 0) { if (ok) cli_error("bench: %s encodes to no tokens", pfile); free(file_ids); return 1; }
+        np = (int64_t)n_file;
+        if (n_ctx > 0 && n_ctx < np + ng + 1) { cli_error("bench: --ctx %lld is shorter than the file's %lld tokens + -n %lld + 1", (long long)n_ctx, (long long)np, (long long)ng); free(file_ids); return 2; }
+        po.n_ctx = n_ctx > 0 ? n_ctx : np + ng + 1;
+    }
+    m = cli_open_planned(model, &po, &plan);
+    if (!m) { free(file_ids); return 1; }
+    if (!cli_apply_refine(m, &rp)) { spx_model_free(m); free(file_ids); return 1; }
     int rc = 1;
     int64_t V = spx_model_vocab_size(m);
+    spx_spec_stats sst = {0};
     spx_session *s = NULL;
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
     cli_kv_apply(&kvx, &sp);
@@ -164,7 +245,7 @@ int cmd_bench(int argc, char **argv) {
     for (int64_t r = 0; r < reps; r++) {
         for (int64_t i = 0; i < nid; i++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            ids[i] = (int32_t)((rng >> 33) % (uint64_t)V);
+            ids[i] = file_ids ? file_ids[i < np ? i : 0] : (int32_t)((rng >> 33) % (uint64_t)V);
         }
         if (np > 0) { /* the prompt test from an empty cache (so the depth's context goes), or at the seek's depth */
             spx_session_reset(s);
@@ -175,7 +256,9 @@ int cmd_bench(int argc, char **argv) {
             pp[r] = (double)np / (spx_now() - t0);
             at_depth = np == depth; /* -p N -d N: the prompt test's context is the depth's */
         }
-        if (ng > 0 && seek) {
+        if (ng > 0 && cont) {
+            if (!spec_decode_tps(s, &spp, ids, (size_t)np, logits, ng, &tg[r], &sst)) goto done;
+        } else if (ng > 0 && seek) {
             spx_session_reset(s);
             if (spx_session_seek(s, depth) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
             if (!cli_decode_tps_here(s, ids[depth], ng, &tg[r])) goto done;
@@ -275,6 +358,20 @@ int cmd_bench(int argc, char **argv) {
                                  ri.tuned_slowdown, ri.tuned_kl);
             else printf(", \"refine_tuned\": null");
         }
+        if (cont)
+            printf(", \"tg_context\": \"prompt\", \"prompt_file\": %s%s%s, \"spec\": {\"kind\": \"%s\", \"draft_max\": %d, "
+                   "\"draft_min\": %d, \"ngram_min\": %d, \"ngram_max\": %d, \"min_count\": [%d, %d, %d, %d], "
+                   "\"min_percent\": [%d, %d, %d, %d], \"stop_below\": %.4g, \"pause\": %d, \"passes\": %lld, "
+                   "\"verifications\": %lld, \"refeeds\": %lld, \"drafted\": %lld, \"accepted\": %lld, \"tokens\": %lld, "
+                   "\"acceptance\": %.4f, \"tokens_per_pass\": %.4f}",
+                   pfile ? "\"" : "", pfile ? pfile : "null", pfile ? "\"" : "", spx_spec_kind_name(spp.kind), spp.draft_max,
+                   spp.draft_min, spp.ngram_min, spp.ngram_max, spp.min_count[0], spp.min_count[1], spp.min_count[2],
+                   spp.min_count[3], spp.min_percent[0], spp.min_percent[1], spp.min_percent[2], spp.min_percent[3],
+                   (double)spp.stop_below, spp.pause, (long long)sst.passes, (long long)sst.verify, (long long)sst.refeeds,
+                   (long long)sst.drafted, (long long)sst.accepted, (long long)sst.tokens,
+                   sst.drafted ? (double)sst.accepted / (double)sst.drafted : 0.0,
+                   sst.passes ? (double)sst.tokens / (double)sst.passes : 0.0);
+        else printf(", \"tg_context\": \"reset\"");
         printf(", \"plan\": %s", plan_json);
         printf(", \"tuning\": %s", tune_json);
         if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");
@@ -305,6 +402,10 @@ int cmd_bench(int argc, char **argv) {
                        (int)off.n_steps, off.t_copy_s * 1e3, off.h2d_gbps, off.t_compute_s * 1e3, off.t_step_s * 1e3,
                        100 * off.hidden_share, 100 * ovl, bound, bound > 0 ? 100 * tgm / bound : 0);
         }
+        if (cont) {
+            printf("  generation continues the prompt (%s%s), greedy; ", pfile ? "-f " : "random ids", pfile ? pfile : "");
+            cli_spec_summary(stdout, &spp, &sst);
+        }
         if (telemetry) print_telemetry_summary(samples, n_samples);
         cli_refine_summary(stdout, m);
     }
@@ -312,7 +413,7 @@ int cmd_bench(int argc, char **argv) {
 done:
     if (tele) spx_telemetry_stop(tele, &samples, &n_samples);
     free(samples); free(tele_json); free(plan_json); free(tune_json);
-    free(logits); free(ids); free(pp); free(tg);
+    free(logits); free(ids); free(pp); free(tg); free(file_ids);
     spx_session_free(s);
     spx_model_free(m);
     return rc;

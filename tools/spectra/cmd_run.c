@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "                  it: cuda for a .trdc when built in and a GPU is present, else cpu)\n"
             "  --vram-budget MiB  device memory the model may use (int >= 1; default: free - 512 MiB);\n"
             "                  layers that do not fit stream from pinned host memory (ping-pong)\n"
-            "  -q, --quiet     no prompt echo, no plan and no statistics\n" CLI_REFINE_USAGE
+            "  -q, --quiet     no prompt echo, no plan and no statistics\n" CLI_SPEC_USAGE CLI_REFINE_USAGE
             "                  (--refine picks the cpu backend unless --backend says otherwise)\n");
 }
 
@@ -47,9 +47,13 @@ int cmd_run(int argc, char **argv) {
     int ignore_eos = 0, quiet = 0, rr = 0;
     spx_refine_params rp;
     cli_refine_defaults(&rp);
+    spx_spec_params spp;
+    int spec_given = 0;
+    cli_spec_defaults(&spp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if ((rr = cli_spec_opt(argc, argv, &i, &spp, &spec_given)) != 0) { if (rr < 0) return 2; }
         else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
         else if ((rr = cli_kv_opt(argc, argv, &i, &kvx)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return 2; }
@@ -71,7 +75,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("run: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    if (!cli_kv_check(kv, &kvx)) return 2;
+    if (!cli_kv_check(kv, &kvx) || !cli_spec_check(&spp)) return 2;
     if (!!prompt + !!file + !!ids_s != 1) {
         cli_error("run: give exactly one of -p TEXT, -f FILE, --ids LIST");
         usage(stderr);
@@ -92,6 +96,7 @@ int cmd_run(int argc, char **argv) {
     size_t text_len = 0;
     spx_session *s = NULL;
     spx_tok_stream *ts = NULL;
+    spx_spec *spec = NULL;
     float *logits = NULL;
     spx_err e;
     spx_err_clear(&e);
@@ -126,12 +131,21 @@ int cmd_run(int argc, char **argv) {
         }
         if (!quiet) { fwrite(text, 1, text_len, stdout); fflush(stdout); }
     }
+    if (spp.kind == SPX_SPEC_LOOKUP && (spx_spec_new(s, &spp, &spec) != SPX_OK ||
+                                        spx_spec_history(spec, ids, n_prompt) != SPX_OK)) {
+        cli_error("%s", spx_session_error(s));
+        goto done;
+    }
     double t0 = spx_now();
     if (spx_session_eval(s, ids, n_prompt, logits, 0) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     double t1 = spx_now();
     int64_t n_done = 0;
     int32_t eos = spx_model_eos_id(m);
     int32_t next = -1; /* after the first token: the one step_greedy / step_sample chose */
+    /* speculation: the tokens of the last pass, pend[ip..np_) still to
+     * print; all but the last are already fed */
+    int32_t pend[SPX_SPEC_DRAFT_LIMIT + 1];
+    size_t ip = 0, npd = 0;
     for (; n_done < n_gen; n_done++) {
         int32_t id = next >= 0 ? next : spx_sample(logits, V, &smp, &rng);
         int is_eos = id == eos;
@@ -151,6 +165,16 @@ int cmd_run(int argc, char **argv) {
         /* the next token is chosen where the logits are (on a GPU: only the id comes back) */
         /* ahead: the step after this one will follow unless its token ends the text (the GPU then queues it) */
         const int ahead = n_done + 2 < n_gen;
+        if (spec) {
+            if (ip == npd) { /* id is not fed yet: a pass from it */
+                size_t room = (size_t)(n_gen - n_done - 1);
+                if (spx_spec_step(spec, id, &smp, &rng, pend, room < sizeof pend / sizeof *pend ? room : sizeof pend / sizeof *pend,
+                                  &npd) != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
+                ip = 0;
+            }
+            next = pend[ip++];
+            continue;
+        }
         spx_status st = temp <= 0 ? spx_session_step_greedy_ahead(s, id, &next, ahead)
                                   : spx_session_step_sample_ahead(s, id, &smp, &rng, &next, ahead);
         if (st != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
@@ -170,9 +194,15 @@ int cmd_run(int argc, char **argv) {
                 (long long)n_done, t2 - t1, decoded > 0 ? (double)decoded / (t2 - t1) : 0.0, spx_pool_size(m->pool),
                 (double)spx_peak_rss() / (1 << 20));
         cli_refine_summary(stderr, m);
+        if (spec) {
+            spx_spec_stats sst;
+            spx_spec_get_stats(spec, &sst);
+            cli_spec_summary(stderr, &spp, &sst);
+        }
     }
     rc = 0;
 done:
+    spx_spec_free(spec);
     spx_tok_stream_free(ts);
     free(logits);
     free(ids);

@@ -480,3 +480,46 @@ void cli_refine_summary(FILE *f, const spx_model *m) {
                 r.wait_s);
     fputc('\n', f);
 }
+
+void cli_spec_defaults(spx_spec_params *p) {
+    spx_spec_params_default(p);
+    p->kind = SPX_SPEC_OFF; /* docs/spec.md: not on by default on the CPU */
+}
+
+int cli_spec_opt(int argc, char **argv, int *i, spx_spec_params *p, int *given) {
+    const char *a = argv[*i], *v;
+    if (strcmp(a, "--spec") && strcmp(a, "--draft-max") && strcmp(a, "--draft-min")) return 0;
+    if (!(v = cli_value(argc, argv, i))) return -1;
+    int64_t x;
+    if (!strcmp(a, "--spec")) {
+        int k = spx_spec_kind_parse(v);
+        if (k < 0) { cli_error("--spec: expected lookup or off, got '%s'", v); return -1; }
+        p->kind = (spx_spec_kind)k;
+        *given = 1;
+    } else if (!strcmp(a, "--draft-max")) {
+        if (!cli_int(a, v, 1, SPX_SPEC_DRAFT_LIMIT, &x)) return -1;
+        p->draft_max = (int32_t)x;
+    } else {
+        if (!cli_int(a, v, 1, SPX_SPEC_DRAFT_LIMIT, &x)) return -1;
+        p->draft_min = (int32_t)x;
+    }
+    return 1;
+}
+
+int cli_spec_check(const spx_spec_params *p) {
+    if (p->draft_min > p->draft_max) {
+        cli_error("--draft-min %d exceeds --draft-max %d", p->draft_min, p->draft_max);
+        return 0;
+    }
+    return 1;
+}
+
+void cli_spec_summary(FILE *f, const spx_spec_params *p, const spx_spec_stats *st) {
+    fprintf(f, "spec %s: draft %d..%d, n-grams %d..%d, stop below %.2f, pause %d; %lld drafted, %lld kept (%.1f%%), "
+               "%lld tokens in %lld passes (%.2f per pass; %lld verifications, %lld re-feeds)\n",
+            spx_spec_kind_name(p->kind), p->draft_min, p->draft_max, p->ngram_min, p->ngram_max, (double)p->stop_below,
+            p->pause, (long long)st->drafted, (long long)st->accepted,
+            st->drafted ? 100.0 * (double)st->accepted / (double)st->drafted : 0.0, (long long)st->tokens,
+            (long long)st->passes, st->passes ? (double)st->tokens / (double)st->passes : 0.0, (long long)st->verify,
+            (long long)st->refeeds);
+}

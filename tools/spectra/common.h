@@ -141,4 +141,21 @@ int cli_decode_tps(spx_session *s, int32_t first, int64_t n, double *tps);
 /* The same from the session's current position (bench -d: decode at depth). */
 int cli_decode_tps_here(spx_session *s, int32_t first, int64_t n, double *tps);
 
+/* Speculative decoding flags (docs/spec.md), on run and bench:
+ * --spec lookup|off, --draft-max K, --draft-min K. The record starts as
+ * spx_spec_params_default with kind off (the CLI's default, see
+ * docs/spec.md); *given is set when --spec appeared. */
+#define CLI_SPEC_USAGE \
+    "  --spec S        speculative decoding: lookup (drafts from earlier text, verified in one pass) or off\n" \
+    "                  (default off)\n" \
+    "  --draft-max K   lookup: tokens drafted per pass at most (int 1..32; default 8)\n" \
+    "  --draft-min K   lookup: shorter drafts are not verified (int 1..draft-max; default 2)\n"
+void cli_spec_defaults(spx_spec_params *p);
+/* argv[*i] one of them: 1 (value taken), 0 (not one), -1 (bad value, message printed). */
+int cli_spec_opt(int argc, char **argv, int *i, spx_spec_params *p, int *given);
+/* 0 with a message when draft-min exceeds draft-max (after parsing). */
+int cli_spec_check(const spx_spec_params *p);
+/* One line: kind, K, and the counts (drafted, kept, acceptance, tokens per pass). */
+void cli_spec_summary(FILE *f, const spx_spec_params *p, const spx_spec_stats *st);
+
 #endif
