@@ -206,11 +206,6 @@ static void minmax_pair(const float *x, int64_t n, int64_t stride, int b, uint16
     *s = spx_f16_to_f32(dst[1]);
 }
 
-/* byte offset of a record in the file tier (kvl_tier's layout) */
-static uint64_t rec_off(const spx_kvlow *k, int64_t layer, int64_t group, int64_t kvh) {
-    return (((uint64_t)layer * (uint64_t)k->n_groups + (uint64_t)group) * (uint64_t)k->nkv + (uint64_t)kvh) * k->gbytes;
-}
-
 /* Encodes one block of one layer from the ring. */
 static spx_status encode_block(spx_kvlow *k, int64_t layer, int64_t blk, spx_err *e) {
     const spx_kvlow_cfg *c = &k->cfg;
@@ -261,7 +256,7 @@ static spx_status encode_block(spx_kvlow *k, int64_t layer, int64_t blk, spx_err
                 kvl_put_bits(rec, i, c->rb, refk[t0 * hd + i]);
                 kvl_put_bits(rec, n + i, c->rb, refv[t0 * hd + i]);
             }
-            if (k->ft) SPX_TRY(spx_tier_put(k->ft, rec_off(k, layer, grp, h), (uint32_t)k->gbytes, rec, e));
+            if (k->ft) SPX_TRY(spx_tier_put(k->ft, kvl_rec_off(k, layer, grp, h), (uint32_t)k->gbytes, rec, e));
         }
     }
     return SPX_OK;
@@ -300,7 +295,7 @@ spx_status spx_kvlow_dequant_row(const spx_kvlow *k, int64_t layer, int64_t pos,
         const uint8_t *rec = NULL;
         if (refined && k->tier) rec = kvl_tier(k, layer, gi, h);
         if (refined && k->ft) {
-            SPX_TRY(spx_tier_read_now(k->ft, rec_off(k, layer, gi, h), (uint32_t)k->gbytes, k->enc_rec, e));
+            SPX_TRY(spx_tier_read_now(k->ft, kvl_rec_off(k, layer, gi, h), (uint32_t)k->gbytes, k->enc_rec, e));
             rec = k->enc_rec;
         }
         for (int64_t i = 0; i < hd; i++) {

@@ -250,8 +250,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
         int64_t n_got = n_sel;
         if (k->ft) { /* the records in one batch: a miss (skip policy) is NULL and its group stays resident */
             for (int64_t si = 0; si < n_sel; si++) {
-                offs[si] = (((uint64_t)layer * (uint64_t)k->n_groups + (uint64_t)(gA + idx[si])) * (uint64_t)k->nkv +
-                            (uint64_t)kvh) * k->gbytes;
+                offs[si] = kvl_rec_off(k, layer, gA + idx[si], kvh);
                 lens[si] = (uint32_t)k->gbytes;
             }
             spx_err le;

@@ -25,8 +25,12 @@ static inline uint16_t *kvl_meta_tok(const spx_kvlow *k, int value, int64_t laye
     size_t ng = (size_t)(k->kvd / k->cfg.group);
     return (value ? k->mv : k->mk) + ((size_t)layer * (size_t)k->n_ctx + (size_t)pos) * ng * 2;
 }
+/* byte offset of a record in the tier: host RAM (kvl_tier) or the file tier */
+static inline uint64_t kvl_rec_off(const spx_kvlow *k, int64_t layer, int64_t group, int64_t kvh) {
+    return (((uint64_t)layer * (uint64_t)k->n_groups + (uint64_t)group) * (uint64_t)k->nkv + (uint64_t)kvh) * k->gbytes;
+}
 static inline uint8_t *kvl_tier(const spx_kvlow *k, int64_t layer, int64_t group, int64_t kvh) {
-    return k->tier + (((size_t)layer * (size_t)k->n_groups + (size_t)group) * (size_t)k->nkv + (size_t)kvh) * k->gbytes;
+    return k->tier + kvl_rec_off(k, layer, group, kvh);
 }
 /* (m, s) of channel ch (0 .. kvd) of (layer, pos) */
 static inline void kvl_bin(const spx_kvlow *k, int value, int64_t layer, int64_t pos, int64_t ch, float *m, float *s) {
