@@ -22,7 +22,13 @@
  * warm-up, and the median is over all rounds' calls: on a noisy machine
  * both layouts see the same drift, and each block still runs with its own
  * matrix warm in the caches as a single-layout run would. The tiled line
- * adds the ratio of its median time to the row-major one (< 1: faster). */
+ * adds the ratio of its median time to the row-major one (< 1: faster).
+ *
+ * --mtok: instead, the decode-sized products (speculation's verification,
+ * a batch of sessions): the avx2 table's time for M = 1, 2, 4, 8, 16
+ * tokens per shape, layout and thread count, the M values interleaved
+ * within each round (ABBA), with the ratio to M = 1 and the time per
+ * token. */
 #include "core/half.h"
 #include "core/pool.h"
 #include "core/util.h"
@@ -156,6 +162,33 @@ static void time_layouts(spx_pool *pool, const spx_qkernels *k, const spx_qtenso
     free(ts);
 }
 
+/* --mtok: one table per (shape, thread count): rows M = 1, 2, 4, 8, 16 per
+ * layout. Per round the (M, layout) cells run in order, then reversed. */
+enum { MT_N = 5 };
+static const int64_t mt_m[MT_N] = {1, 2, 4, 8, 16};
+static void mtok_table(spx_pool *pool, const spx_qkernels *k, const spx_qtensor *const *qs, const char *const *names,
+                       int nl, const char *shape, const float *x, float *y, int runs, int rounds) {
+    int nc = MT_N * nl, n = runs * rounds;
+    double *ts = malloc((size_t)(2 * nc * n) * sizeof *ts), *cs = ts + nc * n;
+    for (int rd = 0; rd < rounds; rd++)
+        for (int j = 0; j < nc; j++) {
+            int c = rd & 1 ? nc - 1 - j : j, mi = c / nl, li = c % nl;
+            time_matmul(pool, k, qs[li], x, mt_m[mi], y, runs, 2, ts + c * n + rd * runs, cs + c * n + rd * runs);
+        }
+    for (int li = 0; li < nl; li++) {
+        double w1 = 0, c1 = 0;
+        for (int mi = 0; mi < MT_N; mi++) {
+            int c = mi * nl + li;
+            double w = median(ts + c * n, n), cp = median(cs + c * n, n);
+            if (mi == 0) w1 = w, c1 = cp;
+            printf("%-12s %-7s %3d %-5s | %3lld | %10.1f %9.3f %9.3f | %10.1f\n", shape, k->name, spx_pool_size(pool),
+                   names[li], (long long)mt_m[mi], w * 1e6, w / w1, cp / c1, w * 1e6 / (double)mt_m[mi]);
+        }
+    }
+    fflush(stdout);
+    free(ts);
+}
+
 static void usage(const char *argv0) {
     printf("usage: %s [options]\n"
            "  --runs N        GEMV calls timed per row (int >= 1, default 20)\n"
@@ -169,12 +202,13 @@ static void usage(const char *argv0) {
            "  --layout L      rows, tiled or both (default both; tiled needs G32)\n"
            "  --rounds N      rounds alternating the layouts (int >= 1, default 2)\n"
            "  --scalar-gemm   also time the scalar table's GEMM (slow)\n"
+           "  --mtok          the table of M = 1, 2, 4, 8, 16 tokens (avx2 only; --runs per cell)\n"
            "  --help          this text\n",
            argv0);
 }
 
 int main(int argc, char **argv) {
-    int runs = 20, gemm_runs = 5, group = 32, bits = 4, max_threads = 2, scalar_gemm = 0, rounds = 2;
+    int runs = 20, gemm_runs = 5, group = 32, bits = 4, max_threads = 2, scalar_gemm = 0, rounds = 2, mtok = 0;
     int use_rows = 1, use_tiled = 1, layout_set = 0;
     int64_t T = 512;
     double out_frac = 0.01;
@@ -185,6 +219,8 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help")) {
             usage(argv[0]);
             return 0;
+        } else if (!strcmp(a, "--mtok")) {
+            mtok = 1;
         } else if (!strcmp(a, "--scalar-gemm")) {
             scalar_gemm = 1;
         } else if (v && !strcmp(a, "--runs")) {
@@ -238,6 +274,18 @@ int main(int argc, char **argv) {
         }
         use_tiled = 0; /* the default, both, means rows only here */
     }
+    if (mtok && !tables[1]) {
+        fprintf(stderr, "--mtok: this CPU has no avx2 table\n");
+        return 2;
+    }
+    if (mtok && T < mt_m[MT_N - 1]) T = mt_m[MT_N - 1]; /* x and y hold the largest M */
+    if (mtok) {
+        printf("bench_kernels --mtok: %d-bit G%d, %.1f%% outliers, median of %d calls x %d rounds per cell\n", bits,
+               group, 100 * out_frac, runs, rounds);
+        printf("(r/M1: time / time at M = 1, wall and process cpu; us/tok: time / M)\n");
+        printf("%-12s %-7s %3s %-5s | %3s | %10s %9s %9s | %10s\n", "shape", "kernel", "thr", "lay", "M", "us",
+               "r/M1", "cpu r/M1", "us/tok");
+    } else {
     printf("bench_kernels: %d-bit G%d, %.1f%% outliers, GEMV median of %d x %d rounds, GEMM T=%lld "
            "median of %d x %d rounds\n",
            bits, group, 100 * out_frac, runs, rounds, (long long)T, gemm_runs, rounds);
@@ -246,6 +294,7 @@ int main(int argc, char **argv) {
     printf("%-12s %-7s %3s %-5s | %10s %9s %9s %11s | %10s %9s %9s %11s\n", "shape", "kernel", "thr",
            "lay", "GEMV us", "GB/s", "cpu GB/s", "t/r", "GEMM ms", "GFLOP/s", "cpu GF/s",
            "t/r");
+    }
     for (int si = 0; si < n_shapes; si++) {
         int64_t rows = shapes[si][0], cols = shapes[si][1];
         if (cols % group) {
@@ -290,7 +339,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "%s\n", e.msg);
                 return 1;
             }
-            for (int ki = 0; ki < 2; ki++) {
+            if (mtok) mtok_table(pool, tables[1], qs, names, nl, shape, x, y, runs, rounds);
+            for (int ki = 0; ki < 2 && !mtok; ki++) {
                 const spx_qkernels *k = tables[ki];
                 if (!k) continue;
                 int sc = ki == 0, gm = gemm_runs && (!sc || scalar_gemm);

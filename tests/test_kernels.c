@@ -659,16 +659,17 @@ int main(void) {
                                         {256, 1536}, {300, 256}, {9, 4256}, {5, 8448},  {17, 128},
                                         {20, 384},  {19, 4224}, {32, 640}};
     static const int groups[] = {32, 64, 128};
-    static const int64_t Ts[] = {1, 2, 3, 5, 8, 17};
+    static const int64_t Ts[] = {1, 2, 3, 5, 8, 12, 16, 17};
     /* Bits 2 and 3 (items of 4 blocks, qtensor.h): 32, 96 and 160 columns
      * end in a partial item with 1 or 3 blocks (an odd last block: lane 1
      * cleared), 2048 and 4256 cross the GEMM's column chunks (4256: a
      * 5-block tail, 4 of them in one item); every shape at every width. */
     static const int widths[] = {4, 2, 3};
     /* the sanitizer pass (tests/run.sh quick: SPECTRA_TEST_QUICK) takes the
-     * token counts 1 (the GEMV path), 3 and 17 (a partial and a whole
-     * 16-token block plus one) only, for CI's time; the normal pass runs
-     * every count */
+     * token counts 1 (the GEMV path), 3, 12 (the decode-sized products of
+     * 2..16 tokens: whole rows, a tiled matrix in balanced passes of <= 8
+     * tokens, here 6 + 6) and 17 (the GEMM's blocks: 8 + 8 + 1) only, for
+     * CI's time; the normal pass runs every count */
     const int quick = getenv("SPECTRA_TEST_QUICK") != NULL;
     for (size_t bi = 0; bi < 3; bi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -677,7 +678,7 @@ int main(void) {
                 int group = groups[gi], bits = widths[bi];
                 if (cols % group) continue;
                 for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
-                    if (quick && Ts[ti] != 1 && Ts[ti] != 3 && Ts[ti] != 17) continue;
+                    if (quick && Ts[ti] != 1 && Ts[ti] != 3 && Ts[ti] != 12 && Ts[ti] != 17) continue;
                     check_case(sc, av, rows, cols, group, bits, 0, Ts[ti]);
                     check_case(sc, av, rows, cols, group, bits, 1, Ts[ti]);
                     check_case(sc, av, rows, cols, group, bits, cols / 33 + 2, Ts[ti]);

@@ -73,8 +73,9 @@
  * x token blocks of 8 (their activations stay in L1); 1 row x 8 tokens per
  * micro-kernel (8 code vectors + 8 accumulators in registers); the last
  * column chunk adds the outliers. Tiled GEMV runs the 4-row micro-kernel
- * over all 16 rows of a tile per chunk (gemv_tile16), so the tile's bytes
- * stream forward. The sizes below were tuned on a 2-core AVX2 Xeon
+ * over all 16 rows of a tile per chunk (tile16), so the tile's bytes
+ * stream forward; so do tiled products of 2..16 tokens (gemm_tl16),
+ * 8 tokens at most per pass over a tile. The sizes below were tuned on a 2-core AVX2 Xeon
  * (bench/results/). There the kernels are bound by instructions, not
  * memory, and most of them are per token (the int8 dot and reduction,
  * the same at every width), so 2- and 3-bit matrices take about the time
@@ -103,7 +104,9 @@ enum {
                       * activations stream through once per row block. 256
                       * was 3-8% faster on one thread but 10-20% slower on
                       * two (pp512 shapes, 2-core Xeon VMs) */
-    GEMM_KB = 128    /* blocks per GEMM column chunk (multiple of CHUNK): 4096 cols */
+    GEMM_KB = 128,   /* blocks per GEMM column chunk (multiple of CHUNK): 4096 cols */
+    MTOK_MAX = 16    /* tiled products of 2..16 tokens (decode-sized: speculation's
+                      * verification, a batch of sessions) take gemm_tl16 */
 };
 
 #define ACC_N 8 /* max(GEMM_TB, 1): inner size of accumulator arrays */
@@ -140,7 +143,9 @@ static size_t avx2_act_bytes(int64_t T, int64_t cols, int group) {
  * <= cols, each token's row padded to 8); also covers the scalar
  * fallback's cols floats. */
 static size_t avx2_scratch_bytes(int64_t T, int64_t cols, int group) {
-    return (size_t)(T == 1 ? 1 : GEMM_TB) * ((size_t)cols + 8) * sizeof(float);
+    (void)group;
+    int64_t nt = T == 1 ? 1 : T <= MTOK_MAX && T > GEMM_TB ? T : GEMM_TB; /* gemm_tl16: all T tokens at once */
+    return (size_t)nt * ((size_t)cols + 8) * sizeof(float);
 }
 
 /* Byte offsets of block b's low / high 16 x8 values in a token's q8. */
@@ -572,55 +577,89 @@ AVX2_INLINE void gemv(const kargs *a, int64_t r0, int64_t r1, const int bpg, con
 }
 
 /* One chunk [b0, b0 + nbc) of the 16 rows of a tile (bases cb, sb, zb
- * of its item 0) for one token: the 4 micro-kernels of 4 rows. Every
- * pointer is rebased to the chunk (micro_chunk sees b0 = 0), so each
- * address is one base plus a constant: no per-row pointers to keep. */
-AVX2_INLINE void tile16_chunk(const uint8_t *cb, const uint16_t *sb, const uint8_t *zb, const int8_t *q8,
-                              const float *dx, const float *xs, int64_t b0, int nbc,
+ * of its item 0) for TB tokens (q8, dx, xs: each token's activations):
+ * the 4 micro-kernels of 4 rows, each row's codes unpacked once for the
+ * TB tokens. Every pointer is rebased to the chunk (micro_chunk sees b0 =
+ * 0), so each address is one base plus a constant: no per-row pointers to
+ * keep. */
+AVX2_INLINE void tile16_chunk(const uint8_t *cb, const uint16_t *sb, const uint8_t *zb, const int8_t *const *q8,
+                              const float *const *dx, const float *const *xs, int64_t b0, int nbc, const int TB,
                               __m256 acc[][ACC_N]) {
-    const int8_t *q8c[1] = {q8 + 32 * b0};
-    const float *dxc[1] = {dx + b0}, *xsc[1] = {xs + b0};
-    #pragma GCC unroll 4
-    for (int g = 0; g < SPX_Q_TILE_ROWS; g += GEMV_NR) {
+    const int8_t *q8c[ACC_N];
+    const float *dxc[ACC_N], *xsc[ACC_N];
+    #pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        q8c[t] = q8[t] + 32 * b0;
+        dxc[t] = dx[t] + b0;
+        xsc[t] = xs[t] + b0;
+    }
+    /* one token: 4 rows per micro-kernel; more: one row (its unpacked
+     * codes and the tokens' sums fill the registers) */
+    const int NR = TB == 1 ? GEMV_NR : 1;
+    #pragma GCC unroll 16
+    for (int g = 0; g < SPX_Q_TILE_ROWS; g += NR) {
         const uint8_t *crow[GEMV_NR], *zrow[GEMV_NR];
         const uint16_t *srow[GEMV_NR];
         int hs[GEMV_NR];
         __m256i zsh[GEMV_NR];
         #pragma GCC unroll 4
-        for (int i = 0; i < GEMV_NR; i++)
+        for (int i = 0; i < NR; i++)
             tiled_row(cb + 256 * b0, sb + 16 * b0, zb + 8 * b0, g + i, &crow[i], &srow[i], &zrow[i], &hs[i], &zsh[i]);
-        micro_chunk(crow, srow, zrow, hs, zsh, q8c, dxc, xsc, 0, nbc, GEMV_NR, 1, 1, 1, 4, acc + g);
+        micro_chunk(crow, srow, zrow, hs, zsh, q8c, dxc, xsc, 0, nbc, NR, TB, 1, 1, 4, acc + g);
     }
 }
 
-/* GEMV of the 16 rows of tile T (all inside the matrix), chunk by chunk:
- * per chunk the 16 rows read 2 whole items (16 rows x 64 bytes each), so
- * the tile streams forward like a row-major row. gemv()'s 4-row passes
- * would each read 256 of every 1024 bytes: 7% slower than row-major in L2
- * (more instructions) and 15-25% from L3 (the prefetchers follow them
- * poorly); this is as fast in L2 and 5-20% faster from L3 (bench/results/
- * 2026-11-30-cpu-tiled-layout.md). The accumulators live in memory, but
- * the rows need no pointers of their own. */
-AVX2_INLINE void gemv_tile16(const kargs *a, int64_t T) {
+/* The 16 rows of tile T (all inside the matrix) for tokens t0 .. t0 + TB,
+ * chunk by chunk: per chunk the 16 rows read 2 whole items (16 rows x 64
+ * bytes each), so the tile streams forward like a row-major row. gemv()'s
+ * 4-row passes would each read 256 of every 1024 bytes: 7% slower than
+ * row-major in L2 (more instructions) and 15-25% from L3 (the prefetchers
+ * follow them poorly); this is as fast in L2 and 5-20% faster from L3
+ * (bench/results/2026-11-30-cpu-tiled-layout.md). The accumulators live in
+ * memory, but the rows need no pointers of their own. The outlier x of
+ * token t is at scratch + t * xg_stride. */
+AVX2_INLINE void tile16(const kargs *a, int64_t T, int64_t t0, const int TB) {
     const int64_t ti = T * a->m.items, nb = a->l.nb, no = a->q->n_outliers;
     const uint8_t *cb = a->m.codes + 1024 * ti, *zb = a->m.zeros + 32 * ti;
     const uint16_t *sb = a->m.scales + 64 * ti;
-    const int8_t *q8 = (const int8_t *)a->act;
-    const float *dx = (const float *)(a->act + a->q->cols), *xs = dx + a->l.nb8;
+    const int8_t *q8[ACC_N];
+    const float *dx[ACC_N], *xs[ACC_N];
+    #pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        const uint8_t *at = a->act + (t0 + t) * a->l.stride;
+        q8[t] = (const int8_t *)at;
+        dx[t] = (const float *)(at + a->q->cols);
+        xs[t] = dx[t] + a->l.nb8;
+    }
     __m256 acc[SPX_Q_TILE_ROWS][ACC_N];
     #pragma GCC unroll 16
-    for (int i = 0; i < SPX_Q_TILE_ROWS; i++) acc[i][0] = _mm256_setzero_ps();
+    for (int i = 0; i < SPX_Q_TILE_ROWS; i++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) acc[i][t] = _mm256_setzero_ps();
     int64_t b0 = 0;
-    for (; b0 + CHUNK <= nb; b0 += CHUNK) tile16_chunk(cb, sb, zb, q8, dx, xs, b0, CHUNK, acc);
-    if (b0 < nb) tile16_chunk(cb, sb, zb, q8, dx, xs, b0, (int)(nb - b0), acc);
+    for (; b0 + CHUNK <= nb; b0 += CHUNK) tile16_chunk(cb, sb, zb, q8, dx, xs, b0, CHUNK, TB, acc);
+    if (b0 < nb) tile16_chunk(cb, sb, zb, q8, dx, xs, b0, (int)(nb - b0), TB, acc);
     const int64_t r = T * SPX_Q_TILE_ROWS;
+    const uint16_t *end = a->q->outlier_val + a->q->rows * no;
     for (int i = 0; i < SPX_Q_TILE_ROWS; i++) {
-        if (no)
-            acc[i][0] = outlier_dot8(a->q->outlier_val + (r + i) * no, a->scratch, no, acc[i][0],
-                                     a->q->outlier_val + a->q->rows * no);
-        a->y[r + i] = hsum_ps(acc[i][0]);
+        #pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) {
+            __m256 v = acc[i][t];
+            if (no) v = outlier_dot8(a->q->outlier_val + (r + i) * no, a->scratch + (t0 + t) * a->xg_stride, no, v, end);
+            a->y[(t0 + t) * a->ys + r + i] = hsum_ps(v);
+        }
     }
 }
+
+/* One function per token count of a tile16 pass (1: the GEMV). */
+#define TILE16_FN(TB)                                                                           \
+    AVX2_FN __attribute__((noinline)) static void tile16_##TB(const kargs *a, int64_t T, int64_t t0) { \
+        tile16(a, T, t0, TB);                                                                   \
+    }
+TILE16_FN(1) TILE16_FN(2) TILE16_FN(3) TILE16_FN(4) TILE16_FN(5) TILE16_FN(6) TILE16_FN(7) TILE16_FN(8)
+typedef void (*tile16_fn)(const kargs *, int64_t, int64_t);
+static const tile16_fn g_tile16[ACC_N] = {tile16_1, tile16_2, tile16_3, tile16_4,
+                                          tile16_5, tile16_6, tile16_7, tile16_8};
 
 /* One GEMM micro-tile: NR rows x TB tokens over blocks [kb0, kb1); the
  * partial sums replace y (first chunk) or are added to it. The last chunk
@@ -697,10 +736,14 @@ static const gemm_tile_fn g_gemm_tiles[10][GEMM_TB] = {
 
 AVX2_FN static void gemm(const kargs *a, int64_t r0, int64_t r1, int bpi) {
     const int64_t nb = a->l.nb, no = a->q->n_outliers;
+    /* up to MTOK_MAX tokens, whole rows: the activations fit in L2 anyway,
+     * and each y is summed in the order gemm_tl16 sums it (the tiled and
+     * row-major copies give the same bits) */
+    const int64_t kbs = a->T <= MTOK_MAX ? nb : GEMM_KB;
     for (int64_t rb0 = r0; rb0 < r1; rb0 += GEMM_RB) {
         int64_t rb1 = rb0 + GEMM_RB < r1 ? rb0 + GEMM_RB : r1;
-        for (int64_t kb0 = 0; kb0 < nb; kb0 += GEMM_KB) {
-            int64_t kb1 = kb0 + GEMM_KB < nb ? kb0 + GEMM_KB : nb;
+        for (int64_t kb0 = 0; kb0 < nb; kb0 += kbs) {
+            int64_t kb1 = kb0 + kbs < nb ? kb0 + kbs : nb;
             for (int64_t t0 = 0; t0 < a->T; t0 += GEMM_TB) {
                 int tn = a->T - t0 < GEMM_TB ? (int)(a->T - t0) : GEMM_TB;
                 if (no && kb1 == nb) /* the tiles of the last chunk add the outliers */
@@ -729,7 +772,7 @@ typedef void (*gemv_fn)(const kargs *, int64_t, int64_t);
 static const gemv_fn g_gemv[3][3] = {{gemv_4_1, gemv_4_2, gemv_4_4}, {gemv_2_1, gemv_2_2, gemv_2_4},
                                      {gemv_3_1, gemv_3_2, gemv_3_4}};
 
-/* Tiled GEMV: whole tiles by gemv_tile16, the rows of partial tiles (a
+/* Tiled GEMV: whole tiles by tile16, the rows of partial tiles (a
  * range starting or ending mid-tile, the last tile of the matrix) by the
  * 4-row micro-kernels. */
 AVX2_FN __attribute__((noinline)) static void gemv_tl(const kargs *a, int64_t r0, int64_t r1) {
@@ -740,8 +783,40 @@ AVX2_FN __attribute__((noinline)) static void gemv_tl(const kargs *a, int64_t r0
         return;
     }
     gemv(a, r0, t0 * tr, 1, 1, 4); /* also gathers the outlier x */
-    for (int64_t T = t0; T < t1; T++) gemv_tile16(a, T);
+    for (int64_t T = t0; T < t1; T++) g_tile16[0](a, T, 0);
     if (t1 * tr < r1) gemv(a, t1 * tr, r1, 1, 1, 4);
+}
+
+/* Tiled product of 2..MTOK_MAX tokens: tile by tile, each tile's weights
+ * read once from memory for all the tokens (in passes of at most 8 tokens,
+ * balanced: 9 = 5 + 4, the later passes finding the tile in L2), where
+ * gemm()'s 1-row micro-tiles over 64-row blocks cost 2-4x as much at these
+ * token counts (bench/results/2026-12-03-cpu-mtok-kernels.md). Rows of
+ * partial tiles take gemm() (before the outliers are gathered: gemm uses
+ * the same scratch). */
+AVX2_FN __attribute__((noinline)) static void gemm_tl16(const kargs *a, int64_t r0, int64_t r1) {
+    const int64_t tr = SPX_Q_TILE_ROWS, no = a->q->n_outliers;
+    int64_t t0 = (r0 + tr - 1) / tr, t1 = r1 / tr;
+    if (t0 >= t1) {
+        gemm(a, r0, r1, 3);
+        return;
+    }
+    if (r0 < t0 * tr) gemm(a, r0, t0 * tr, 3);
+    for (int64_t t = 0; t < a->T && no; t++) {
+        const float *xt = a->x + t * a->q->cols;
+        float *g = a->scratch + t * a->xg_stride;
+        for (int64_t j = 0; j < no; j++) g[j] = xt[a->q->outlier_idx[j]];
+        for (int64_t j = no; j < a->xg_stride; j++) g[j] = 0.0f;
+    }
+    const int passes = (int)((a->T + GEMM_TB - 1) / GEMM_TB);
+    for (int64_t T = t0; T < t1; T++)
+        for (int p = 0, tk = 0; p < passes; p++) {
+            int tn = (int)((a->T - tk) / (passes - p)); /* balanced: the first passes take the larger share */
+            if ((a->T - tk) % (passes - p)) tn++;
+            g_tile16[tn - 1](a, T, tk);
+            tk += tn;
+        }
+    if (t1 * tr < r1) gemm(a, t1 * tr, r1, 3);
 }
 
 static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int64_t T, float *y,
@@ -777,6 +852,8 @@ static void avx2_rows(const spx_qtensor *q, const void *act, const float *x, int
     if (T == 1) {
         if (tl) gemv_tl(&a, r0, r1);
         else g_gemv[wi][gi](&a, r0, r1);
+    } else if (tl && T <= MTOK_MAX) {
+        gemm_tl16(&a, r0, r1);
     } else {
         gemm(&a, r0, r1, tl ? 3 : wi == 0 ? gi : 1 + 3 * wi + gi);
     }
