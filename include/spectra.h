@@ -193,6 +193,22 @@ spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler
 spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng_state,
                                          int32_t *next, int ahead);
 
+/* Batched decode: one forward pass over n sessions of one model, each
+ * fed one token at its own position with its own caches (the weights are
+ * read once for all; docs/spec.md). ids[i] goes to sessions[i]; next[i]
+ * is the token that follows it: greedy (smp NULL), or drawn as
+ * spx_sample(&smp[i], &rng[i]) would (rng[i] advances). logits: NULL, or
+ * [n, vocab] for every session's row. The sessions must be distinct, of
+ * one model, each with room for a token; every check runs before anything
+ * does (a refused batch leaves every session as it was); errors are in
+ * spx_session_error(sessions[0]), naming the session's index. Each
+ * session gets the tokens it would get from spx_session_step_greedy /
+ * spx_session_step_sample alone (on the CPU also the same logits, bit for
+ * bit). A backend without a batched pass (cuda, for now) and a model with
+ * weight refinement attached step the sessions one by one. */
+spx_status spx_batch_step(spx_session *const *sessions, size_t n, const int32_t *ids, const spx_sampler_params *smp,
+                          uint64_t *rng, int32_t *next, float *logits);
+
 /* Speculative decoding (prompt lookup; docs/spec.md). A spx_spec rides on
  * a session: it keeps the session's token history, drafts up to draft_max
  * tokens from an earlier occurrence of the history's last n tokens, feeds

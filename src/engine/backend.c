@@ -12,6 +12,9 @@ static void cpu_session_free(spx_session *s) {}
 static const spx_backend g_cpu = {
     "cpu", cpu_model_init, cpu_model_free, cpu_session_init, cpu_session_free, spx_forward, NULL, NULL, SPX_BATCH_MAX, 0, NULL, NULL,
     NULL, NULL, /* refinement runs in the matmul (cpu/ops.c) */
+    /* 16 rows: the kernels' decode-sized products (cpu/qkernels_avx2.c),
+     * whose rows get the bits a one-token product gives */
+    spx_forward_batch, 16,
 };
 
 const spx_backend *spx_backend_cpu(void) { return &g_cpu; }

@@ -88,6 +88,15 @@ typedef struct spx_backend {
      * refuses refinement on a device backend without them). */
     spx_status (*refine_attach)(struct spx_model *m, spx_err *e);
     void (*refine_detach)(struct spx_model *m);
+    /* Optional: a batch step (engine/batch.c): row t is ids[t] fed to s[t]
+     * at that session's position, 2 <= n <= batch_rows distinct sessions
+     * of one model (checked: room, ids; no weight refinement attached);
+     * the rows' logits land in s[0]->logits [n, vocab] (host) and each
+     * session advances by one. Each row's numbers must be those of a
+     * one-token forward of its session alone. NULL: the sessions step one
+     * by one. */
+    spx_status (*batch_forward)(struct spx_session *const *s, const int32_t *ids, int64_t n, spx_err *e);
+    int32_t batch_rows;
 } spx_backend;
 
 enum { SPX_STATE_RESET = 0, SPX_STATE_CHECKPOINT = 1, SPX_STATE_RESTORE = 2 };

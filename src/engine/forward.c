@@ -35,43 +35,89 @@
 #include <math.h>
 #include <string.h>
 
+/* A pass: n rows (tokens) through the blocks. s is the session whose
+ * scratch and kernels run it; row t belongs to session rs[t] at position
+ * rpos[t] (rs NULL: every row is s's, at pos0 + t). A session's rows are
+ * consecutive at consecutive positions (a segment, seg_end): a plain
+ * forward is one segment, a batch step (spx_forward_batch) one per
+ * session. Matrix products run over all rows at once; what a session owns
+ * (KV rows, recurrent state, attention scratch) is reached through its
+ * rows. */
 typedef struct {
     spx_session *s;
-    int64_t kv_layer, n, pos0;
+    const int32_t *ids;
+    int64_t n, pos0;
+    int want_logits;
+    spx_session *const *rs;
+    const int64_t *rpos;
+    int64_t *job_off; /* attention: [n + 1] first job of each row (rs only) */
+} pass;
+
+static spx_session *row_s(const pass *p, int64_t t) { return p->rs ? p->rs[t] : p->s; }
+static int64_t row_pos(const pass *p, int64_t t) { return p->rs ? p->rpos[t] : p->pos0 + t; }
+/* the end of the segment that starts at row t0 */
+static int64_t seg_end(const pass *p, int64_t t0) {
+    int64_t t = t0 + 1;
+    if (!p->rs) return p->n;
+    while (t < p->n && p->rs[t] == p->rs[t0] && p->rpos[t] == p->rpos[t0] + (t - t0)) t++;
+    return t;
+}
+
+typedef struct {
+    const pass *p;
+    int64_t kv_layer;
 } attn_job;
 
 /* Jobs of (token, KV head, up to attn_gs of its query heads), dealt to
  * the threads in turn: the heads of a job share the KV rows
  * (spx_kv_attend_g reads each row once for all of
- * them); each head's numbers are what a job of its own would give. */
+ * them); each head's numbers are what a job of its own would give. Each
+ * row reads its own session's cache with that session's attn_gs and
+ * scratch (a batch's sessions may differ in both). */
 static void attn_task(void *arg, int tid, int nth) {
     const attn_job *j = arg;
-    spx_session *s = j->s;
-    const spx_config *c = &s->m->cfg;
+    const pass *p = j->p;
+    const spx_config *c = &p->s->m->cfg;
     int64_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int64_t group = nh / nkv, gs = s->attn_gs, parts = (group + gs - 1) / gs;
+    int64_t group = nh / nkv;
     float scale = c->attn_scale;
-    float *sc = s->scores + (size_t)tid * (size_t)gs * (size_t)s->n_ctx;
+    const int64_t total = p->rs ? p->job_off[p->n] : p->n * nkv * ((group + p->s->attn_gs - 1) / p->s->attn_gs);
+    int64_t t = 0;
     /* round robin, not ranges: a causal prompt's later tokens have more
      * keys, so contiguous ranges gave the last thread the most work */
-    for (int64_t w = tid; w < j->n * nkv * parts; w += nth) {
-        int64_t t = w / (nkv * parts), kvh = (w / parts) % nkv, h0 = kvh * group + (w % parts) * gs;
+    for (int64_t w = tid; w < total; w += nth) {
+        spx_session *s;
+        int64_t r, gs, parts;
+        if (p->rs) {
+            while (p->job_off[t + 1] <= w) t++; /* w only grows */
+            s = p->rs[t];
+            gs = s->attn_gs, parts = (group + gs - 1) / gs, r = w - p->job_off[t];
+        } else {
+            s = p->s;
+            gs = s->attn_gs, parts = (group + gs - 1) / gs;
+            t = w / (nkv * parts), r = w % (nkv * parts);
+        }
+        int64_t kvh = r / parts, h0 = kvh * group + (r % parts) * gs;
         int64_t left = (kvh + 1) * group - h0; /* the group's heads from h0 on */
         int G = (int)(left < gs ? left : gs);
-        int64_t p = j->pos0 + t; /* absolute position of this query */
+        int64_t pos = row_pos(p, t); /* absolute position of this query */
         int64_t start = 0;
-        if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0) start = p - c->sliding_window + 1;
-        const float *q = s->q + t * nh * hd + h0 * hd;
-        spx_kv_attend_g(&s->kv, s->cpu.qk, j->kv_layer, kvh, G, q, hd, start, p + 1, scale, sc, s->n_ctx,
-                        s->att + t * nh * hd + h0 * hd, hd, s->kv_work ? s->kv_work + (size_t)tid * s->kv_work_floats : NULL);
+        if (c->sliding_window > 0 && pos - c->sliding_window + 1 > 0) start = pos - c->sliding_window + 1;
+        const float *q = p->s->q + t * nh * hd + h0 * hd;
+        float *sc = s->scores + (size_t)tid * (size_t)gs * (size_t)s->n_ctx;
+        spx_kv_attend_g(&s->kv, p->s->cpu.qk, j->kv_layer, kvh, G, q, hd, start, pos + 1, scale, sc, s->n_ctx,
+                        p->s->att + t * nh * hd + h0 * hd, hd,
+                        s->kv_work ? s->kv_work + (size_t)tid * s->kv_work_floats : NULL);
     }
 }
 
 /* ---- blocks ---------------------------------------------------------------- */
 
-static spx_status attention(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
+static spx_status attention(const pass *p, const spx_layer *L, spx_err *e) {
+    spx_session *s = p->s;
     const spx_model *m = s->m;
     const spx_config *c = &m->cfg;
+    const int64_t n = p->n;
     int64_t hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd, kvd = nkv * hd;
     {
         const spx_wmat *w[3] = {&L->w[SPX_SL_Q], &L->w[SPX_SL_K], &L->w[SPX_SL_V]};
@@ -86,20 +132,25 @@ static spx_status attention(spx_session *s, const spx_layer *L, int64_t n, int64
             for (int64_t h = 0; h < nkv; h++) spx_cpu_rmsnorm(k + h * hd, k + h * hd, L->v[SPX_SL_K_NORM], hd, c->rms_eps);
         }
         if (c->rope) {
-            spx_cpu_rope(q, nh, hd, pos0 + t, m->rope_inv_freq);
-            spx_cpu_rope(k, nkv, hd, pos0 + t, m->rope_inv_freq);
+            spx_cpu_rope(q, nh, hd, row_pos(p, t), m->rope_inv_freq);
+            spx_cpu_rope(k, nkv, hd, row_pos(p, t), m->rope_inv_freq);
         }
-        spx_kv_store(&s->kv, L->kv_index, pos0 + t, k, s->v + t * kvd);
+        spx_kv_store(&row_s(p, t)->kv, L->kv_index, row_pos(p, t), k, s->v + t * kvd);
     }
-    attn_job aj = {s, L->kv_index, n, pos0};
+    attn_job aj = {p, L->kv_index};
     spx_pool_run(m->pool, attn_task, &aj);
-    SPX_TRY(spx_kv_commit(&s->kv, L->kv_index, pos0 + n, e)); /* blocks complete now are encoded (low-bit types) */
+    for (int64_t t0 = 0, t1; t0 < n; t0 = t1) { /* blocks complete now are encoded (low-bit types) */
+        t1 = seg_end(p, t0);
+        SPX_TRY(spx_kv_commit(&row_s(p, t0)->kv, L->kv_index, row_pos(p, t1 - 1) + 1, e));
+    }
     return spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_O], s->att, n, s->x, L->v[SPX_SL_BO], e);
 }
 
 /* LFM2 short convolution: proj[t] = [B | C | u], each H wide. */
-static spx_status shortconv(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
+static spx_status shortconv(const pass *p, const spx_layer *L, spx_err *e) {
+    spx_session *s = p->s;
     const spx_config *c = &s->m->cfg;
+    const int64_t n = p->n;
     int64_t H = c->hidden_size, R = 3 * H;
     float *proj = s->proj;
     SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_CONV_IN], s->x, n, proj, L->v[SPX_SL_CONV_IN_B], e));
@@ -107,8 +158,11 @@ static spx_status shortconv(spx_session *s, const spx_layer *L, int64_t n, int64
         float *B = proj + t * R, *u = B + 2 * H;
         for (int64_t i = 0; i < H; i++) B[i] *= u[i]; /* B * u, in B's place */
     }
-    spx_cpu_conv_causal(proj, R, n, H, L->v[SPX_SL_CONV_W], L->v[SPX_SL_CONV_B], c->conv_kernel,
-                        s->state + L->state_off, 0, proj, R);
+    for (int64_t t0 = 0, t1; t0 < n; t0 = t1) { /* each segment with its session's conv state */
+        t1 = seg_end(p, t0);
+        spx_cpu_conv_causal(proj + t0 * R, R, t1 - t0, H, L->v[SPX_SL_CONV_W], L->v[SPX_SL_CONV_B], c->conv_kernel,
+                            row_s(p, t0)->state + L->state_off, 0, proj + t0 * R, R);
+    }
     for (int64_t t = 0; t < n; t++) {
         const float *y = proj + t * R, *C = y + H;
         float *o = s->att + t * H;
@@ -120,21 +174,28 @@ static spx_status shortconv(spx_session *s, const spx_layer *L, int64_t n, int64
 /* Mamba-2: proj[t] = [z (di) | x B C (cd) | dt (heads)]; the conv state
  * [cd, K-1] comes first in the layer's state, the SSM state [heads, P, N]
  * after it. */
-static spx_status mamba2(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e) {
+static spx_status mamba2(const pass *p, const spx_layer *L, spx_err *e) {
+    spx_session *s = p->s;
     const spx_config *c = &s->m->cfg;
+    const int64_t n = p->n;
     int64_t di = spx_ssm_d_inner(c), cd = spx_ssm_conv_dim(c), R = spx_ssm_in_rows(c);
     int64_t GN = c->ssm_groups * c->ssm_state;
-    float *proj = s->proj, *conv_state = s->state + L->state_off;
-    float *ssm_state = conv_state + cd * (c->ssm_conv_kernel - 1);
+    float *proj = s->proj;
     SPX_TRY(spx_cpu_matmul(&s->cpu, &L->w[SPX_SL_SSM_IN], s->x, n, proj, L->v[SPX_SL_SSM_IN_B], e));
-    float *xbc = proj + di;
-    spx_cpu_conv_causal(xbc, R, n, cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B], c->ssm_conv_kernel,
-                        conv_state, 1, xbc, R);
     spx_ssd_args a = {c->ssm_heads, c->ssm_head_dim, c->ssm_state, c->ssm_groups,
                       L->v[SPX_SL_SSM_A_LOG], L->v[SPX_SL_SSM_D], L->v[SPX_SL_SSM_DT_BIAS], c->ssm_dt_lo, c->ssm_dt_hi};
-    const float *dt = proj + di + cd, *B = xbc + di, *C = B + GN;
-    if (n == 1) spx_cpu_ssd_step(&a, xbc, dt, B, C, ssm_state, s->att);
-    else spx_cpu_ssd_chunked(&a, xbc, dt, B, C, R, n, c->ssm_chunk, ssm_state, s->att, di, s->ssd_work);
+    for (int64_t t0 = 0, t1; t0 < n; t0 = t1) { /* each segment with its session's conv and SSM state */
+        t1 = seg_end(p, t0);
+        const int64_t k = t1 - t0;
+        float *conv_state = row_s(p, t0)->state + L->state_off;
+        float *ssm_state = conv_state + cd * (c->ssm_conv_kernel - 1);
+        float *pr = proj + t0 * R, *xbc = pr + di;
+        spx_cpu_conv_causal(xbc, R, k, cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B], c->ssm_conv_kernel,
+                            conv_state, 1, xbc, R);
+        const float *dt = pr + di + cd, *B = xbc + di, *C = B + GN;
+        if (k == 1) spx_cpu_ssd_step(&a, xbc, dt, B, C, ssm_state, s->att + t0 * di);
+        else spx_cpu_ssd_chunked(&a, xbc, dt, B, C, R, k, c->ssm_chunk, ssm_state, s->att + t0 * di, di, s->ssd_work);
+    }
     for (int64_t t = 0; t < n; t++)
         spx_cpu_rmsnorm_gated(s->att + t * di, s->att + t * di, proj + t * R, L->v[SPX_SL_SSM_NORM], di,
                               c->ssm_norm_group, c->rms_eps);
@@ -188,13 +249,6 @@ static void add_residual(float *h, const float *x, int64_t n, float r) {
 
 /* ---- the block interface (engine/blocks.h) ----------------------------------- */
 
-typedef struct {
-    spx_session *s;
-    const int32_t *ids;
-    int64_t n, pos0;
-    int want_logits;
-} pass;
-
 /* x = rmsnorm(h) * gain: a block's input */
 static void norm_in(const pass *p, const float *gain) {
     const spx_config *c = &p->s->m->cfg;
@@ -217,11 +271,11 @@ static spx_status b_embed(void *ctx, spx_err *e) {
 
 #define LAYER(p, l) (&(p)->s->m->layers[l])
 /* a mixer block: h += r * mixer(rmsnorm(h) * mix_norm) (the recurrent
- * mixers ignore pos0: their position is their state) */
-typedef spx_status (*mixer_fn)(spx_session *s, const spx_layer *L, int64_t n, int64_t pos0, spx_err *e);
+ * mixers ignore the positions: their position is their state) */
+typedef spx_status (*mixer_fn)(const pass *p, const spx_layer *L, spx_err *e);
 static spx_status b_mixer(const pass *p, int64_t l, mixer_fn f, spx_err *e) {
     norm_in(p, LAYER(p, l)->v[SPX_SL_MIX_NORM]);
-    SPX_TRY(f(p->s, LAYER(p, l), p->n, p->pos0, e));
+    SPX_TRY(f(p, LAYER(p, l), e));
     add_out(p);
     return SPX_OK;
 }
@@ -267,7 +321,7 @@ spx_status spx_forward_check(const spx_model *m, spx_err *e) { return spx_blocks
 spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
     /* batch size, context room and token ids were checked by
      * spx_session_forward (backend.c) for every backend */
-    pass p = {s, ids, n, s->pos, want_logits};
+    pass p = {s, ids, n, s->pos, want_logits, NULL, NULL, NULL};
     /* the model's refinement as it is now: attached, changed or dropped
      * since the session began (never a pointer to a detached one) */
     s->cpu.refine = spx_refine_runtime(s->m);
@@ -276,5 +330,28 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     /* the refinement columns this step used are released to the cache */
     if (s->cpu.refine && s->cpu.refine->tier) SPX_TRY(spx_tier_step_end(s->cpu.refine->tier, e));
     SPX_TRY(spx_kv_step_end(&s->kv, e)); /* and the KV cache's file tier's records */
+    return SPX_OK;
+}
+
+spx_status spx_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e) {
+    /* checked by spx_batch_step (engine/batch.c): 1 <= n <= the batch
+     * limit, distinct sessions of one model with room, ids in range, no
+     * refinement attached (it applies to one-token steps only) */
+    spx_session *s = ss[0];
+    int64_t rpos[SPX_BATCH_MAX], off[SPX_BATCH_MAX + 1];
+    const spx_config *c = &s->m->cfg;
+    const int64_t group = c->n_heads / c->n_kv_heads;
+    off[0] = 0;
+    for (int64_t t = 0; t < n; t++) {
+        rpos[t] = ss[t]->pos;
+        off[t + 1] = off[t] + c->n_kv_heads * ((group + ss[t]->attn_gs - 1) / ss[t]->attn_gs);
+    }
+    pass p = {s, ids, n, 0, SPX_LOGITS_ALL, ss, rpos, off};
+    s->cpu.refine = NULL;
+    SPX_TRY(spx_blocks_run(c, &cpu_blocks, &p, e));
+    for (int64_t t = 0; t < n; t++) {
+        ss[t]->pos++;
+        SPX_TRY(spx_kv_step_end(&ss[t]->kv, e));
+    }
     return SPX_OK;
 }
