@@ -640,6 +640,17 @@ int main(void) {
     expect(a, 0, "at depth 300 (seek: not computed)");
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 8 -d 300 -n 8 --ctx 100", tmp);
     expect(a, 2, "max(-p, -d) + -n + 1");
+    /* --parallel: B sessions through spx_batch_step beside one alone */
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 6 -r 2 --parallel 3", tmp);
+    expect(a, 0, "3 sessions in parallel");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 6 -r 1 --parallel 4 --json", tmp);
+    expect(a, 0, "\"total_over_single\"");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 6 --parallel 1", tmp);
+    expect(a, 2, "--parallel");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 6 --parallel 2 --spec lookup", tmp);
+    expect(a, 2, "--parallel does not combine");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 0 --parallel 2", tmp);
+    expect(a, 2, "give -n N >= 1");
     snprintf(a, sizeof a, "run -m %s/s.trdc --ids 1,2 -n 2 --temp 0 --vram-budget 1 --backend cpu -q", tmp);
     expect(a, 0, NULL);
     /* --backend cuda where there is no GPU (or no CUDA in the build): one clear line */

@@ -7,6 +7,7 @@
  * alone, compute alone, the share of the copy time hidden under compute:
  * docs/design.md). --telemetry samples memory, clocks, power and
  * temperature every 100 ms into the JSON. */
+#include "bench_parallel.h"
 #include "cli.h"
 #include "common.h"
 #include "core/util.h"
@@ -47,6 +48,9 @@ static void usage(FILE *f) {
                "                  copy and compute times are measured after the runs\n"
                "  --telemetry     sample RSS, CPU time, GPU memory, clocks, power and temperature every\n"
                "                  100 ms during the benchmark (a \"telemetry\" array in the JSON)\n"
+               "  --parallel B    B sessions (int 2..256) decoding at once through spx_batch_step, each after its\n"
+               "                  own -p random prompt (untimed): total tokens/s, beside one session decoding\n"
+               "                  alone in the same runs (not with -f, -d, --seek or --spec)\n"
                "  --json          print one JSON object (on one line)\n" CLI_SPEC_USAGE
                "                  (with --spec or -f, generation continues the prompt, greedy, through the\n"
                "                  speculation loop, off or lookup; otherwise it starts from a reset session)\n"
@@ -131,7 +135,7 @@ static void print_telemetry_summary(const spx_tele_sample *t, size_t n) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0, depth = 0;
+    int64_t np = 512, ng = 128, reps = 5, threads = 0, n_ctx = 0, vram = 0, depth = 0, par = 0;
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     cli_kv_extra kvx = {0};
@@ -158,6 +162,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 20, &ng)) return 2; }
         else if (!strcmp(a, "-r")) { if (!cli_int(a, v, 1, 100, &reps)) return 2; }
         else if (!strcmp(a, "-d")) { if (!cli_int(a, v, 0, 1 << 24, &depth)) return 2; }
+        else if (!strcmp(a, "--parallel")) { if (!cli_int(a, v, 2, 256, &par)) return 2; }
         else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
         else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
@@ -172,6 +177,12 @@ int cmd_bench(int argc, char **argv) {
     if (pfile && !(ptext = cli_read_text(pfile, &ptext_len))) return 1;
     if (cont && np == 0 && !pfile) { cli_error("bench: --spec continues the prompt: give -p N >= 1 or -f FILE"); free(ptext); return 2; }
     if (np + ng == 0) { cli_error("bench: nothing to do (-p 0 -n 0)"); return 2; }
+    if (par && (pfile || depth || seek || spec_given)) {
+        cli_error("bench: --parallel does not combine with -f, -d, --seek or --spec");
+        free(ptext);
+        return 2;
+    }
+    if (par && ng == 0) { cli_error("bench: --parallel times generation: give -n N >= 1"); return 2; }
     if (depth && !ng) { cli_error("bench: -d %lld without generation (-n 0)", (long long)depth); return 2; }
     if (seek && !depth) { cli_error("bench: --seek needs -d N"); return 2; }
     const int64_t need = seek ? depth + np + ng + 1 : (np > depth ? np : depth) + ng + 1;
@@ -220,6 +231,11 @@ int cmd_bench(int argc, char **argv) {
     spx_session *s = NULL;
     spx_session_params sp = {.n_ctx = plan.n_ctx, .kv = plan.kv};
     cli_kv_apply(&kvx, &sp);
+    if (par) {
+        rc = cli_bench_parallel(m, &sp, par, np, ng, reps, json, model);
+        spx_model_free(m);
+        return rc;
+    }
     float *logits = malloc((size_t)V * sizeof(float));
     const int64_t nid = (np > depth ? np : depth) + 1;
     int32_t *ids = malloc((size_t)nid * sizeof *ids);
