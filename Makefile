@@ -54,7 +54,7 @@ NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=
              -Xcompiler -Wall,-Wno-unused-parameter -Iinclude -Isrc -D_GNU_SOURCE -DSPX_HAVE_CUDA
 CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
-CU_TEST  := $(BUILD)/tests/cuda/test_cuda $(BUILD)/tests/cuda/test_cuda_ssm $(BUILD)/tests/cuda/test_cuda_refine $(BUILD)/tests/cuda/test_cuda_lowbit $(BUILD)/tests/cuda/test_cuda_kvlow $(BUILD)/tests/test_sass_ctrl $(BUILD)/tests/cuda/sass_probe.cubin
+CU_TEST  := $(BUILD)/tests/cuda/test_cuda $(BUILD)/tests/cuda/test_cuda_batch $(BUILD)/tests/cuda/test_cuda_ssm $(BUILD)/tests/cuda/test_cuda_refine $(BUILD)/tests/cuda/test_cuda_lowbit $(BUILD)/tests/cuda/test_cuda_kvlow $(BUILD)/tests/test_sass_ctrl $(BUILD)/tests/cuda/sass_probe.cubin
 CU_BENCH := $(BUILD)/bench/gpu/bench_gemv $(BUILD)/bench/gpu/bench_refine
 LIB_OBJ  += $(CU_OBJ)
 CFLAGS   += -DSPX_HAVE_CUDA

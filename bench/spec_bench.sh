@@ -16,7 +16,9 @@
 # greedy generation continues the prompt. The table gives per prompt the
 # median tokens/s over rounds, the ratio lookup / off, the acceptance and
 # tokens per pass; then the geometric mean of the ratios per group.
-# SPEC_ARGS adds flags to the lookup runs (e.g. "--draft-max 12").
+# SPEC_ARGS adds flags to the lookup runs (e.g. "--draft-max 12"); BACKEND
+# picks the backend (default cpu; cuda on the GPU machine, where EVAL is
+# absent and the committed PROMPTS are used as they are).
 set -eu
 rounds=${1:-5}
 threads=${2:-2}
@@ -26,11 +28,13 @@ n=${3:-128}
 eval_txt=${EVAL:-../shared/models/docllama-58m/eval.txt}
 prompts=${PROMPTS:-bench/results/spec-prompts}
 spec_args=${SPEC_ARGS:-}
+backend=${BACKEND:-cpu}
 mkdir -p "$prompts"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # name:offset:length:repeat (characters of eval.txt; repeat 0: none)
-/usr/bin/env python3 - "$eval_txt" "$prompts" <<'PY'
+[ -r "$eval_txt" ] || [ -n "$(ls "$prompts"/*.txt 2>/dev/null)" ] || { echo "spec_bench: no $eval_txt and no prompts in $prompts" >&2; exit 1; }
+[ ! -r "$eval_txt" ] || /usr/bin/env python3 - "$eval_txt" "$prompts" <<'PY'
 import sys
 text = open(sys.argv[1], encoding="utf-8").read()
 specs = ["rep-a:0:400:100", "rep-b:3000:800:400", "rep-c:9000:1200:300", "rep-d:15000:1500:400", "rep-e:30000:1000:250",
@@ -51,7 +55,7 @@ for r in $(seq 1 "$rounds"); do
             extra=""
             [ "$sp" = lookup ] && extra=$spec_args
             # shellcheck disable=SC2086
-            "$SPECTRA" bench -m "$MODEL" --backend cpu -f "$p" -n "$n" -r 1 --threads "$threads" --spec "$sp" $extra --json \
+            "$SPECTRA" bench -m "$MODEL" --backend "$backend" -f "$p" -n "$n" -r 1 --threads "$threads" --spec "$sp" $extra --json \
                 > "$tmp/$name.$sp.$r.json"
         done
     done

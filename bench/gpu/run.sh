@@ -23,6 +23,11 @@
 #                                (../shared/tools/make_random_gguf.py). A
 #                                table at the end.
 #   sh bench/gpu/run.sh quick    checks and GEMV only.
+#   sh bench/gpu/run.sh batch    checks, GEMV, then decode-sized products:
+#                                bench_gemv --mtok, bench --parallel 2..16
+#                                on synthetic 8B and 1B (PSHAPES, PARS,
+#                                ROUNDS), speculation on docllama-58m
+#                                (bench/spec_bench.sh) and the 8B shape.
 #   sh bench/gpu/run.sh ab       checks, GEMV, then an A/B of decode settings:
 #                                AB="VAR=a VAR=b ..." (one environment setting
 #                                per variant, "-" for none), the 1B and 8B
@@ -156,7 +161,8 @@ fi
 if [ "${1:-}" = pack ]; then
     make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
     mkdir -p $D/bin $D/lib $D/models
-    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/tests/cuda/test_cuda_ssm "$BUILD"/bench/gpu/bench_gemv $D/bin/ || exit 1
+    cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/tests/cuda/test_cuda_ssm "$BUILD"/tests/cuda/test_cuda_batch \
+        "$BUILD"/bench/gpu/bench_gemv $D/bin/ || exit 1
     cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
     if [ "${MODELS:-1}" != 0 ]; then
         # tiny-llama3 also row-major (--layout rows): both layouts end to end
@@ -286,6 +292,11 @@ if [ "${CHECKS:-1}" != 0 ]; then
     timeout 400 $B/test_cuda $D/models/*.trdc > "$OUT/test.log" 2>&1
     echo "test_cuda exit $?" >> "$OUT/test.log"
     { grep -v '^FAIL' "$OUT/test.log" | tail -n 16; grep '^FAIL' "$OUT/test.log" | head -n 20; } | tee /dev/fd/3
+    if [ -x $B/test_cuda_batch ]; then
+        timeout 300 $B/test_cuda_batch $D/models/*.trdc > "$OUT/test_batch.log" 2>&1
+        echo "test_cuda_batch exit $?" >> "$OUT/test_batch.log"
+        { grep -v '^FAIL' "$OUT/test_batch.log" | tail -n 3; grep '^FAIL' "$OUT/test_batch.log" | head -n 20; } | tee /dev/fd/3
+    fi
 
     if [ -f $D/models/docllama-58m.trdc ]; then
         echo "== text: docllama-58m greedy, cpu (scalar kernels, then avx2) vs cuda: resident, ping-pong (0 layers resident)" | tee /dev/fd/3
@@ -317,6 +328,54 @@ fi
 
 echo "== GEMV" | tee /dev/fd/3
 [ ! -x $B/bench_gemv ] || timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
+
+if [ "$MODE" = batch ]; then
+    # the M-token kernels (bench_gemv --mtok where it has it), bench
+    # --parallel B on the synthetic shapes (PSHAPES, default llama3-8b
+    # llama3-1b) in ROUNDS interleaved rounds, speculation on docllama-58m
+    # (bench/spec_bench.sh on the committed prompts) and on the 8B shape
+    echo "== M-token kernels" | tee /dev/fd/3
+    timeout 120 $B/bench_gemv --mtok > "$OUT/mtok.txt" 2>&1 || echo "(bench_gemv --mtok: exit $?)" >> "$OUT/mtok.txt"
+    grep -A40 -i "mtok\|M=" "$OUT/mtok.txt" | head -n 40 | tee /dev/fd/3
+    echo "== bench --parallel" | tee /dev/fd/3
+    : > $T/par.jsonl
+    for s in ${PSHAPES:-llama3-8b llama3-1b}; do
+        [ -f $W/$s.trdc ] || $B/spectra synth --shape $s -o $W/$s.trdc > $T/synth.log 2>&1 ||
+            { echo "synth $s failed:"; tail -n 3 $T/synth.log; } | tee /dev/fd/3
+    done
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+        for s in ${PSHAPES:-llama3-8b llama3-1b}; do
+            for p in ${PARS:-2 4 8 16}; do
+                timeout 300 $B/spectra bench -m $W/$s.trdc --backend cuda --parallel $p -p 64 -n 64 -r 3 --json 2>> $T/par.err |
+                    tag "$s round $r" >> $T/par.jsonl
+            done
+        done
+    done
+    python3 - $T/par.jsonl <<'PY' | tee "$OUT/parallel.txt" >&3
+import json, sys, statistics, collections
+runs = collections.defaultdict(lambda: ([], []))
+for line in open(sys.argv[1]):
+    try: j = json.loads(line)
+    except ValueError: continue
+    shape = j["model"].split("(")[1].split(" round")[0]
+    t, o = runs[(shape, j["parallel"])]
+    t.extend(j["total_tps"]); o.extend(j["single_tps"])
+print("%-10s %3s %12s %12s %8s" % ("shape", "B", "total tok/s", "single tok/s", "ratio"))
+for (shape, b), (t, o) in sorted(runs.items()):
+    print("%-10s %3d %12.1f %12.1f %7.2fx" % (shape, b, statistics.median(t), statistics.median(o), statistics.median(t) / statistics.median(o)))
+PY
+    echo "== speculation: docllama-58m (cuda)" | tee /dev/fd/3
+    SPECTRA=$B/spectra MODEL=$D/models/docllama-58m.trdc BACKEND=cuda PROMPTS=bench/results/spec-prompts EVAL=/nonexistent \
+        timeout 400 sh bench/spec_bench.sh "${SROUNDS:-3}" 1 128 > "$OUT/spec.txt" 2> $T/spec.err || tail -n 5 $T/spec.err | tee /dev/fd/3
+    tail -n 16 "$OUT/spec.txt" | tee /dev/fd/3
+    echo "== speculation: llama3-8b synthetic, random prompt (-p 256), off vs lookup" | tee /dev/fd/3
+    for r in 1 2 3; do for sp in off lookup; do
+        timeout 120 $B/spectra bench -m $W/llama3-8b.trdc --backend cuda -p 256 -n 128 -r 1 --spec $sp --json 2>/dev/null |
+            python3 -c "import json,sys; j=json.load(sys.stdin); print('round $r $sp tg %.2f tok/s, accepted %d of %d drafted, %.3f tokens/pass' % (j['tg_tps_median'], j['spec']['accepted'], j['spec']['drafted'], j['spec']['tokens_per_pass']))"
+    done; done | tee "$OUT/spec8b.txt" >&3
+    exec 1>&3
+    exit 0
+fi
 
 # llama.cpp CUDA (built outside this repository, carried xz-compressed in $D/peer) ready in $T, and the
 # Q4_0 GGUFs of the shapes in $W; sets CUDA_LIBS (llama.cpp's cuBLAS); false without $D/peer

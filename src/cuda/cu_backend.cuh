@@ -286,7 +286,10 @@ spx_status cu_kvl_commit(cu_sess *cs, int n, cudaStream_t st, spx_err *e);
 spx_status cu_kvl_before(spx_session *s, cu_sess *cs, int64_t p0, int n, spx_err *e);
 spx_status cu_session_init(spx_session *s, spx_err *e);
 spx_status cu_state_op(spx_session *s, int op, spx_err *e);
-spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e);
+spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e, spx_session *const *rs = NULL);
+/* The backend's batch_forward (engine/backend.h): SPX_ERR_UNSUPPORTED,
+ * before anything runs, for a session with a low-bit KV cache. */
+spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e);
 /* Whether the CUDA blocks run every layer of m (engine/blocks.h; at model open). */
 spx_status cu_forward_check(const spx_model *m, spx_err *e);
 spx_status cu_pp_begin(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);

@@ -119,7 +119,14 @@ struct fwd {
     const cu_layer *L;
     cu_layer ls;
     bool streamed, pdl0;
+    /* a batch step (cu_forward_batch): row r is session rs[r]'s token at
+     * its position (its cu_sess's d_pos), with its own KV cache and
+     * recurrent state; s and cs are rs[0]'s, whose scratch holds the rows.
+     * NULL: every row is s's, at consecutive positions. */
+    spx_session *const *rs;
 };
+
+static cu_sess *row_cs(const fwd &f, int r) { return (cu_sess *)f.rs[r]->be_state; }
 
 /* a decode GEMV launch in the model's form (cm->gemv_groups) */
 static spx_gemv_args dec(const fwd &f, spx_gemv_args g) {
@@ -193,6 +200,61 @@ static spx_status out_proj(const fwd &f, int slot, const float *bias, const floa
 
 /* ---- blocks (the CPU's meaning: engine/forward.c) --------------------------- */
 
+/* A batch step's attention: per row, RoPE and the KV store at its
+ * session's position into its session's cache, then one-token attention
+ * over that cache (q, k, v and att are the lead's rows). */
+static spx_status attention_rows(const fwd &f, int64_t l, spx_err *e) {
+    const spx_config *c = f.c;
+    const cu_layer *L = f.L;
+    cu_sess *cs = f.cs;
+    const int64_t hd = c->head_dim, qd = c->n_heads * hd;
+    const int nh = (int)c->n_heads, nkv = (int)c->n_kv_heads;
+    const int64_t kvd = nkv * hd, kvi = f.m->layers[l].kv_index;
+    for (int r = 0; r < f.n; r++) {
+        const spx_session *sr = f.rs[r];
+        cu_sess *cr = row_cs(f, r);
+        __half *kc = cr->kc + (size_t)kvi * (size_t)sr->n_ctx * (size_t)kvd;
+        __half *vc = cr->vc + (size_t)kvi * (size_t)sr->n_ctx * (size_t)kvd;
+        spx_rope_args ra;
+        memset(&ra, 0, sizeof ra);
+        ra.q = cs->q + (size_t)r * (size_t)qd;
+        ra.k = cs->k + (size_t)r * (size_t)kvd;
+        ra.v = cs->v + (size_t)r * (size_t)kvd;
+        ra.n_tok = 1;
+        ra.nh = nh;
+        ra.nkv = nkv;
+        ra.hd = (int)hd;
+        ra.inv_freq = f.cm->inv_freq;
+        ra.q_norm = L->v[SPX_SL_Q_NORM];
+        ra.k_norm = L->v[SPX_SL_K_NORM];
+        ra.eps = f.eps;
+        ra.pos = cr->d_pos;
+        ra.kc = kc;
+        ra.vc = vc;
+        kv_q4_layer(sr, cr, kvi, &ra.kq, &ra.vq, &ra.rot);
+        SPX_CUDA_TRY(e, spx_rope_store(ra, f.st, false));
+        spx_attn_args aa;
+        memset(&aa, 0, sizeof aa);
+        aa.q = ra.q;
+        aa.kc = kc;
+        aa.vc = vc;
+        aa.out = cs->att + (size_t)r * (size_t)qd;
+        aa.part = cr->part;
+        aa.n_tok = 1;
+        aa.nh = nh;
+        aa.nkv = nkv;
+        aa.hd = (int)hd;
+        aa.window = (int)c->sliding_window;
+        aa.scale = c->attn_scale;
+        aa.n_splits = cu_splits_for(f.cm, c, 1, sr->pos + 1);
+        aa.pos = cr->d_pos;
+        kv_q4_layer(sr, cr, kvi, &aa.kq, &aa.vq, &aa.rot);
+        aa.cnt = cr->attn_cnt;
+        SPX_CUDA_TRY(e, spx_attention(aa, f.st, false));
+    }
+    return SPX_OK;
+}
+
 static spx_status blk_attention(const fwd &f, const cu_layer *L, int64_t l, bool pdl0, spx_err *e) {
     const spx_session *s = f.s;
     const spx_config *c = f.c;
@@ -220,6 +282,10 @@ static spx_status blk_attention(const fwd &f, const cu_layer *L, int64_t l, bool
         const float *b[3] = {L->v[SPX_SL_BQ], L->v[SPX_SL_BK], L->v[SPX_SL_BV]};
         for (int i = 0; i < 3; i++)
             SPX_CUDA_TRY(e, run_gemm(f.cm, cs, gemm_one(cs, *w[i], cs->x16, H, y[i], w[i]->rows, b[i], f.n, 0), f.nsm, f.st));
+    }
+    if (f.rs) {
+        SPX_TRY(attention_rows(f, l, e));
+        return out_proj(f, SPX_SL_O, L->v[SPX_SL_BO], cs->att, NULL, false, e);
     }
     spx_rope_args ra;
     memset(&ra, 0, sizeof ra);
@@ -335,8 +401,11 @@ static spx_status blk_shortconv(const fwd &f, const cu_layer *L, int64_t l, bool
     float *state = cs->state + f.m->layers[l].state_off;
     SPX_TRY(in_proj(f, SPX_SL_CONV_IN, L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_CONV_IN_B], cs->proj, pdl0, e));
     SPX_CUDA_TRY(e, spx_cu_shortconv_gates(cs->proj, f.n, H, f.st));
-    SPX_CUDA_TRY(e, spx_cu_conv_causal(cs->proj, R, f.n, H, L->v[SPX_SL_CONV_W], L->v[SPX_SL_CONV_B], (int)c->conv_kernel,
-                                       state, 0, cs->proj, R, f.st));
+    for (int r = 0; r < (f.rs ? f.n : 1); r++) /* a batch: each row with its session's state */
+        SPX_CUDA_TRY(e, spx_cu_conv_causal(cs->proj + (size_t)r * (size_t)R, R, f.rs ? 1 : f.n, H, L->v[SPX_SL_CONV_W],
+                                           L->v[SPX_SL_CONV_B], (int)c->conv_kernel,
+                                           f.rs ? row_cs(f, r)->state + f.m->layers[l].state_off : state, 0,
+                                           cs->proj + (size_t)r * (size_t)R, R, f.st));
     SPX_CUDA_TRY(e, spx_cu_mul_rows(cs->proj + H, R, cs->proj, R, f.n, H, cs->att, H, f.st));
     return out_proj(f, SPX_SL_CONV_OUT, L->v[SPX_SL_CONV_OUT_B], cs->att, NULL, false, e);
 }
@@ -352,17 +421,27 @@ static spx_status blk_mamba2(const fwd &f, const cu_layer *L, int64_t l, bool pd
     float *ssm_state = conv_state + cd * (c->ssm_conv_kernel - 1);
     SPX_TRY(in_proj(f, SPX_SL_SSM_IN, L->v[SPX_SL_MIX_NORM], L->v[SPX_SL_SSM_IN_B], cs->proj, pdl0, e));
     float *xbc = cs->proj + di;
-    SPX_CUDA_TRY(e, spx_cu_conv_causal(xbc, R, f.n, (int)cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B],
-                                       (int)c->ssm_conv_kernel, conv_state, 1, xbc, R, f.st));
     spx_cu_ssd a;
     a.H = (int)c->ssm_heads, a.P = (int)c->ssm_head_dim, a.N = (int)c->ssm_state, a.G = (int)c->ssm_groups;
     a.A_log = L->v[SPX_SL_SSM_A_LOG], a.D = L->v[SPX_SL_SSM_D], a.dt_bias = L->v[SPX_SL_SSM_DT_BIAS];
     a.dt_lo = c->ssm_dt_lo, a.dt_hi = c->ssm_dt_hi;
     const float *dt = cs->proj + di + cd, *B = xbc + di, *C = B + GN;
-    if (f.n == 1) SPX_CUDA_TRY(e, spx_cu_ssd_step(a, xbc, dt, B, C, ssm_state, cs->att, f.st));
-    else {
-        const size_t wf = cs->ssd_work ? spx_mem_ssd_work_floats(a.H, a.P, a.N, f.n) : 0;
-        SPX_CUDA_TRY(e, spx_cu_ssd_scan(a, xbc, dt, B, C, R, f.n, ssm_state, cs->att, di, cs->ssd_work, wf, f.st));
+    if (f.rs) { /* a batch: each row one step with its session's conv and SSM state */
+        for (int r = 0; r < f.n; r++) {
+            const size_t o = (size_t)r * (size_t)R;
+            float *cst = row_cs(f, r)->state + f.m->layers[l].state_off, *sst = cst + cd * (c->ssm_conv_kernel - 1);
+            SPX_CUDA_TRY(e, spx_cu_conv_causal(xbc + o, R, 1, (int)cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B],
+                                               (int)c->ssm_conv_kernel, cst, 1, xbc + o, R, f.st));
+            SPX_CUDA_TRY(e, spx_cu_ssd_step(a, xbc + o, dt + o, B + o, C + o, sst, cs->att + (size_t)r * (size_t)di, f.st));
+        }
+    } else {
+        SPX_CUDA_TRY(e, spx_cu_conv_causal(xbc, R, f.n, (int)cd, L->v[SPX_SL_SSM_CONV_W], L->v[SPX_SL_SSM_CONV_B],
+                                           (int)c->ssm_conv_kernel, conv_state, 1, xbc, R, f.st));
+        if (f.n == 1) SPX_CUDA_TRY(e, spx_cu_ssd_step(a, xbc, dt, B, C, ssm_state, cs->att, f.st));
+        else {
+            const size_t wf = cs->ssd_work ? spx_mem_ssd_work_floats(a.H, a.P, a.N, f.n) : 0;
+            SPX_CUDA_TRY(e, spx_cu_ssd_scan(a, xbc, dt, B, C, R, f.n, ssm_state, cs->att, di, cs->ssd_work, wf, f.st));
+        }
     }
     SPX_CUDA_TRY(e, spx_cu_rmsnorm_gated(cs->att, cs->att, di, cs->proj, R, L->v[SPX_SL_SSM_NORM], f.n, (int)di,
                                          (int)c->ssm_norm_group, f.eps, f.st));
@@ -539,7 +618,7 @@ spx_status cu_forward_check(const spx_model *m, spx_err *e) { return spx_blocks_
 
 /* Enqueues one pass of n tokens on the session's stream (captured into the
  * decode graph for n == 1). */
-spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e) {
+spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e, spx_session *const *rs) {
     const spx_model *m = s->m;
     const cu_model *cm = (const cu_model *)m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
@@ -557,6 +636,7 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
     f.hb = 0;
     f.lead_brk = false;
     f.streamed = f.pdl0 = false;
+    f.rs = rs;
     for (int i = 0; i < CU_RF_LEAD_SLOTS; i++) cs->rf.lead[i].target = -1; /* none from a pass that failed midway */
     return spx_blocks_run(c, &cuda_blocks, &f, e);
 }
@@ -585,6 +665,34 @@ spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_lo
     cs->dev_tok = ids[0];
     cs->dev_known = 1;
     s->pos += n;
+    return SPX_OK;
+}
+
+spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e) {
+    spx_session *s = ss[0];
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    if (n < 2 || n > SPX_BATCH_MAX_CUDA) return spx_fail(e, SPX_ERR_ARG, "batch forward: %lld rows", (long long)n);
+    for (int64_t r = 0; r < n; r++) /* what the per-row blocks do not run: batch.c steps these one by one */
+        if (((cu_sess *)ss[r]->be_state)->kvl)
+            return spx_fail(e, SPX_ERR_UNSUPPORTED, "batch forward: session %lld has a low-bit KV cache", (long long)r);
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    for (int64_t r = 0; r < n; r++) {
+        /* each session's own work (a step queued ahead, a state copy) is
+         * done before the pass reads its caches on the lead's stream; its
+         * position goes to its d_pos */
+        cu_sess *cr = (cu_sess *)ss[r]->be_state;
+        SPX_CUDA_TRY(e, cudaStreamSynchronize(cr->st));
+        cr->pend = 0;
+        cr->dev_known = 0;
+        cr->pin[SPX_BATCH_MAX_CUDA] = (int32_t)ss[r]->pos;
+        SPX_CUDA_TRY(e, cudaMemcpyAsync(cr->d_pos, cr->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
+    }
+    memcpy(cs->pin, ids, (size_t)n * 4);
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));
+    SPX_TRY(cu_enqueue_forward(s, (int)n, LM_ALL, 1, e, ss));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    for (int64_t r = 0; r < n; r++) ss[r]->pos++;
     return SPX_OK;
 }
 

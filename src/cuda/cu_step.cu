@@ -159,6 +159,9 @@ static const spx_backend g_cuda = {
     cu_state_op,
     cu_refine_attach,
     cu_refine_detach,
+    /* rows per batch step: the GEMM's decode-sized products */
+    cu_forward_batch,
+    16,
 };
 
 extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }

@@ -93,8 +93,9 @@ typedef struct spx_backend {
      * of one model (checked: room, ids; no weight refinement attached);
      * the rows' logits land in s[0]->logits [n, vocab] (host) and each
      * session advances by one. Each row's numbers must be those of a
-     * one-token forward of its session alone. NULL: the sessions step one
-     * by one. */
+     * one-token forward of its session alone (on a GPU: to the rounding of
+     * its prompt products). SPX_ERR_UNSUPPORTED, before anything runs:
+     * these sessions step one by one. NULL: the sessions step one by one. */
     spx_status (*batch_forward)(struct spx_session *const *s, const int32_t *ids, int64_t n, spx_err *e);
     int32_t batch_rows;
 } spx_backend;

@@ -86,6 +86,12 @@ spx_status spx_batch_step(spx_session *const *ss, size_t n, const int32_t *ids, 
         }
         spx_session *lead = ss[i0];
         spx_status st = be->batch_forward(ss + i0, ids + i0, (int64_t)k, &lead->err);
+        if (st == SPX_ERR_UNSUPPORTED) { /* refused before it ran (backend.h): these sessions one by one */
+            spx_err_clear(&lead->err);
+            SPX_TRY(one_by_one(ss + i0, k, ids + i0, smp ? smp + i0 : NULL, smp ? rng + i0 : NULL, next + i0,
+                               logits ? logits + i0 * (size_t)V : NULL));
+            continue;
+        }
         if (st != SPX_OK) {
             if (lead != s0) spx_fail(&s0->err, st, "batch step: %s", lead->err.msg);
             return st;

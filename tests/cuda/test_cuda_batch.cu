@@ -1,0 +1,188 @@
+/* test_cuda_batch.cu: batched decode, speculation and rewind on the CUDA
+ * backend, per fixture (.trdc paths as arguments):
+ *   - spx_batch_step over B sessions (fp16 and q4 KV mixed, prompts of
+ *     different lengths): each row's logits within E2E_PREFILL_TOL of its
+ *     twin session stepped alone on CUDA (the batch runs the prompt
+ *     products, a single step the GEMV: their rounding differs, as a
+ *     prompt's does from its steps), and each token equal to the twin's
+ *     or, where the twin's top two are within that tolerance, a near tie;
+ *   - greedy speculation (prompt lookup, a prompt that repeats) returns
+ *     plain greedy decoding's tokens (spx_session_step_greedy_ahead: the
+ *     queued-ahead decode loop), near ties as above;
+ *   - rewind with a step queued ahead: steps queued one ahead, a truncate
+ *     back past them and a re-feed give a fresh session's logits (the
+ *     queued step's KV row is rewritten before it is read). */
+#include "cutest.cuh"
+
+#include "spectra.h"
+#include "testlib.h"
+
+#include <string.h>
+#include <vector>
+
+#define E2E_PREFILL_TOL 2e-2 /* as test_cuda.cu: the prompt path's logits against another path's */
+
+static uint64_t g_rng = 7;
+
+/* ng equals nc, or is a near tie in the reference row c */
+static int same_or_near(int32_t ng, int32_t nc, const float *c, int64_t V) {
+    if (ng == nc) return 1;
+    return ng >= 0 && ng < V && fabs(c[ng] - c[nc]) <= E2E_PREFILL_TOL * fmax(1.0, fabs(c[nc])) ? 2 : 0;
+}
+
+static spx_model *open_cuda(const char *path) {
+    spx_model_params p = {0, "cuda", 0};
+    spx_model *m = NULL;
+    CHECK(spx_model_open(path, &p, &m) == SPX_OK, "%s: %s", path, spx_last_error());
+    return m;
+}
+
+static void test_batch(spx_model *m, const char *path, int B) {
+    const int64_t V = spx_model_vocab_size(m);
+    std::vector<spx_session *> s(B, nullptr), t(B, nullptr);
+    std::vector<int32_t> ids(B), next(B);
+    std::vector<float> lg((size_t)B * V), tl(V);
+    int ok = 1, near = 0;
+    double worst = 0;
+    for (int i = 0; i < B && ok; i++) {
+        spx_session_params sp = {200, i % 2 ? SPX_KV_Q4 : SPX_KV_F16};
+        ok = spx_session_new(m, &sp, &s[i]) == SPX_OK && spx_session_new(m, &sp, &t[i]) == SPX_OK;
+        CHECK(ok, "%s: session %d: %s", path, i, spx_model_error(m));
+        int np = 2 + 7 * i % 50;
+        std::vector<int32_t> pr(np);
+        for (auto &x : pr) x = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+        ok = ok && spx_session_eval(s[i], pr.data(), np, NULL, 0) == SPX_OK &&
+             spx_session_eval(t[i], pr.data(), np, NULL, 0) == SPX_OK;
+        ids[i] = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+    }
+    for (int st = 0; st < 8 && ok; st++) {
+        ok = spx_batch_step(s.data(), (size_t)B, ids.data(), NULL, NULL, next.data(), lg.data()) == SPX_OK;
+        CHECK(ok, "%s: batch step: %s", path, spx_session_error(s[0]));
+        for (int i = 0; i < B && ok; i++) {
+            ok = spx_session_eval(t[i], &ids[i], 1, tl.data(), 0) == SPX_OK;
+            worst = fmax(worst, row_err(lg.data() + (size_t)i * V, tl.data(), V));
+            int r = same_or_near(next[i], argmax_f(tl.data(), V), tl.data(), V);
+            CHECK(r, "%s: B=%d step %d session %d: batch token %d, alone %d", path, B, st, i, next[i],
+                  argmax_f(tl.data(), V));
+            near += r == 2;
+            ids[i] = argmax_f(tl.data(), V); /* both follow the twin's token */
+        }
+    }
+    CHECK(worst <= E2E_PREFILL_TOL, "%s: B=%d: batch vs single-step logits %.3g > %.3g", path, B, worst, E2E_PREFILL_TOL);
+    printf("%s: batch of %d (fp16 + q4 KV), 8 steps: logits within %.3g of single steps, %d near ties\n", path, B,
+           worst, near);
+    for (int i = 0; i < B; i++) {
+        spx_session_free(s[i]);
+        spx_session_free(t[i]);
+    }
+}
+
+static void test_spec(spx_model *m, const char *path, spx_kv_type kv) {
+    const int64_t V = spx_model_vocab_size(m);
+    const int np = 64, ng = 60;
+    std::vector<int32_t> pr(np), plain(ng), spec(ng);
+    for (int i = 0; i < np; i++) pr[i] = i < np / 2 ? (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V) : pr[i - np / 2];
+    spx_session_params sp = {np + ng + 40, kv};
+    spx_session *a = NULL, *b = NULL;
+    std::vector<float> la(V), lb(V);
+    CHECK(spx_session_new(m, &sp, &a) == SPX_OK && spx_session_new(m, &sp, &b) == SPX_OK, "sessions");
+    if (!a || !b) return;
+    CHECK(spx_session_eval(a, pr.data(), np, la.data(), 0) == SPX_OK &&
+          spx_session_eval(b, pr.data(), np, lb.data(), 0) == SPX_OK, "%s: prompt", path);
+    int32_t id = argmax_f(la.data(), V);
+    plain[0] = id;
+    for (int i = 1; i < ng; i++) CHECK(spx_session_step_greedy_ahead(a, plain[i - 1], &plain[i], i + 1 < ng) == SPX_OK, "step");
+    spx_spec_params p;
+    spx_spec_params_default(&p);
+    p.kind = SPX_SPEC_LOOKUP;
+    spx_spec *sx = NULL;
+    CHECK(spx_spec_new(b, &p, &sx) == SPX_OK && spx_spec_history(sx, pr.data(), np) == SPX_OK, "%s: spec", path);
+    int n = 1, diff = -1;
+    spec[0] = argmax_f(lb.data(), V);
+    while (sx && n < ng) {
+        int32_t out[SPX_SPEC_DRAFT_LIMIT + 1];
+        size_t got = 0, room = (size_t)(ng - n);
+        if (spx_spec_step(sx, spec[n - 1], NULL, NULL, out, room < 33 ? room : 33, &got) != SPX_OK) {
+            CHECK(0, "%s: spec step: %s", path, spx_session_error(b));
+            break;
+        }
+        for (size_t k = 0; k < got; k++) spec[n + (int)k] = out[k];
+        n += (int)got;
+    }
+    for (int i = 0; i < ng && diff < 0; i++)
+        if (spec[i] != plain[i]) diff = i;
+    spx_spec_stats st;
+    memset(&st, 0, sizeof st);
+    if (sx) spx_spec_get_stats(sx, &st);
+    /* a difference must be a near tie of the plain path's logits at that step */
+    int near_ok = 1;
+    if (diff >= 0) {
+        spx_session *c = NULL;
+        CHECK(spx_session_new(m, &sp, &c) == SPX_OK, "session");
+        std::vector<int32_t> all(pr);
+        all.insert(all.end(), plain.begin(), plain.begin() + diff);
+        std::vector<float> lc(V);
+        CHECK(spx_session_eval(c, all.data(), all.size(), lc.data(), 0) == SPX_OK, "eval");
+        near_ok = same_or_near(spec[diff], plain[diff], lc.data(), V) != 0;
+        spx_session_free(c);
+    }
+    CHECK(diff < 0 || near_ok, "%s kv %d: speculation differs from plain greedy at token %d (%d vs %d), not a near tie",
+          path, (int)kv, diff, diff >= 0 ? spec[diff] : 0, diff >= 0 ? plain[diff] : 0);
+    printf("%s kv %s: spec greedy vs plain greedy: %s (%lld passes, %lld drafted, %lld accepted)\n", path,
+           kv == SPX_KV_Q4 ? "q4" : "f16", diff < 0 ? "identical" : "a near tie differs", (long long)st.passes,
+           (long long)st.drafted, (long long)st.accepted);
+    spx_spec_free(sx);
+    spx_session_free(a);
+    spx_session_free(b);
+}
+
+static void test_rewind_ahead(spx_model *m, const char *path) {
+    const int64_t V = spx_model_vocab_size(m);
+    spx_session_params sp = {128, SPX_KV_F16};
+    spx_session *a = NULL, *b = NULL;
+    CHECK(spx_session_new(m, &sp, &a) == SPX_OK && spx_session_new(m, &sp, &b) == SPX_OK, "sessions");
+    if (!a || !b) return;
+    std::vector<int32_t> pr(20);
+    for (auto &x : pr) x = (int32_t)(tl_rand_u64(&g_rng) % (uint64_t)V);
+    /* the checkpoint at 17: a hybrid's recurrent state rewinds only there */
+    CHECK(spx_session_eval(a, pr.data(), 17, NULL, 0) == SPX_OK, "eval");
+    spx_session_checkpoint(a);
+    CHECK(spx_session_eval(a, pr.data() + 17, 3, NULL, 0) == SPX_OK, "eval");
+    int32_t id = pr[19], nx;
+    for (int i = 0; i < 6; i++) { /* each call queues the next step: the last one's is left queued */
+        CHECK(spx_session_step_greedy_ahead(a, id, &nx, 1) == SPX_OK, "step");
+        id = nx;
+    }
+    CHECK(spx_session_truncate(a, 17) == SPX_OK, "%s: truncate: %s", path, spx_session_error(a));
+    int32_t more[4] = {5 % (int32_t)V, 9 % (int32_t)V, 2 % (int32_t)V, 7 % (int32_t)V};
+    std::vector<float> la((size_t)4 * V), lb((size_t)4 * V);
+    CHECK(spx_session_eval(a, more, 4, la.data(), 1) == SPX_OK, "re-feed");
+    CHECK(spx_session_eval(b, pr.data(), 17, NULL, 0) == SPX_OK && spx_session_eval(b, more, 4, lb.data(), 1) == SPX_OK,
+          "fresh");
+    CHECK(!memcmp(la.data(), lb.data(), la.size() * sizeof(float)),
+          "%s: truncate after queued-ahead steps + re-feed differs from a fresh session (max %g)", path,
+          tl_max_diff(la.data(), lb.data(), la.size()));
+    printf("%s: truncate past queued-ahead steps then re-feed: a fresh session's logits, bit for bit\n", path);
+    spx_session_free(a);
+    spx_session_free(b);
+}
+
+int main(int argc, char **argv) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        printf("test_cuda_batch: no CUDA device; skipped\n");
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        spx_model *m = open_cuda(argv[i]);
+        if (!m) continue;
+        test_batch(m, argv[i], 2);
+        test_batch(m, argv[i], 7);
+        test_batch(m, argv[i], 16);
+        test_spec(m, argv[i], SPX_KV_F16);
+        test_spec(m, argv[i], SPX_KV_Q4);
+        test_rewind_ahead(m, argv[i]);
+        spx_model_free(m);
+    }
+    return tl_finish("test_cuda_batch");
+}
