@@ -14,8 +14,10 @@
  *     queued step's KV row is rewritten before it is read). */
 #include "cutest.cuh"
 
+extern "C" {
 #include "spectra.h"
 #include "testlib.h"
+}
 
 #include <string.h>
 #include <vector>
