@@ -206,7 +206,13 @@ static void adapt(spx_spec *sp, int32_t drafted, int32_t kept) {
 
 static spx_status plain_step(spx_spec *sp, int32_t id, const spx_sampler_params *smp, uint64_t *rng, int32_t *out) {
     spx_session *s = sp->s;
-    SPX_TRY(spx_sampler_greedy(smp) ? spx_session_step_greedy(s, id, out) : spx_session_step_sample(s, id, smp, rng, out));
+    /* the next call is a plain step too (speculation off, refinement
+     * attached, or drafting paused past it): a GPU backend queues it
+     * before returning, as a plain decode loop does; otherwise it may be a
+     * verification, which a queued step would only delay */
+    const int ahead = sp->p.kind == SPX_SPEC_OFF || sp->pause_left > 1 || spx_refine_runtime(s->m) != NULL;
+    SPX_TRY(spx_sampler_greedy(smp) ? spx_session_step_greedy_ahead(s, id, out, ahead)
+                                    : spx_session_step_sample_ahead(s, id, smp, rng, out, ahead));
     sp->st.passes++;
     if (sp->pause_left > 0 && --sp->pause_left == 0) { /* the probe: a short draft */
         sp->probing = 1;
