@@ -126,7 +126,9 @@ struct cu_model {
  * copies. Every component starts 256-byte aligned. */
 /* ---- per-session device state ------------------------------------------ */
 
-enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3, LM_SAMPLE = 4 };
+/* LM_ROWS: every row's argmax to d_ids[0 .. n) (n <= SPX_BATCH_MAX), the
+ * logits left on the device (cu_forward_argmax) */
+enum { LM_NONE = 0, LM_LAST = 1, LM_ALL = 2, LM_ARGMAX = 3, LM_SAMPLE = 4, LM_ROWS = 5 };
 
 
 /* Ping-pong offload state of a session (when its model streams layers):
@@ -290,6 +292,8 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
 /* The backend's batch_forward (engine/backend.h): SPX_ERR_UNSUPPORTED,
  * before anything runs, for a session with a low-bit KV cache. */
 spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e);
+/* The backend's forward_argmax (engine/backend.h). */
+spx_status cu_forward_argmax(spx_session *s, const int32_t *ids, int64_t n, int32_t *best, spx_err *e);
 /* Whether the CUDA blocks run every layer of m (engine/blocks.h; at model open). */
 spx_status cu_forward_check(const spx_model *m, spx_err *e);
 spx_status cu_pp_begin(const spx_model *m, const cu_model *cm, cu_sess *cs, spx_err *e);

@@ -574,6 +574,12 @@ static spx_status p_head(void *ctx, spx_err *e) {
     if (lmode == LM_NONE) return SPX_OK;
     const int nsm = cm->n_sm;
     const float eps = f.eps;
+    if (lmode == LM_ROWS && n > 1) { /* n <= SPX_BATCH_MAX rows: logits on the device, their argmax to d_ids */
+        SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, cm->final_norm, eps, n, H, NULL, cs->x16, st));
+        SPX_CUDA_TRY(e, run_gemm(cm, cs, gemm_one(cs, cm->lm_head, cs->x16, H, cs->logits, V, NULL, n, 0), nsm, st));
+        SPX_CUDA_TRY(e, spx_argmax_rows(cs->logits, n, V, cs->d_ids, st)); /* (a positive logits_div keeps it) */
+        return SPX_OK;
+    }
     if (lmode == LM_ALL && n > 1) { /* chunks of SPX_BATCH_MAX tokens, each copied to the host (never captured) */
         SPX_CUDA_TRY(e, spx_rmsnorm(cs->h, cm->final_norm, eps, n, H, NULL, cs->x16, st));
         for (int t0 = 0; t0 < n; t0 += SPX_BATCH_MAX) {
@@ -590,7 +596,7 @@ static spx_status p_head(void *ctx, spx_err *e) {
     /* the argmax of logits / logits_div is the argmax of the logits (a
      * positive divisor): the fused ARGMAX launch skips the division */
     spx_gemv_args g = gemv_one(cm->lm_head, cs->h + (size_t)(n - 1) * (size_t)H, cs->logits, NULL,
-                               lmode == LM_ARGMAX ? SPX_GEMV_ARGMAX : SPX_GEMV_STORE);
+                               lmode == LM_ARGMAX ? SPX_GEMV_ARGMAX : SPX_GEMV_STORE); /* (LM_ROWS: one row) */
     g.gain = cm->final_norm;
     g.eps = eps;
     g.best = cs->d_best;
@@ -599,6 +605,7 @@ static spx_status p_head(void *ctx, spx_err *e) {
     if (lmode == LM_ARGMAX) SPX_CUDA_TRY(e, spx_argmax_finish(cs->d_best, cs->d_ids, cs->d_pos, st, f.pdl, cs->ring_d));
     if (lmode == LM_SAMPLE)
         SPX_CUDA_TRY(e, spx_sample_topk(cs->logits, V, cs->d_samp, cs->d_ids, cs->d_pos, st, f.pdl, cs->ring_d));
+    if (lmode == LM_ROWS) SPX_CUDA_TRY(e, spx_argmax_rows(cs->logits, 1, V, cs->d_ids, st));
     return SPX_OK;
 }
 
@@ -664,6 +671,28 @@ spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_lo
     cs->dev_pos = s->pos;
     cs->dev_tok = ids[0];
     cs->dev_known = 1;
+    s->pos += n;
+    return SPX_OK;
+}
+
+spx_status cu_forward_argmax(spx_session *s, const int32_t *ids, int64_t n, int32_t *best, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    const spx_config *c = &s->m->cfg;
+    if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward_argmax: %lld tokens", (long long)n);
+    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
+    SPX_TRY(cu_rf_prepare(s, cs, e));
+    if (cs->kvl) SPX_TRY(cu_kvl_before(s, cs, s->pos, (int)n, e));
+    memcpy(cs->pin, ids, (size_t)n * 4);
+    cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
+    cs->dev_known = 0; /* d_ids ends holding the argmaxes */
+    cs->pend = 0;      /* as in cu_forward: a queued step ran before this pass, its KV row rewritten here */
+    SPX_TRY(cu_enqueue_forward(s, (int)n, LM_ROWS, cu_splits_for(cm, c, (int)n, s->pos + n), e));
+    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin, cs->d_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, cs->st));
+    SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    memcpy(best, cs->pin, (size_t)n * 4);
     s->pos += n;
     return SPX_OK;
 }

@@ -162,6 +162,7 @@ static const spx_backend g_cuda = {
     /* rows per batch step: the GEMM's decode-sized products */
     cu_forward_batch,
     16,
+    cu_forward_argmax,
 };
 
 extern "C" const spx_backend *spx_backend_cuda(void) { return &g_cuda; }

@@ -52,6 +52,34 @@ cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int 
     return cudaGetLastError();
 }
 
+/* one block per row: the row's packed maximum, then its index */
+__global__ void argmax_rows_kernel(const float *x, int64_t n, int32_t *out) {
+    __shared__ unsigned long long wb[32];
+    const float *row = x + (size_t)blockIdx.x * (size_t)n;
+    unsigned long long b = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        unsigned long long k = spx_argmax_key(row[i], (int)i);
+        b = k > b ? k : b;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long v = __shfl_xor_sync(0xffffffffu, b, o);
+        b = v > b ? v : b;
+    }
+    if ((threadIdx.x & 31) == 0) wb[threadIdx.x >> 5] = b;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) b = wb[w] > b ? wb[w] : b;
+        out[blockIdx.x] = spx_argmax_key_index(b);
+    }
+}
+
+cudaError_t spx_argmax_rows(const float *x, int rows, int64_t n, int32_t *out, cudaStream_t st) {
+    if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
+    argmax_rows_kernel<<<(unsigned)rows, 1024, 0, st>>>(x, n, out);
+    return cudaGetLastError();
+}
+
 cudaError_t spx_argmax_finish(unsigned long long *best, int32_t *ids, int32_t *pos, cudaStream_t st, bool pdl,
                               unsigned long long *ring) {
     cudaError_t err = spx_launch(argmax_finish_kernel, dim3(1), dim3(1), 0, st, pdl, best, ids, pos, ring);

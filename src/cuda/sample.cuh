@@ -11,6 +11,9 @@
 
 /* *best = max(*best, key of max_i x[i]) (zero *best first). */
 cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int n_sm, cudaStream_t st);
+/* out[r] = the index of row r's maximum (lowest on ties), x [rows, n]:
+ * speculation's verification reads only these (one block per row). */
+cudaError_t spx_argmax_rows(const float *x, int rows, int64_t n, int32_t *out, cudaStream_t st);
 /* ids[0] = index of *best; pos[0] += 1; *best = 0. One thread. With ring
  * (host memory mapped into the device's address space) also
  * ring[p % SPX_TOKEN_RING] = spx_token_ring_entry(p, id), p the position

@@ -15,6 +15,7 @@ static const spx_backend g_cpu = {
     /* 16 rows: the kernels' decode-sized products (cpu/qkernels_avx2.c),
      * whose rows get the bits a one-token product gives */
     spx_forward_batch, 16,
+    NULL, /* forward_argmax: the logits are on the host already */
 };
 
 const spx_backend *spx_backend_cpu(void) { return &g_cpu; }
@@ -47,6 +48,24 @@ spx_status spx_session_forward(spx_session *s, const int32_t *ids, int64_t n, in
             return spx_fail(e, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", ids[t],
                             (long long)c->vocab_size);
     return s->m->be->forward(s, ids, n, want_logits, e);
+}
+
+spx_status spx_session_forward_argmax(spx_session *s, const int32_t *ids, int64_t n, int32_t *best, spx_err *e) {
+    const int64_t V = s->m->cfg.vocab_size;
+    if (s->m->be->forward_argmax) {
+        /* the checks of spx_session_forward, without running it */
+        if (n <= 0 || n > spx_batch_max(s->m)) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+        if (s->pos + n > s->n_ctx)
+            return spx_fail(e, SPX_ERR_RANGE, "context full: %lld tokens in a %lld-token context",
+                            (long long)(s->pos + n), (long long)s->n_ctx);
+        for (int64_t t = 0; t < n; t++)
+            if (ids[t] < 0 || ids[t] >= V)
+                return spx_fail(e, SPX_ERR_RANGE, "token id %d out of range (vocabulary %lld)", ids[t], (long long)V);
+        return s->m->be->forward_argmax(s, ids, n, best, e);
+    }
+    SPX_TRY(spx_session_forward(s, ids, n, SPX_LOGITS_ALL, e));
+    for (int64_t t = 0; t < n; t++) best[t] = spx_sample(s->logits + (size_t)t * (size_t)V, V, NULL, NULL);
+    return SPX_OK;
 }
 
 spx_status spx_session_offload_stats(spx_session *s, int32_t n_steps, spx_offload_stats *out, spx_err *e) {

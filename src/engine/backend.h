@@ -98,6 +98,10 @@ typedef struct spx_backend {
      * these sessions step one by one. NULL: the sessions step one by one. */
     spx_status (*batch_forward)(struct spx_session *const *s, const int32_t *ids, int64_t n, spx_err *e);
     int32_t batch_rows;
+    /* Optional: forward n tokens (checked) and write each row's argmax
+     * (the first maximum) to best[n], the logits left on the device. NULL:
+     * forward with every row's logits + the host's argmax. */
+    spx_status (*forward_argmax)(struct spx_session *s, const int32_t *ids, int64_t n, int32_t *best, spx_err *e);
 } spx_backend;
 
 enum { SPX_STATE_RESET = 0, SPX_STATE_CHECKPOINT = 1, SPX_STATE_RESTORE = 2 };

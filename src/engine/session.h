@@ -61,5 +61,10 @@ spx_status spx_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t
 spx_status spx_forward_check(const spx_model *m, spx_err *e);
 /* The same through the model's backend (what the API calls). */
 spx_status spx_session_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
+/* Runs n tokens (checked as spx_session_forward) and writes each row's
+ * argmax (the first maximum, spx_sample's greedy choice) to best[n]: a
+ * greedy verification needs no more (a GPU sends n ids, not n rows of
+ * logits). */
+spx_status spx_session_forward_argmax(spx_session *s, const int32_t *ids, int64_t n, int32_t *best, spx_err *e);
 
 #endif

@@ -25,7 +25,8 @@ struct spx_spec {
     spx_lookup *lk;      /* the history (every drafter's) and the lookup index */
     spx_draft_fn fn;     /* NULL: the lookup */
     void *fn_user;
-    float *rows;         /* [draft_max + 1, vocab]: a verification's logits */
+    float *rows;         /* [draft_max + 1, vocab]: a verification's logits (sampling) */
+    int32_t best[SPX_SPEC_DRAFT_LIMIT + 1]; /* a greedy verification's argmax per row */
     spx_cand *cand;      /* [vocab] */
     int32_t *feed;       /* [draft_max + 1]: the fed token and the draft */
     int32_t k_cur;       /* the adaptive draft cap, 1..draft_max */
@@ -137,24 +138,14 @@ void spx_spec_get_stats(const spx_spec *sp, spx_spec_stats *st) { *st = sp->st; 
 
 /* ---- acceptance ---------------------------------------------------------- */
 
-static int32_t argmax_row(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (int32_t)b;
-}
-
-/* Row `logits` decides draft token d (d < 0: no draft, the bonus draw).
- * Returns 1 and *tok = d when d is kept; else 0 and *tok the token that
- * replaces it: the argmax (greedy), or a draw from p without d,
- * renormalised (sampling; with no draft: a draw from p, as spx_sample). */
+/* Sampling: row `logits` decides draft token d (d < 0: no draft, the
+ * bonus draw). Returns 1 and *tok = d when d is kept; else 0 and *tok the
+ * token that replaces it: a draw from p without d, renormalised (with no
+ * draft: a draw from p, as spx_sample). (Greedy: d is kept when it is the
+ * row's argmax, which replaces it otherwise.) */
 static int decide(spx_spec *sp, const float *logits, int32_t d, const spx_sampler_params *smp, uint64_t *rng,
                   int32_t *tok) {
     const int64_t V = sp->s->m->cfg.vocab_size;
-    if (spx_sampler_greedy(smp)) {
-        *tok = argmax_row(logits, V);
-        return *tok == d;
-    }
     double sum;
     const spx_cand *c = sp->cand;
     int64_t n = spx_sampler_dist(logits, V, smp, sp->cand, &sum);
@@ -270,13 +261,18 @@ spx_status spx_spec_step(spx_spec *sp, int32_t id, const spx_sampler_params *smp
         if (s->ckpt_pos != p0) return s->err.code ? s->err.code : spx_fail(&s->err, SPX_ERR_INTERNAL, "spec: checkpoint failed");
     }
     sp->feed[0] = id;
-    SPX_TRY(spx_session_eval(s, sp->feed, (size_t)nd + 1, sp->rows, 1));
+    /* greedy needs each row's argmax only (a GPU computes them there and
+     * sends nd + 1 ids, not the logits); sampling the rows' logits */
+    const int greedy = spx_sampler_greedy(smp);
+    if (greedy) SPX_TRY(spx_session_forward_argmax(s, sp->feed, (int64_t)nd + 1, sp->best, &s->err));
+    else SPX_TRY(spx_session_eval(s, sp->feed, (size_t)nd + 1, sp->rows, 1));
     sp->st.passes++;
     sp->st.verify++;
     int32_t kept = 0;
     for (;;) {
         int32_t tok;
-        int ok = decide(sp, sp->rows + (size_t)kept * (size_t)V, kept < nd ? draft[kept] : -1, smp, rng, &tok);
+        const int32_t d = kept < nd ? draft[kept] : -1;
+        int ok = greedy ? (tok = sp->best[kept]) == d : decide(sp, sp->rows + (size_t)kept * (size_t)V, d, smp, rng, &tok);
         out[kept] = tok;
         if (!ok || kept == nd) break;
         kept++;
