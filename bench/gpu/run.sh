@@ -296,6 +296,10 @@ if [ "${CHECKS:-1}" != 0 ]; then
     if [ -x $B/test_cuda_batch ]; then
         timeout 300 $B/test_cuda_batch $D/models/*.trdc > "$OUT/test_batch.log" 2>&1
         echo "test_cuda_batch exit $?" >> "$OUT/test_batch.log"
+        echo "(ping-pong: 0 resident layers)" >> "$OUT/test_batch.log"
+        SPECTRA_CUDA_RESIDENT_LAYERS=0 timeout 200 $B/test_cuda_batch $D/models/tiny-llama3.trdc $D/models/tiny-lfm2.trdc \
+            $D/models/docllama-58m.trdc >> "$OUT/test_batch.log" 2>&1
+        echo "test_cuda_batch (ping-pong) exit $?" >> "$OUT/test_batch.log"
         { grep -v '^FAIL' "$OUT/test_batch.log" | tail -n 3; grep '^FAIL' "$OUT/test_batch.log" | head -n 20; } | tee /dev/fd/3
     fi
 
