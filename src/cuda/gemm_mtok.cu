@@ -50,7 +50,7 @@
 struct mt_kargs {
     spx_gemm_args a;
     int n_items;    /* 128-column items per row: ceil(n_groups / 4) */
-    int niw;        /* items per warp per unit, even */
+    int niw;        /* items per warp per unit, a multiple of the form's P (past n_items: zeros) */
     int n_oc;       /* outlier chunks of 16 */
     int64_t n_units;
 };
@@ -162,43 +162,50 @@ __device__ __forceinline__ uint32_t mt_pack(__half lo, __half hi) {
     return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
 }
 
-template <int NT, int R, bool TL>
+/* The block's units u = blockIdx.x, + gridDim.x, ...; each warp walks its
+ * items of them as one sequence (unit after unit), P slots of (A of the R
+ * tiles, x) in registers, refilled P items ahead across unit boundaries,
+ * so that a unit's end (the reduction) does not drain the loads in flight. */
+template <int NT, int R, int P, bool TL>
 __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __grid_constant__ mt_kargs k) {
     constexpr int TOK = NT * 8, ROWS = R * 16;
     __shared__ float red[MT_WARPS][ROWS][TOK + 1];
     const spx_gemm_args &a = k.a;
     const spx_dqmat &w = a.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
-    const int iw0 = warp * k.niw, n_items = k.n_items;
+    const int iw0 = warp * k.niw, n_items = k.n_items, niw = k.niw;
     const __half hz = __float2half_rn(0.0f);
-    for (int64_t u = blockIdx.x; u < k.n_units; u += gridDim.x) {
-        float acc[R][NT][4];
+    if ((int64_t)blockIdx.x >= k.n_units) return; /* block-uniform */
+    const int64_t my_units = (k.n_units - 1 - blockIdx.x) / gridDim.x + 1;
+    const int64_t total = my_units * niw; /* items in every warp's sequence (the same in all warps) */
+    mt_a buf[P][R];
+    uint4 xb[P][NT][4];
+    /* issue side */
+    int64_t iu = blockIdx.x;
+    int ij = 0;
+    auto issue = [&](mt_a (&A)[R], uint4 (&X)[NT][4]) {
 #pragma unroll
-        for (int i = 0; i < R; i++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-        mt_a buf[2][R];
-        uint4 xb[2][NT][4];
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-#pragma unroll
-            for (int i = 0; i < R; i++) mt_load<TL>(w, u * R + i, iw0 + s, n_items, lane, buf[s][i]);
-            mt_load_x<NT>(a, iw0 + s, n_items, lane, xb[s]);
+        for (int i = 0; i < R; i++) mt_load<TL>(w, iu * R + i, iw0 + ij, n_items, lane, A[i]);
+        mt_load_x<NT>(a, iw0 + ij, n_items, lane, X);
+        if (++ij == niw) {
+            ij = 0;
+            iu += gridDim.x;
         }
-        for (int j = 0; j < k.niw; j += 2) {
+    };
 #pragma unroll
-            for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < P; s++)
+        if (s < total) issue(buf[s], xb[s]);
+    /* consume side */
+    int64_t cu = blockIdx.x;
+    int cj = 0;
+    float acc[R][NT][4];
 #pragma unroll
-                for (int i = 0; i < R; i++) mt_item<NT>(buf[s][i], xb[s], acc[i]);
-                if (j + 2 < k.niw) {
+    for (int i = 0; i < R; i++)
 #pragma unroll
-                    for (int i = 0; i < R; i++) mt_load<TL>(w, u * R + i, iw0 + j + 2 + s, n_items, lane, buf[s][i]);
-                    mt_load_x<NT>(a, iw0 + j + 2 + s, n_items, lane, xb[s]);
-                }
-            }
-        }
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    auto finish = [&]() {
         /* outlier chunks of 16 columns, spread over the warps */
         for (int c = warp; c < k.n_oc; c += MT_WARPS) {
             const int j0 = c * 16 + 2 * t;
@@ -223,7 +230,7 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __gri
                 __half ov[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int64_t row = (u * R + i) * 16 + r + 8 * h;
+                    const int64_t row = (cu * R + i) * 16 + r + 8 * h;
 #pragma unroll
                     for (int q = 0; q < 4; q++)
                         ov[h][q] = row < w.rows && idx[q] >= 0 ? w.oval[row * w.n_out + j0 + (q & 1) + 8 * (q >> 1)] : hz;
@@ -240,11 +247,14 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __gri
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) red[warp][i * 16 + r + (e >> 1) * 8][nt * 8 + 2 * t + (e & 1)] = acc[i][nt][e];
+                for (int e = 0; e < 4; e++) {
+                    red[warp][i * 16 + r + (e >> 1) * 8][nt * 8 + 2 * t + (e & 1)] = acc[i][nt][e];
+                    acc[i][nt][e] = 0.0f;
+                }
         __syncthreads();
         for (int q = threadIdx.x; q < ROWS * TOK; q += MT_WARPS * 32) {
             const int rr = q / TOK, tok = q % TOK; /* consecutive threads: consecutive tokens of a row */
-            const int64_t row = u * ROWS + rr;
+            const int64_t row = cu * ROWS + rr;
             if (tok < a.M && row < w.rows) {
                 float v = 0.0f;
 #pragma unroll
@@ -255,17 +265,48 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __gri
             }
         }
         __syncthreads();
+    };
+    for (int64_t base = 0; base < total; base += P) { /* niw % P == 0: a unit ends only after slot P - 1 */
+#pragma unroll
+        for (int s = 0; s < P; s++) {
+#pragma unroll
+            for (int i = 0; i < R; i++) mt_item<NT>(buf[s][i], xb[s], acc[i]);
+            if (base + s + P < total) issue(buf[s], xb[s]);
+        }
+        cj += P;
+        if (cj == niw) { /* uniform over the block */
+            finish();
+            cj = 0;
+            cu += gridDim.x;
+        }
     }
 }
 
 typedef void (*mt_fn)(const mt_kargs);
-/* [NT - 1][R - 1][tiled] */
-static const mt_fn g_mt[2][2][2] = {
-    {{gemm_mtok_kernel<1, 1, false>, gemm_mtok_kernel<1, 1, true>}, {gemm_mtok_kernel<1, 2, false>, gemm_mtok_kernel<1, 2, true>}},
-    {{gemm_mtok_kernel<2, 1, false>, gemm_mtok_kernel<2, 1, true>}, {gemm_mtok_kernel<2, 2, false>, gemm_mtok_kernel<2, 2, true>}}};
-static int g_mt_rows = 0; /* spx_gemm_q4_mtok_force_rows */
+/* The forms (NT n8 token tiles, R 16-row tiles per warp, P slots), and
+ * which one a launch takes: see spx_gemm_q4_mtok. */
+struct mt_form {
+    int nt, r, p;
+    mt_fn fn[2]; /* rows, tiled */
+};
+#define MT_FORM(NT, R, P) {NT, R, P, {gemm_mtok_kernel<NT, R, P, false>, gemm_mtok_kernel<NT, R, P, true>}}
+static const mt_form g_mt[] = {MT_FORM(1, 1, 2), MT_FORM(1, 2, 2), MT_FORM(1, 1, 4),
+                               MT_FORM(2, 1, 2), MT_FORM(2, 2, 2)};
+#define N_MT_FORMS (int)(sizeof g_mt / sizeof g_mt[0])
+static int g_mt_force = -1; /* spx_gemm_q4_mtok_force */
 
-void spx_gemm_q4_mtok_force_rows(int r) { g_mt_rows = r == 1 || r == 2 ? r : 0; }
+void spx_gemm_q4_mtok_force(int form) { g_mt_force = form >= 0 && form < N_MT_FORMS ? form : -1; }
+int spx_gemm_q4_mtok_n_forms(void) { return N_MT_FORMS; }
+void spx_gemm_q4_mtok_form(int i, int *nt, int *r, int *p) {
+    *nt = g_mt[i].nt;
+    *r = g_mt[i].r;
+    *p = g_mt[i].p;
+}
+static int mt_form_index(int nt, int r, int p) {
+    for (int i = 0; i < N_MT_FORMS; i++)
+        if (g_mt[i].nt == nt && g_mt[i].r == r && g_mt[i].p == p) return i;
+    return -1;
+}
 
 bool spx_gemm_q4_mtok_ok(const spx_gemm_args &a) {
     const int bits = a.w.bits ? a.w.bits : 4;
@@ -281,17 +322,17 @@ cudaError_t spx_gemm_q4_mtok(const spx_gemm_args &a, int n_sm, cudaStream_t st) 
     memset(&k, 0, sizeof k);
     k.a = a;
     k.n_items = (a.w.n_groups + 3) / 4;
-    k.niw = (k.n_items + MT_WARPS - 1) / MT_WARPS;
-    k.niw += k.niw & 1;
+    k.niw = (k.n_items + MT_WARPS - 1) / MT_WARPS; /* rounded up to the form's P below */
     k.n_oc = (a.w.n_out + 15) / 16;
     const int nt = a.M > 8 ? 2 : 1;
     const int64_t nsm = n_sm > 0 ? n_sm : 1, tiles = (a.w.rows + 15) / 16;
     /* R = 2 where the matrix has enough 32-row units for every block slot */
-    int R = g_mt_rows ? g_mt_rows : (tiles >= 4 * nsm ? 2 : 1);
-    k.n_units = (tiles + R - 1) / R;
+    int fi = g_mt_force >= 0 && g_mt[g_mt_force].nt == nt ? g_mt_force : mt_form_index(nt, tiles >= 4 * nsm ? 2 : 1, 2);
+    const mt_form &f = g_mt[fi];
+    k.niw = (k.niw + f.p - 1) / f.p * f.p; /* the kernel consumes P items between unit ends */
+    k.n_units = (tiles + f.r - 1) / f.r;
     int64_t blocks = 2 * nsm;
     if (blocks > k.n_units) blocks = k.n_units;
-    const mt_fn fn = g_mt[nt - 1][R - 1][a.w.tiled ? 1 : 0];
-    cudaError_t err = spx_launch(fn, dim3((unsigned)blocks), dim3(MT_WARPS * 32), 0, st, false, k);
+    cudaError_t err = spx_launch(f.fn[a.w.tiled ? 1 : 0], dim3((unsigned)blocks), dim3(MT_WARPS * 32), 0, st, false, k);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
