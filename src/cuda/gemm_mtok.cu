@@ -50,7 +50,7 @@
 struct mt_kargs {
     spx_gemm_args a;
     int n_items;    /* 128-column items per row: ceil(n_groups / 4) */
-    int niw;        /* items per warp per unit, a multiple of the form's P (past n_items: zeros) */
+    int niw;        /* items per warp per unit (register ring: a multiple of its P; past n_items: zeros) */
     int n_oc;       /* outlier chunks of 16 */
     int64_t n_units;
 };
@@ -162,25 +162,93 @@ __device__ __forceinline__ uint32_t mt_pack(__half lo, __half hi) {
     return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
 }
 
-/* The block's units u = blockIdx.x, + gridDim.x, ...; each warp walks its
- * items of them as one sequence (unit after unit), P slots of (A of the R
- * tiles, x) in registers, refilled P items ahead across unit boundaries,
- * so that a unit's end (the reduction) does not drain the loads in flight. */
-template <int NT, int R, int P, bool TL>
-__global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __grid_constant__ mt_kargs k) {
+/* The end of a unit (u: its 16 R-row tiles from u R): the outlier chunks
+ * of 16 columns through the MMA (spread over the warps), then the warps'
+ * partial sums added in warp order through shared memory, bias, store or
+ * accumulate. acc is zeroed for the next unit. Two block barriers. */
+template <int NT, int R>
+__device__ __forceinline__ void mt_finish(const mt_kargs &k, float (&acc)[R][NT][4], float (*red)[R * 16][NT * 8 + 1],
+                                          int64_t u) {
     constexpr int TOK = NT * 8, ROWS = R * 16;
-    __shared__ float red[MT_WARPS][ROWS][TOK + 1];
     const spx_gemm_args &a = k.a;
     const spx_dqmat &w = a.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
-    const int iw0 = warp * k.niw, n_items = k.n_items, niw = k.niw;
     const __half hz = __float2half_rn(0.0f);
+    for (int c = warp; c < k.n_oc; c += MT_WARPS) {
+        const int j0 = c * 16 + 2 * t;
+        int idx[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int j = j0 + (q & 1) + 8 * (q >> 1);
+            idx[q] = j < w.n_out ? __ldg(w.oidx + j) : -1;
+        }
+        uint32_t bb[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int tok = nt * 8 + r;
+            __half xv[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) xv[q] = tok < a.M && idx[q] >= 0 ? a.x[tok * a.ldx + idx[q]] : hz;
+            bb[nt][0] = mt_pack(xv[0], xv[1]);
+            bb[nt][1] = mt_pack(xv[2], xv[3]);
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            __half ov[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t row = (u * R + i) * 16 + r + 8 * h;
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    ov[h][q] = row < w.rows && idx[q] >= 0 ? w.oval[row * w.n_out + j0 + (q & 1) + 8 * (q >> 1)] : hz;
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                mt_mma(acc[i][nt], mt_pack(ov[0][0], ov[0][1]), mt_pack(ov[1][0], ov[1][1]), mt_pack(ov[0][2], ov[0][3]),
+                       mt_pack(ov[1][2], ov[1][3]), bb[nt][0], bb[nt][1]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                red[warp][i * 16 + r + (e >> 1) * 8][nt * 8 + 2 * t + (e & 1)] = acc[i][nt][e];
+                acc[i][nt][e] = 0.0f;
+            }
+    __syncthreads();
+    for (int q = threadIdx.x; q < ROWS * TOK; q += MT_WARPS * 32) {
+        const int rr = q / TOK, tok = q % TOK; /* consecutive threads: consecutive tokens of a row */
+        const int64_t row = u * ROWS + rr;
+        if (tok < a.M && row < w.rows) {
+            float v = 0.0f;
+#pragma unroll
+            for (int x = 0; x < MT_WARPS; x++) v += red[x][rr][tok];
+            if (a.bias) v += a.bias[row];
+            float *p = a.y + tok * a.ldy + row;
+            *p = a.accumulate ? *p + v : v;
+        }
+    }
+    __syncthreads();
+}
+
+/* Register ring. The block's units u = blockIdx.x, + gridDim.x, ...; each
+ * warp walks its items of them as one sequence (unit after unit), P slots
+ * of (A of the R tiles, x) in registers, refilled P items ahead across
+ * unit boundaries. niw % P == 0. */
+template <int NT, int R, int P, bool TL>
+__global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __grid_constant__ mt_kargs k) {
+    __shared__ float red[MT_WARPS][R * 16][NT * 8 + 1];
+    const spx_gemm_args &a = k.a;
+    const spx_dqmat &w = a.w;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int iw0 = warp * k.niw, n_items = k.n_items, niw = k.niw;
     if ((int64_t)blockIdx.x >= k.n_units) return; /* block-uniform */
     const int64_t my_units = (k.n_units - 1 - blockIdx.x) / gridDim.x + 1;
     const int64_t total = my_units * niw; /* items in every warp's sequence (the same in all warps) */
     mt_a buf[P][R];
     uint4 xb[P][NT][4];
-    /* issue side */
     int64_t iu = blockIdx.x;
     int ij = 0;
     auto issue = [&](mt_a (&A)[R], uint4 (&X)[NT][4]) {
@@ -195,78 +263,10 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __gri
 #pragma unroll
     for (int s = 0; s < P; s++)
         if (s < total) issue(buf[s], xb[s]);
-    /* consume side */
     int64_t cu = blockIdx.x;
     int cj = 0;
-    float acc[R][NT][4];
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-    auto finish = [&]() {
-        /* outlier chunks of 16 columns, spread over the warps */
-        for (int c = warp; c < k.n_oc; c += MT_WARPS) {
-            const int j0 = c * 16 + 2 * t;
-            int idx[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int j = j0 + (q & 1) + 8 * (q >> 1);
-                idx[q] = j < w.n_out ? __ldg(w.oidx + j) : -1;
-            }
-            uint32_t bb[NT][2];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int tok = nt * 8 + r;
-                __half xv[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) xv[q] = tok < a.M && idx[q] >= 0 ? a.x[tok * a.ldx + idx[q]] : hz;
-                bb[nt][0] = mt_pack(xv[0], xv[1]);
-                bb[nt][1] = mt_pack(xv[2], xv[3]);
-            }
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                __half ov[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int64_t row = (cu * R + i) * 16 + r + 8 * h;
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        ov[h][q] = row < w.rows && idx[q] >= 0 ? w.oval[row * w.n_out + j0 + (q & 1) + 8 * (q >> 1)] : hz;
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    mt_mma(acc[i][nt], mt_pack(ov[0][0], ov[0][1]), mt_pack(ov[1][0], ov[1][1]), mt_pack(ov[0][2], ov[0][3]),
-                           mt_pack(ov[1][2], ov[1][3]), bb[nt][0], bb[nt][1]);
-            }
-        }
-        /* the warps' partial sums, added in warp order */
-#pragma unroll
-        for (int i = 0; i < R; i++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    red[warp][i * 16 + r + (e >> 1) * 8][nt * 8 + 2 * t + (e & 1)] = acc[i][nt][e];
-                    acc[i][nt][e] = 0.0f;
-                }
-        __syncthreads();
-        for (int q = threadIdx.x; q < ROWS * TOK; q += MT_WARPS * 32) {
-            const int rr = q / TOK, tok = q % TOK; /* consecutive threads: consecutive tokens of a row */
-            const int64_t row = cu * ROWS + rr;
-            if (tok < a.M && row < w.rows) {
-                float v = 0.0f;
-#pragma unroll
-                for (int x = 0; x < MT_WARPS; x++) v += red[x][rr][tok];
-                if (a.bias) v += a.bias[row];
-                float *p = a.y + tok * a.ldy + row;
-                *p = a.accumulate ? *p + v : v;
-            }
-        }
-        __syncthreads();
-    };
-    for (int64_t base = 0; base < total; base += P) { /* niw % P == 0: a unit ends only after slot P - 1 */
+    float acc[R][NT][4] = {};
+    for (int64_t base = 0; base < total; base += P) { /* a unit ends only after slot P - 1 */
 #pragma unroll
         for (int s = 0; s < P; s++) {
 #pragma unroll
@@ -275,38 +275,157 @@ __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __gri
         }
         cj += P;
         if (cj == niw) { /* uniform over the block */
-            finish();
+            mt_finish<NT, R>(k, acc, red, cu);
             cj = 0;
             cu += gridDim.x;
         }
     }
 }
 
+/* 16 bytes global -> shared, zero-filled where n == 0 (cp.async, L2 only). */
+__device__ __forceinline__ void mt_cp16(uint32_t saddr, const void *g, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(g), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mt_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void mt_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ uint4 mt_lds16(uint32_t saddr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(saddr) : "memory");
+    return v;
+}
+
+/* Shared-memory ring (cp.async): the same sequence, but the codes of S
+ * items in flight per warp wait in a warp-private ring of shared memory
+ * (S x R x 1 KB; each lane copies, and later reads, only its own 2 x 16
+ * bytes, so no barrier), their scales and zero bytes in registers, x one
+ * item ahead in registers. One commit group per item (empty ones at the
+ * end), so wait_group(S - 1) before an item means it has landed. */
+template <int NT, int R, int S, bool TL>
+__global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_cp(const __grid_constant__ mt_kargs k) {
+    static_assert(S % 2 == 0, "x alternates between two buffers by slot parity");
+    __shared__ float red[MT_WARPS][R * 16][NT * 8 + 1];
+    extern __shared__ __align__(16) uint8_t mt_ring[];
+    const spx_gemm_args &a = k.a;
+    const spx_dqmat &w = a.w;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
+    const int iw0 = warp * k.niw, n_items = k.n_items, niw = k.niw;
+    if ((int64_t)blockIdx.x >= k.n_units) return; /* block-uniform */
+    const int64_t my_units = (k.n_units - 1 - blockIdx.x) / gridDim.x + 1;
+    const int64_t total = my_units * niw;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(mt_ring) + (uint32_t)(warp * S * R * 1024 + lane * 16);
+    uint32_t sc[S][R], zr[S][R];
+    uint4 xb[2][NT][4];
+    int64_t iu = blockIdx.x;
+    int ij = 0;
+    auto issue = [&](int s) {
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int64_t rt = iu * R + i;
+            const int item = iw0 + ij;
+            const bool ok = item < n_items && rt * 16 < w.rows;
+            const uint32_t d = sbase + (uint32_t)((s * R + i) * 1024);
+            sc[s][i] = 0;
+            zr[s][i] = 0;
+            if (TL) {
+                const int64_t ti = rt * (w.cols >> 7) + item;
+                const uint8_t *src = ok ? w.codes + (ti << 10) + (lane << 4) : w.codes;
+                mt_cp16(d, src, ok ? 16 : 0);
+                mt_cp16(d + 512, ok ? src + 512 : src, ok ? 16 : 0);
+                if (ok) {
+                    sc[s][i] = __ldg(reinterpret_cast<const uint32_t *>(w.scales + (ti << 6) + 2 * lane));
+                    zr[s][i] = __ldg(w.zeros + (ti << 5) + lane);
+                }
+            } else {
+                const int g = item * 4 + t;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int64_t row = rt * 16 + r + 8 * h;
+                    const bool okh = ok && g < w.n_groups && row < w.rows;
+                    mt_cp16(d + 512 * h, okh ? w.codes + row * (w.cols / 2) + (int64_t)g * 16 : w.codes, okh ? 16 : 0);
+                    if (okh) {
+                        sc[s][i] |= (uint32_t)__half_as_ushort(w.scales[row * w.n_groups + g]) << (16 * h);
+                        zr[s][i] |= (uint32_t)((w.zeros[row * w.zrow + (g >> 1)] >> ((g & 1) << 2)) & 15) << (4 * h);
+                    }
+                }
+            }
+        }
+        mt_commit();
+        if (++ij == niw) {
+            ij = 0;
+            iu += gridDim.x;
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        if (s < total) issue(s);
+        else mt_commit();
+    }
+    mt_load_x<NT>(a, iw0, n_items, lane, xb[0]);
+    int xj = niw > 1 ? 1 : 0; /* the x item after the one in hand */
+    int64_t cu = blockIdx.x;
+    int cj = 0;
+    float acc[R][NT][4] = {};
+    for (int64_t base = 0; base < total; base += S) {
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            if (base + s < total) { /* uniform over the block */
+                mt_wait<S - 1>();
+                if (base + s + 1 < total) {
+                    mt_load_x<NT>(a, iw0 + xj, n_items, lane, xb[(s + 1) & 1]);
+                    xj = xj + 1 == niw ? 0 : xj + 1;
+                }
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    const uint32_t d = sbase + (uint32_t)((s * R + i) * 1024);
+                    mt_a A;
+                    A.c0 = mt_lds16(d);
+                    A.c1 = mt_lds16(d + 512);
+                    A.s = sc[s][i];
+                    A.z = zr[s][i];
+                    mt_item<NT>(A, xb[s & 1], acc[i]);
+                }
+                if (base + s + S < total) issue(s);
+                else mt_commit();
+                if (++cj == niw) {
+                    mt_finish<NT, R>(k, acc, red, cu);
+                    cj = 0;
+                    cu += gridDim.x;
+                }
+            }
+        }
+    }
+    mt_wait<0>();
+}
+
 typedef void (*mt_fn)(const mt_kargs);
-/* The forms (NT n8 token tiles, R 16-row tiles per warp, P slots), and
- * which one a launch takes: see spx_gemm_q4_mtok. */
+/* The forms (NT n8 token tiles, R 16-row tiles per warp, P slots; cp: the
+ * shared-memory ring), and which one a launch takes: see spx_gemm_q4_mtok. */
 struct mt_form {
-    int nt, r, p;
+    int nt, r, p, cp;
     mt_fn fn[2]; /* rows, tiled */
 };
-#define MT_FORM(NT, R, P) {NT, R, P, {gemm_mtok_kernel<NT, R, P, false>, gemm_mtok_kernel<NT, R, P, true>}}
-static const mt_form g_mt[] = {MT_FORM(1, 1, 2), MT_FORM(1, 2, 2), MT_FORM(1, 1, 4),
-                               MT_FORM(2, 1, 2), MT_FORM(2, 2, 2)};
+#define MT_FORM(NT, R, P) {NT, R, P, 0, {gemm_mtok_kernel<NT, R, P, false>, gemm_mtok_kernel<NT, R, P, true>}}
+#define MT_FORM_CP(NT, R, S) {NT, R, S, 1, {gemm_mtok_cp<NT, R, S, false>, gemm_mtok_cp<NT, R, S, true>}}
+static const mt_form g_mt[] = {MT_FORM(1, 1, 2),    MT_FORM(1, 2, 2),    MT_FORM(2, 1, 2),    MT_FORM(2, 2, 2),
+                               MT_FORM_CP(1, 1, 4), MT_FORM_CP(1, 1, 6), MT_FORM_CP(1, 2, 2), MT_FORM_CP(2, 1, 4),
+                               MT_FORM_CP(2, 1, 6), MT_FORM_CP(2, 2, 2)};
 #define N_MT_FORMS (int)(sizeof g_mt / sizeof g_mt[0])
 static int g_mt_force = -1; /* spx_gemm_q4_mtok_force */
 
 void spx_gemm_q4_mtok_force(int form) { g_mt_force = form >= 0 && form < N_MT_FORMS ? form : -1; }
 int spx_gemm_q4_mtok_n_forms(void) { return N_MT_FORMS; }
-void spx_gemm_q4_mtok_form(int i, int *nt, int *r, int *p) {
+void spx_gemm_q4_mtok_form(int i, int *nt, int *r, int *p, int *cp) {
     *nt = g_mt[i].nt;
     *r = g_mt[i].r;
     *p = g_mt[i].p;
+    *cp = g_mt[i].cp;
 }
-static int mt_form_index(int nt, int r, int p) {
+static int mt_form_index(int nt, int r, int p, int cp) {
     for (int i = 0; i < N_MT_FORMS; i++)
-        if (g_mt[i].nt == nt && g_mt[i].r == r && g_mt[i].p == p) return i;
+        if (g_mt[i].nt == nt && g_mt[i].r == r && g_mt[i].p == p && g_mt[i].cp == cp) return i;
     return -1;
 }
+static size_t mt_smem(const mt_form &f) { return f.cp ? (size_t)MT_WARPS * f.p * f.r * 1024 : 0; }
 
 bool spx_gemm_q4_mtok_ok(const spx_gemm_args &a) {
     const int bits = a.w.bits ? a.w.bits : 4;
@@ -327,12 +446,20 @@ cudaError_t spx_gemm_q4_mtok(const spx_gemm_args &a, int n_sm, cudaStream_t st) 
     const int nt = a.M > 8 ? 2 : 1;
     const int64_t nsm = n_sm > 0 ? n_sm : 1, tiles = (a.w.rows + 15) / 16;
     /* R = 2 where the matrix has enough 32-row units for every block slot */
-    int fi = g_mt_force >= 0 && g_mt[g_mt_force].nt == nt ? g_mt_force : mt_form_index(nt, tiles >= 4 * nsm ? 2 : 1, 2);
+    int fi = g_mt_force >= 0 && g_mt[g_mt_force].nt == nt ? g_mt_force : mt_form_index(nt, tiles >= 4 * nsm ? 2 : 1, 2, 0);
     const mt_form &f = g_mt[fi];
-    k.niw = (k.niw + f.p - 1) / f.p * f.p; /* the kernel consumes P items between unit ends */
+    if (!f.cp) k.niw = (k.niw + f.p - 1) / f.p * f.p; /* the register ring consumes P items between unit ends */
     k.n_units = (tiles + f.r - 1) / f.r;
     int64_t blocks = 2 * nsm;
     if (blocks > k.n_units) blocks = k.n_units;
-    cudaError_t err = spx_launch(f.fn[a.w.tiled ? 1 : 0], dim3((unsigned)blocks), dim3(MT_WARPS * 32), 0, st, false, k);
+    const mt_fn fn = f.fn[a.w.tiled ? 1 : 0];
+    const size_t smem = mt_smem(f);
+    static bool attr[N_MT_FORMS][2]; /* per process and device (one device) */
+    if (smem > 48 * 1024 && !attr[fi][a.w.tiled ? 1 : 0]) {
+        cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        attr[fi][a.w.tiled ? 1 : 0] = true;
+    }
+    cudaError_t err = spx_launch(fn, dim3((unsigned)blocks), dim3(MT_WARPS * 32), smem, st, false, k);
     return err != cudaSuccess ? err : cudaGetLastError();
 }

@@ -559,8 +559,8 @@ static void test_gemm(int n_sm) {
              * (those for M's token tiles) */
             for (int variant = 0; variant < 6 + 2 * spx_gemm_q4_mtok_n_forms(); variant++) {
                 int accumulate = variant & 1, split = (variant >> 1) == 1, cublas = (variant >> 1) == 2;
-                int mtok = variant >= 6, form = (variant - 6) >> 1, fnt = 0, fr = 0, fp = 0;
-                if (mtok) spx_gemm_q4_mtok_form(form, &fnt, &fr, &fp);
+                int mtok = variant >= 6, form = (variant - 6) >> 1, fnt = 0, fr = 0, fp = 0, fcp = 0;
+                if (mtok) spx_gemm_q4_mtok_form(form, &fnt, &fr, &fp, &fcp);
                 if (cublas && !spx_gemm_cublas_ready()) continue;
                 if (mtok ? M > SPX_MTOK_MAX_M || fnt != (M > 8 ? 2 : 1) : (M != 2 && M != 5 && M < 64)) continue;
                 std::vector<float> x = rand_vec((size_t)(M * sh.cols), 1.0f), bias = rand_vec((size_t)sh.rows, 0.1f);
@@ -622,9 +622,9 @@ static void test_gemm(int n_sm) {
                         if (rel > worst_rel) worst_rel = rel;
                     }
                 char what[128];
-                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d mtok %d (r %d p %d) tiled %d",
+                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d mtok %d (r %d p %d cp %d) tiled %d",
                          (long long)sh.rows, (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas, mtok,
-                         fr, fp, tl);
+                         fr, fp, fcp, tl);
                 check_close(what, y.data(), ref.data(), tol.data(), y.size());
                 n_cases++;
             }
