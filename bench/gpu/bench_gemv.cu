@@ -21,9 +21,8 @@
  * instead: the M-token products of decode-sized passes on the same shapes
  * (tiled, as the backend runs them; the same > 400 MB rotation and timing):
  * the GEMV (M = 1, float input) against spx_gemm_q4 (the prefill GEMM) and
- * spx_gemm_q4_mtok (gemm_mtok.cuh: the default choice, then each of its
- * forms: 16-row tiles per warp r, items in flight per warp p, "smem":
- * their codes in a shared-memory ring, else in registers) at M = 1, 2, 4, 8, 16 (fp16 input [M, cols]), each as time,
+ * spx_gemm_q4_mtok (gemm_mtok.cuh; rows per warp forced to 1 and 2, and
+ * the default) at M = 1, 2, 4, 8, 16 (fp16 input [M, cols]), each as time,
  * ratio to the GEMV and GB/s of weights; the mtok results checked against
  * the prefill GEMM's on the first matrix (same numerics: only the order of
  * the float32 sums differs). */
@@ -253,12 +252,9 @@ static void run_mtok(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int n_sm, 
             const double tg = time_launches(st, e0, e1, [&](int i) { CK(spx_gemm_q4(gemm(i, M, y), n_sm, st)); });
             row("gemm_q4", M, tg);
         }
-        for (int f = -1; f < spx_gemm_q4_mtok_n_forms(); f++) { /* -1: the default choice */
-            int fnt = 0, fr = 0, fp = 0, fcp = 0;
-            if (f >= 0) spx_gemm_q4_mtok_form(f, &fnt, &fr, &fp, &fcp);
-            spx_gemm_q4_mtok_force(f);
+        for (int R = 0; R < 3; R++) {
+            spx_gemm_q4_mtok_force_rows(R);
             for (int M : Ms) {
-                if (f >= 0 && fnt != (M > 8 ? 2 : 1)) continue;
                 const double tm = time_launches(st, e0, e1, [&](int i) { CK(spx_gemm_q4_mtok(gemm(i, M, y), n_sm, st)); });
                 /* check against the prefill GEMM on matrix 0 */
                 CK(spx_gemm_q4(gemm(0, M, y), n_sm, st));
@@ -274,14 +270,13 @@ static void run_mtok(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int n_sm, 
                     mx = fmax(mx, fabs((double)y0[j]));
                 }
                 char kn[32];
-                if (f >= 0) snprintf(kn, sizeof kn, "mtok r%d p%d%s", fr, fp, fcp ? " smem" : "");
-                else snprintf(kn, sizeof kn, "mtok default");
+                snprintf(kn, sizeof kn, R ? "mtok R=%d" : "mtok default", R);
                 row(kn, M, tm);
                 printf("%-22s   (max |d| vs gemm_q4 %.3g of max |y| %.3g%s)\n", "", md, mx,
                        md <= 1e-3 * mx ? "" : "  MISMATCH");
             }
         }
-        spx_gemm_q4_mtok_force(-1);
+        spx_gemm_q4_mtok_force_rows(0);
         for (auto &m : mats) free_mat(m);
         CK(cudaDeviceSynchronize());
     }

@@ -1,6 +1,7 @@
 /* cu_forward.cu: the CUDA forward pass: the same math as the CPU reference
  * (engine/forward.c), one token through the fused GEMV path, n >= 2
- * through the tensor-core GEMM (see cu_backend.cuh). */
+ * through the tensor-core GEMM (n <= 16: the few-token kernel of
+ * gemm_mtok.cuh; see cu_backend.cuh and run_gemm). */
 #include "cuda/cu_backend.cuh"
 #include "cuda/ssm.cuh"
 #include "cuda/gemm_mtok.cuh"

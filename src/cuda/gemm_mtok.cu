@@ -42,7 +42,33 @@
  *
  * The rows layout (gemm_mtok.cuh) loads the same per-lane groups from
  * row-major storage (any cols % 32: groups past the width read as zero):
- * correct, not tuned; the backend tiles every matrix whose width allows. */
+ * correct, not tuned; the backend tiles every matrix whose width allows.
+ *
+ * Forms and the choice: NT = 1 for M <= 8, 2 for M <= 16 (n8 token tiles);
+ * R = 2 where the matrix has >= 4 16-row tiles per multiprocessor (8B
+ * gate/up and LM head: R = 2 keeps twice the bytes in flight per warp and
+ * won there by 10-20 %), else R = 1 (q, k/v, down: R = 2 leaves SMs idle
+ * and lost by 10-60 %). Two blocks of 8 warps per SM (128 registers).
+ *
+ * Measured (H200, bench_gemv --mtok, time relative to the tiled GEMV at
+ * M = 1; bench/results/2026-12-03-cuda-mtok-kernels.md): M = 8 1.14 (q,
+ * k/v), 1.21 (down), 1.41 (gate/up), 1.72 (LM head); M = 16 1.42-1.65
+ * (q, k/v, down), 2.18 (gate/up), 2.73 (LM head); the prefill GEMM at M =
+ * 2..16 was 2.7-4.8x. What limits it: on the large matrices even M = 1
+ * runs at 1.35x (gate/up) and 1.6x (LM head) of the GEMV (~2.5 of ~4.1
+ * TB/s), so the cost is the weight stream, not M: two items in flight per
+ * warp and tile in registers are too few bytes in flight for those, and
+ * the fp16 dequantization (~2 instructions per weight and lane, a chain of
+ * 4 dependent ones before each MMA) is longer than the GEMV's int8 path.
+ * Tried and dropped (same bench, same day): one item sequence per warp
+ * across unit ends (prefetch over the reduction): within 4 % at M <= 8,
+ * and NT = 2 spilled (M = 16 up to 1.3x slower); 4 items in flight in
+ * registers: spills, 1.1-1.25x slower; the codes of 4 items in a cp.async
+ * shared-memory ring per warp: 1.17x slower on q (the large shapes were
+ * not measured). What would likely close it: the GEMV's int8
+ * arithmetic with tokens in the MMA's N (4 tokens x 2 digits, needing the
+ * group's words spread over the quad), no fp16 dequantization, and the
+ * GEMV's deeper register ring. */
 #include "cuda/gemm_mtok.cuh"
 
 #define MT_WARPS 8
@@ -50,7 +76,7 @@
 struct mt_kargs {
     spx_gemm_args a;
     int n_items;    /* 128-column items per row: ceil(n_groups / 4) */
-    int niw;        /* items per warp per unit (register ring: a multiple of its P; past n_items: zeros) */
+    int niw;        /* items per warp per unit, even */
     int n_oc;       /* outlier chunks of 16 */
     int64_t n_units;
 };
@@ -162,270 +188,110 @@ __device__ __forceinline__ uint32_t mt_pack(__half lo, __half hi) {
     return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
 }
 
-/* The end of a unit (u: its 16 R-row tiles from u R): the outlier chunks
- * of 16 columns through the MMA (spread over the warps), then the warps'
- * partial sums added in warp order through shared memory, bias, store or
- * accumulate. acc is zeroed for the next unit. Two block barriers. */
-template <int NT, int R>
-__device__ __forceinline__ void mt_finish(const mt_kargs &k, float (&acc)[R][NT][4], float (*red)[R * 16][NT * 8 + 1],
-                                          int64_t u) {
-    constexpr int TOK = NT * 8, ROWS = R * 16;
-    const spx_gemm_args &a = k.a;
-    const spx_dqmat &w = a.w;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
-    const __half hz = __float2half_rn(0.0f);
-    for (int c = warp; c < k.n_oc; c += MT_WARPS) {
-        const int j0 = c * 16 + 2 * t;
-        int idx[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int j = j0 + (q & 1) + 8 * (q >> 1);
-            idx[q] = j < w.n_out ? __ldg(w.oidx + j) : -1;
-        }
-        uint32_t bb[NT][2];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int tok = nt * 8 + r;
-            __half xv[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) xv[q] = tok < a.M && idx[q] >= 0 ? a.x[tok * a.ldx + idx[q]] : hz;
-            bb[nt][0] = mt_pack(xv[0], xv[1]);
-            bb[nt][1] = mt_pack(xv[2], xv[3]);
-        }
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            __half ov[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t row = (u * R + i) * 16 + r + 8 * h;
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    ov[h][q] = row < w.rows && idx[q] >= 0 ? w.oval[row * w.n_out + j0 + (q & 1) + 8 * (q >> 1)] : hz;
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                mt_mma(acc[i][nt], mt_pack(ov[0][0], ov[0][1]), mt_pack(ov[1][0], ov[1][1]), mt_pack(ov[0][2], ov[0][3]),
-                       mt_pack(ov[1][2], ov[1][3]), bb[nt][0], bb[nt][1]);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                red[warp][i * 16 + r + (e >> 1) * 8][nt * 8 + 2 * t + (e & 1)] = acc[i][nt][e];
-                acc[i][nt][e] = 0.0f;
-            }
-    __syncthreads();
-    for (int q = threadIdx.x; q < ROWS * TOK; q += MT_WARPS * 32) {
-        const int rr = q / TOK, tok = q % TOK; /* consecutive threads: consecutive tokens of a row */
-        const int64_t row = u * ROWS + rr;
-        if (tok < a.M && row < w.rows) {
-            float v = 0.0f;
-#pragma unroll
-            for (int x = 0; x < MT_WARPS; x++) v += red[x][rr][tok];
-            if (a.bias) v += a.bias[row];
-            float *p = a.y + tok * a.ldy + row;
-            *p = a.accumulate ? *p + v : v;
-        }
-    }
-    __syncthreads();
-}
-
-/* Register ring. The block's units u = blockIdx.x, + gridDim.x, ...; each
- * warp walks its items of them as one sequence (unit after unit), P slots
- * of (A of the R tiles, x) in registers, refilled P items ahead across
- * unit boundaries. niw % P == 0. */
-template <int NT, int R, int P, bool TL>
+template <int NT, int R, bool TL>
 __global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_kernel(const __grid_constant__ mt_kargs k) {
-    __shared__ float red[MT_WARPS][R * 16][NT * 8 + 1];
-    const spx_gemm_args &a = k.a;
-    const spx_dqmat &w = a.w;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int iw0 = warp * k.niw, n_items = k.n_items, niw = k.niw;
-    if ((int64_t)blockIdx.x >= k.n_units) return; /* block-uniform */
-    const int64_t my_units = (k.n_units - 1 - blockIdx.x) / gridDim.x + 1;
-    const int64_t total = my_units * niw; /* items in every warp's sequence (the same in all warps) */
-    mt_a buf[P][R];
-    uint4 xb[P][NT][4];
-    int64_t iu = blockIdx.x;
-    int ij = 0;
-    auto issue = [&](mt_a (&A)[R], uint4 (&X)[NT][4]) {
-#pragma unroll
-        for (int i = 0; i < R; i++) mt_load<TL>(w, iu * R + i, iw0 + ij, n_items, lane, A[i]);
-        mt_load_x<NT>(a, iw0 + ij, n_items, lane, X);
-        if (++ij == niw) {
-            ij = 0;
-            iu += gridDim.x;
-        }
-    };
-#pragma unroll
-    for (int s = 0; s < P; s++)
-        if (s < total) issue(buf[s], xb[s]);
-    int64_t cu = blockIdx.x;
-    int cj = 0;
-    float acc[R][NT][4] = {};
-    for (int64_t base = 0; base < total; base += P) { /* a unit ends only after slot P - 1 */
-#pragma unroll
-        for (int s = 0; s < P; s++) {
-#pragma unroll
-            for (int i = 0; i < R; i++) mt_item<NT>(buf[s][i], xb[s], acc[i]);
-            if (base + s + P < total) issue(buf[s], xb[s]);
-        }
-        cj += P;
-        if (cj == niw) { /* uniform over the block */
-            mt_finish<NT, R>(k, acc, red, cu);
-            cj = 0;
-            cu += gridDim.x;
-        }
-    }
-}
-
-/* 16 bytes global -> shared, zero-filled where n == 0 (cp.async, L2 only). */
-__device__ __forceinline__ void mt_cp16(uint32_t saddr, const void *g, int n) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(g), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mt_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void mt_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-__device__ __forceinline__ uint4 mt_lds16(uint32_t saddr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(saddr) : "memory");
-    return v;
-}
-
-/* Shared-memory ring (cp.async): the same sequence, but the codes of S
- * items in flight per warp wait in a warp-private ring of shared memory
- * (S x R x 1 KB; each lane copies, and later reads, only its own 2 x 16
- * bytes, so no barrier), their scales and zero bytes in registers, x one
- * item ahead in registers. One commit group per item (empty ones at the
- * end), so wait_group(S - 1) before an item means it has landed. */
-template <int NT, int R, int S, bool TL>
-__global__ void __launch_bounds__(MT_WARPS * 32, 2) gemm_mtok_cp(const __grid_constant__ mt_kargs k) {
-    static_assert(S % 2 == 0, "x alternates between two buffers by slot parity");
-    __shared__ float red[MT_WARPS][R * 16][NT * 8 + 1];
-    extern __shared__ __align__(16) uint8_t mt_ring[];
+    constexpr int TOK = NT * 8, ROWS = R * 16;
+    __shared__ float red[MT_WARPS][ROWS][TOK + 1];
     const spx_gemm_args &a = k.a;
     const spx_dqmat &w = a.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, r = lane >> 2;
-    const int iw0 = warp * k.niw, n_items = k.n_items, niw = k.niw;
-    if ((int64_t)blockIdx.x >= k.n_units) return; /* block-uniform */
-    const int64_t my_units = (k.n_units - 1 - blockIdx.x) / gridDim.x + 1;
-    const int64_t total = my_units * niw;
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(mt_ring) + (uint32_t)(warp * S * R * 1024 + lane * 16);
-    uint32_t sc[S][R], zr[S][R];
-    uint4 xb[2][NT][4];
-    int64_t iu = blockIdx.x;
-    int ij = 0;
-    auto issue = [&](int s) {
+    const int iw0 = warp * k.niw, n_items = k.n_items;
+    const __half hz = __float2half_rn(0.0f);
+    for (int64_t u = blockIdx.x; u < k.n_units; u += gridDim.x) {
+        float acc[R][NT][4];
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int64_t rt = iu * R + i;
-            const int item = iw0 + ij;
-            const bool ok = item < n_items && rt * 16 < w.rows;
-            const uint32_t d = sbase + (uint32_t)((s * R + i) * 1024);
-            sc[s][i] = 0;
-            zr[s][i] = 0;
-            if (TL) {
-                const int64_t ti = rt * (w.cols >> 7) + item;
-                const uint8_t *src = ok ? w.codes + (ti << 10) + (lane << 4) : w.codes;
-                mt_cp16(d, src, ok ? 16 : 0);
-                mt_cp16(d + 512, ok ? src + 512 : src, ok ? 16 : 0);
-                if (ok) {
-                    sc[s][i] = __ldg(reinterpret_cast<const uint32_t *>(w.scales + (ti << 6) + 2 * lane));
-                    zr[s][i] = __ldg(w.zeros + (ti << 5) + lane);
+        for (int i = 0; i < R; i++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+        mt_a buf[2][R];
+        uint4 xb[2][NT][4];
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+#pragma unroll
+            for (int i = 0; i < R; i++) mt_load<TL>(w, u * R + i, iw0 + s, n_items, lane, buf[s][i]);
+            mt_load_x<NT>(a, iw0 + s, n_items, lane, xb[s]);
+        }
+        for (int j = 0; j < k.niw; j += 2) {
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+#pragma unroll
+                for (int i = 0; i < R; i++) mt_item<NT>(buf[s][i], xb[s], acc[i]);
+                if (j + 2 < k.niw) {
+#pragma unroll
+                    for (int i = 0; i < R; i++) mt_load<TL>(w, u * R + i, iw0 + j + 2 + s, n_items, lane, buf[s][i]);
+                    mt_load_x<NT>(a, iw0 + j + 2 + s, n_items, lane, xb[s]);
                 }
-            } else {
-                const int g = item * 4 + t;
+            }
+        }
+        /* outlier chunks of 16 columns, spread over the warps */
+        for (int c = warp; c < k.n_oc; c += MT_WARPS) {
+            const int j0 = c * 16 + 2 * t;
+            int idx[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int j = j0 + (q & 1) + 8 * (q >> 1);
+                idx[q] = j < w.n_out ? __ldg(w.oidx + j) : -1;
+            }
+            uint32_t bb[NT][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int tok = nt * 8 + r;
+                __half xv[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) xv[q] = tok < a.M && idx[q] >= 0 ? a.x[tok * a.ldx + idx[q]] : hz;
+                bb[nt][0] = mt_pack(xv[0], xv[1]);
+                bb[nt][1] = mt_pack(xv[2], xv[3]);
+            }
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                __half ov[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int64_t row = rt * 16 + r + 8 * h;
-                    const bool okh = ok && g < w.n_groups && row < w.rows;
-                    mt_cp16(d + 512 * h, okh ? w.codes + row * (w.cols / 2) + (int64_t)g * 16 : w.codes, okh ? 16 : 0);
-                    if (okh) {
-                        sc[s][i] |= (uint32_t)__half_as_ushort(w.scales[row * w.n_groups + g]) << (16 * h);
-                        zr[s][i] |= (uint32_t)((w.zeros[row * w.zrow + (g >> 1)] >> ((g & 1) << 2)) & 15) << (4 * h);
-                    }
+                    const int64_t row = (u * R + i) * 16 + r + 8 * h;
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        ov[h][q] = row < w.rows && idx[q] >= 0 ? w.oval[row * w.n_out + j0 + (q & 1) + 8 * (q >> 1)] : hz;
                 }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mt_mma(acc[i][nt], mt_pack(ov[0][0], ov[0][1]), mt_pack(ov[1][0], ov[1][1]), mt_pack(ov[0][2], ov[0][3]),
+                           mt_pack(ov[1][2], ov[1][3]), bb[nt][0], bb[nt][1]);
             }
         }
-        mt_commit();
-        if (++ij == niw) {
-            ij = 0;
-            iu += gridDim.x;
-        }
-    };
+        /* the warps' partial sums, added in warp order */
 #pragma unroll
-    for (int s = 0; s < S; s++) {
-        if (s < total) issue(s);
-        else mt_commit();
-    }
-    mt_load_x<NT>(a, iw0, n_items, lane, xb[0]);
-    int xj = niw > 1 ? 1 : 0; /* the x item after the one in hand */
-    int64_t cu = blockIdx.x;
-    int cj = 0;
-    float acc[R][NT][4] = {};
-    for (int64_t base = 0; base < total; base += S) {
+        for (int i = 0; i < R; i++)
 #pragma unroll
-        for (int s = 0; s < S; s++) {
-            if (base + s < total) { /* uniform over the block */
-                mt_wait<S - 1>();
-                if (base + s + 1 < total) {
-                    mt_load_x<NT>(a, iw0 + xj, n_items, lane, xb[(s + 1) & 1]);
-                    xj = xj + 1 == niw ? 0 : xj + 1;
-                }
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int i = 0; i < R; i++) {
-                    const uint32_t d = sbase + (uint32_t)((s * R + i) * 1024);
-                    mt_a A;
-                    A.c0 = mt_lds16(d);
-                    A.c1 = mt_lds16(d + 512);
-                    A.s = sc[s][i];
-                    A.z = zr[s][i];
-                    mt_item<NT>(A, xb[s & 1], acc[i]);
-                }
-                if (base + s + S < total) issue(s);
-                else mt_commit();
-                if (++cj == niw) {
-                    mt_finish<NT, R>(k, acc, red, cu);
-                    cj = 0;
-                    cu += gridDim.x;
-                }
+                for (int e = 0; e < 4; e++) red[warp][i * 16 + r + (e >> 1) * 8][nt * 8 + 2 * t + (e & 1)] = acc[i][nt][e];
+        __syncthreads();
+        for (int q = threadIdx.x; q < ROWS * TOK; q += MT_WARPS * 32) {
+            const int rr = q / TOK, tok = q % TOK; /* consecutive threads: consecutive tokens of a row */
+            const int64_t row = u * ROWS + rr;
+            if (tok < a.M && row < w.rows) {
+                float v = 0.0f;
+#pragma unroll
+                for (int x = 0; x < MT_WARPS; x++) v += red[x][rr][tok];
+                if (a.bias) v += a.bias[row];
+                float *p = a.y + tok * a.ldy + row;
+                *p = a.accumulate ? *p + v : v;
             }
         }
+        __syncthreads();
     }
-    mt_wait<0>();
 }
 
 typedef void (*mt_fn)(const mt_kargs);
-/* The forms (NT n8 token tiles, R 16-row tiles per warp, P slots; cp: the
- * shared-memory ring), and which one a launch takes: see spx_gemm_q4_mtok. */
-struct mt_form {
-    int nt, r, p, cp;
-    mt_fn fn[2]; /* rows, tiled */
-};
-#define MT_FORM(NT, R, P) {NT, R, P, 0, {gemm_mtok_kernel<NT, R, P, false>, gemm_mtok_kernel<NT, R, P, true>}}
-#define MT_FORM_CP(NT, R, S) {NT, R, S, 1, {gemm_mtok_cp<NT, R, S, false>, gemm_mtok_cp<NT, R, S, true>}}
-static const mt_form g_mt[] = {MT_FORM(1, 1, 2),    MT_FORM(1, 2, 2),    MT_FORM(2, 1, 2),    MT_FORM(2, 2, 2),
-                               MT_FORM_CP(1, 1, 4), MT_FORM_CP(1, 1, 6), MT_FORM_CP(1, 2, 2), MT_FORM_CP(2, 1, 4),
-                               MT_FORM_CP(2, 1, 6), MT_FORM_CP(2, 2, 2)};
-#define N_MT_FORMS (int)(sizeof g_mt / sizeof g_mt[0])
-static int g_mt_force = -1; /* spx_gemm_q4_mtok_force */
+/* [NT - 1][R - 1][tiled] */
+static const mt_fn g_mt[2][2][2] = {
+    {{gemm_mtok_kernel<1, 1, false>, gemm_mtok_kernel<1, 1, true>}, {gemm_mtok_kernel<1, 2, false>, gemm_mtok_kernel<1, 2, true>}},
+    {{gemm_mtok_kernel<2, 1, false>, gemm_mtok_kernel<2, 1, true>}, {gemm_mtok_kernel<2, 2, false>, gemm_mtok_kernel<2, 2, true>}}};
+static int g_mt_rows = 0; /* spx_gemm_q4_mtok_force_rows */
 
-void spx_gemm_q4_mtok_force(int form) { g_mt_force = form >= 0 && form < N_MT_FORMS ? form : -1; }
-int spx_gemm_q4_mtok_n_forms(void) { return N_MT_FORMS; }
-void spx_gemm_q4_mtok_form(int i, int *nt, int *r, int *p, int *cp) {
-    *nt = g_mt[i].nt;
-    *r = g_mt[i].r;
-    *p = g_mt[i].p;
-    *cp = g_mt[i].cp;
-}
-static int mt_form_index(int nt, int r, int p, int cp) {
-    for (int i = 0; i < N_MT_FORMS; i++)
-        if (g_mt[i].nt == nt && g_mt[i].r == r && g_mt[i].p == p && g_mt[i].cp == cp) return i;
-    return -1;
-}
-static size_t mt_smem(const mt_form &f) { return f.cp ? (size_t)MT_WARPS * f.p * f.r * 1024 : 0; }
+void spx_gemm_q4_mtok_force_rows(int r) { g_mt_rows = r == 1 || r == 2 ? r : 0; }
 
 bool spx_gemm_q4_mtok_ok(const spx_gemm_args &a) {
     const int bits = a.w.bits ? a.w.bits : 4;
@@ -441,25 +307,17 @@ cudaError_t spx_gemm_q4_mtok(const spx_gemm_args &a, int n_sm, cudaStream_t st) 
     memset(&k, 0, sizeof k);
     k.a = a;
     k.n_items = (a.w.n_groups + 3) / 4;
-    k.niw = (k.n_items + MT_WARPS - 1) / MT_WARPS; /* rounded up to the form's P below */
+    k.niw = (k.n_items + MT_WARPS - 1) / MT_WARPS;
+    k.niw += k.niw & 1;
     k.n_oc = (a.w.n_out + 15) / 16;
     const int nt = a.M > 8 ? 2 : 1;
     const int64_t nsm = n_sm > 0 ? n_sm : 1, tiles = (a.w.rows + 15) / 16;
     /* R = 2 where the matrix has enough 32-row units for every block slot */
-    int fi = g_mt_force >= 0 && g_mt[g_mt_force].nt == nt ? g_mt_force : mt_form_index(nt, tiles >= 4 * nsm ? 2 : 1, 2, 0);
-    const mt_form &f = g_mt[fi];
-    if (!f.cp) k.niw = (k.niw + f.p - 1) / f.p * f.p; /* the register ring consumes P items between unit ends */
-    k.n_units = (tiles + f.r - 1) / f.r;
+    int R = g_mt_rows ? g_mt_rows : (tiles >= 4 * nsm ? 2 : 1);
+    k.n_units = (tiles + R - 1) / R;
     int64_t blocks = 2 * nsm;
     if (blocks > k.n_units) blocks = k.n_units;
-    const mt_fn fn = f.fn[a.w.tiled ? 1 : 0];
-    const size_t smem = mt_smem(f);
-    static bool attr[N_MT_FORMS][2]; /* per process and device (one device) */
-    if (smem > 48 * 1024 && !attr[fi][a.w.tiled ? 1 : 0]) {
-        cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-        attr[fi][a.w.tiled ? 1 : 0] = true;
-    }
-    cudaError_t err = spx_launch(fn, dim3((unsigned)blocks), dim3(MT_WARPS * 32), smem, st, false, k);
+    const mt_fn fn = g_mt[nt - 1][R - 1][a.w.tiled ? 1 : 0];
+    cudaError_t err = spx_launch(fn, dim3((unsigned)blocks), dim3(MT_WARPS * 32), 0, st, false, k);
     return err != cudaSuccess ? err : cudaGetLastError();
 }

@@ -24,13 +24,8 @@
 /* Whether spx_gemm_q4_mtok takes this product (M, layout, width, bits). */
 bool spx_gemm_q4_mtok_ok(const spx_gemm_args &a);
 cudaError_t spx_gemm_q4_mtok(const spx_gemm_args &a, int n_sm, cudaStream_t st);
-/* Benchmarks and tests: the kernel's forms i < n_forms(): n8 token tiles
- * nt (1: M <= 8, 2: M <= 16), 16-row tiles per warp r (sharing each
- * activation fragment), slots p (items in flight per warp), cp (1: the
- * slots in shared memory, 0: in registers). force(i): launches whose M
- * needs form i's nt take it; -1: the default choice. */
-int spx_gemm_q4_mtok_n_forms(void);
-void spx_gemm_q4_mtok_form(int i, int *nt, int *r, int *p, int *cp);
-void spx_gemm_q4_mtok_force(int form);
+/* Benchmarks and tests: rows per warp (1: one 16-row tile, 2: two tiles
+ * sharing each activation fragment), 0: the default choice. */
+void spx_gemm_q4_mtok_force_rows(int r);
 
 #endif

@@ -555,14 +555,13 @@ static void test_gemm(int n_sm) {
         for (int64_t r = 0; r < sh.rows; r++) spx_q_dequant_row_f32(&m.b.q, r, W.data() + r * sh.cols);
         for (int M : Ms) {
           for (int tl = 0; tl < (m.dt.codes ? 2 : 1); tl++) { /* the row-major, then the tiled matrix */
-            /* 4, 5: through cuBLAS, rows in chunks of 64; 6 and up: spx_gemm_q4_mtok in each of its forms
-             * (those for M's token tiles) */
-            for (int variant = 0; variant < 6 + 2 * spx_gemm_q4_mtok_n_forms(); variant++) {
+            /* 4, 5: through cuBLAS, rows in chunks of 64; 6 .. 9: spx_gemm_q4_mtok with 1 (6, 7) and 2 (8, 9)
+             * 16-row tiles per warp */
+            for (int variant = 0; variant < 10; variant++) {
                 int accumulate = variant & 1, split = (variant >> 1) == 1, cublas = (variant >> 1) == 2;
-                int mtok = variant >= 6, form = (variant - 6) >> 1, fnt = 0, fr = 0, fp = 0, fcp = 0;
-                if (mtok) spx_gemm_q4_mtok_form(form, &fnt, &fr, &fp, &fcp);
+                int mtok = variant >= 6 ? 1 + (variant >= 8) : 0;
                 if (cublas && !spx_gemm_cublas_ready()) continue;
-                if (mtok ? M > SPX_MTOK_MAX_M || fnt != (M > 8 ? 2 : 1) : (M != 2 && M != 5 && M < 64)) continue;
+                if (mtok ? M > SPX_MTOK_MAX_M : (M != 2 && M != 5 && M < 64)) continue;
                 std::vector<float> x = rand_vec((size_t)(M * sh.cols), 1.0f), bias = rand_vec((size_t)sh.rows, 0.1f);
                 std::vector<uint16_t> xh(x.size());
                 for (size_t i = 0; i < x.size(); i++) {
@@ -597,9 +596,9 @@ static void test_gemm(int n_sm) {
                     CK(spx_gemm_q4_cublas(handle, a, w16, w16_elems, 0));
                 } else if (mtok) {
                     CHECK(spx_gemm_q4_mtok_ok(a), "gemm_mtok refused M %d tiled %d", M, tl);
-                    spx_gemm_q4_mtok_force(form);
+                    spx_gemm_q4_mtok_force_rows(mtok);
                     CK(spx_gemm_q4_mtok(a, n_sm, 0));
-                    spx_gemm_q4_mtok_force(-1);
+                    spx_gemm_q4_mtok_force_rows(0);
                     n_mtok++;
                 } else {
                     CK(spx_gemm_q4(a, n_sm, 0));
@@ -622,9 +621,8 @@ static void test_gemm(int n_sm) {
                         if (rel > worst_rel) worst_rel = rel;
                     }
                 char what[128];
-                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d mtok %d (r %d p %d cp %d) tiled %d",
-                         (long long)sh.rows, (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas, mtok,
-                         fr, fp, fcp, tl);
+                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d mtok %d tiled %d",
+                         (long long)sh.rows, (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas, mtok, tl);
                 check_close(what, y.data(), ref.data(), tol.data(), y.size());
                 n_cases++;
             }
