@@ -14,8 +14,20 @@
  * form v, checked against the rows). Weight bytes per launch (codes +
  * scales + zeros + outliers) over the time give GB/s.
  * Prints a table (or one JSON line per row); --ncu: one plain launch per
- * case, for ncu. */
+ * case, for ncu.
+ *
+ *   bench_gemv --mtok
+ *
+ * instead: the M-token products of decode-sized passes on the same shapes
+ * (tiled, as the backend runs them; the same > 400 MB rotation and timing):
+ * the GEMV (M = 1, float input) against spx_gemm_q4 (the prefill GEMM) and
+ * spx_gemm_q4_mtok (gemm_mtok.cuh; rows per warp forced to 1 and 2, and
+ * the default) at M = 1, 2, 4, 8, 16 (fp16 input [M, cols]), each as time,
+ * ratio to the GEMV and GB/s of weights; the mtok results checked against
+ * the prefill GEMM's on the first matrix (same numerics: only the order of
+ * the float32 sums differs). */
 #include "cuda/gemv_q4.cuh"
+#include "cuda/gemm_mtok.cuh"
 extern "C" {
 #include "quant/g32.h"
 }
@@ -178,6 +190,103 @@ template <typename F> static double time_launches(cudaStream_t st, cudaEvent_t e
     return median(t);
 }
 
+/* --mtok: see the top. */
+static void run_mtok(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int n_sm, double copy_gbs) {
+    struct { const char *name; int64_t rows, cols; } cases[] = {
+        {"q 4096x4096", 4096, 4096},           {"k/v 1024x4096", 1024, 4096}, {"gate/up 14336x4096", 14336, 4096},
+        {"down 4096x14336", 4096, 14336},      {"lm_head 128256x4096", 128256, 4096},
+    };
+    const int Ms[] = {1, 2, 4, 8, 16};
+    const int maxM = 16;
+    float *xf, *y, *ws;
+    __half *xh;
+    CK(cudaMalloc(&xf, 14336 * 4));
+    CK(cudaMalloc(&xh, (size_t)maxM * 14336 * 2));
+    CK(cudaMalloc(&y, (size_t)maxM * 128256 * 4 * 2));
+    const size_t ws_floats = (size_t)16 * maxM * 128256;
+    CK(cudaMalloc(&ws, ws_floats * 4));
+    fill_scales<<<64, 256>>>((__half *)xf, 14336 * 2, 3);
+    fill_scales<<<64, 256>>>(xh, (size_t)maxM * 14336, 5);
+    printf("%-22s %-16s %3s %9s %9s %8s %9s\n", "mtok shape", "kernel", "M", "MB", "us", "x GEMV", "GB/s");
+    for (auto &c : cases) {
+        size_t per = 0;
+        std::vector<spx_dqmat> mats;
+        while (mats.size() < 2 || per * mats.size() < ((size_t)400 << 20)) {
+            spx_dqmat d = make_mat(c.rows, c.cols, (int)(c.cols / 100), 7000 + mats.size(), &per);
+            CK(cudaDeviceSynchronize());
+            mats.push_back(tile_mat(d));
+            cudaFree((void *)d.codes); /* the outliers stay: the tiled copy shares them */
+            cudaFree((void *)d.scales);
+            cudaFree((void *)d.zeros);
+        }
+        const size_t nm = mats.size();
+        auto gemm = [&](size_t i, int M, float *out) {
+            spx_gemm_args g;
+            memset(&g, 0, sizeof g);
+            g.w = mats[i % nm];
+            g.x = xh;
+            g.ldx = c.cols;
+            g.y = out;
+            g.ldy = c.rows;
+            g.M = M;
+            g.ws = ws;
+            g.ws_floats = ws_floats;
+            return g;
+        };
+        const double t1 = time_launches(st, e0, e1, [&](int i) {
+            spx_gemv_args ga;
+            memset(&ga, 0, sizeof ga);
+            ga.w[0] = mats[i % nm];
+            ga.o[0].y = y;
+            ga.n_mats = 1;
+            ga.mode = SPX_GEMV_STORE;
+            ga.x = xf;
+            CK(spx_gemv_q4(ga, n_sm, st));
+        });
+        auto row = [&](const char *kern, int M, double tm) {
+            printf("%-22s %-16s %3d %9.1f %9.2f %8.2f %9.1f\n", c.name, kern, M, (double)per / 1e6, tm * 1e6, tm / t1,
+                   (double)per / tm / 1e9);
+        };
+        row("gemv", 1, t1);
+        for (int M : Ms) {
+            const double tg = time_launches(st, e0, e1, [&](int i) { CK(spx_gemm_q4(gemm(i, M, y), n_sm, st)); });
+            row("gemm_q4", M, tg);
+        }
+        for (int R = 0; R < 3; R++) {
+            spx_gemm_q4_mtok_force_rows(R);
+            for (int M : Ms) {
+                const double tm = time_launches(st, e0, e1, [&](int i) { CK(spx_gemm_q4_mtok(gemm(i, M, y), n_sm, st)); });
+                /* check against the prefill GEMM on matrix 0 */
+                CK(spx_gemm_q4(gemm(0, M, y), n_sm, st));
+                CK(spx_gemm_q4_mtok(gemm(0, M, y + (size_t)maxM * 128256), n_sm, st));
+                CK(cudaStreamSynchronize(st));
+                const size_t ny = (size_t)M * c.rows;
+                std::vector<float> y0(ny), y1(ny);
+                CK(cudaMemcpy(y0.data(), y, ny * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(y1.data(), y + (size_t)maxM * 128256, ny * 4, cudaMemcpyDeviceToHost));
+                double md = 0, mx = 0;
+                for (size_t j = 0; j < ny; j++) {
+                    md = fmax(md, fabs((double)y0[j] - y1[j]));
+                    mx = fmax(mx, fabs((double)y0[j]));
+                }
+                char kn[32];
+                snprintf(kn, sizeof kn, R ? "mtok R=%d" : "mtok default", R);
+                row(kn, M, tm);
+                printf("%-22s   (max |d| vs gemm_q4 %.3g of max |y| %.3g%s)\n", "", md, mx,
+                       md <= 1e-3 * mx ? "" : "  MISMATCH");
+            }
+        }
+        spx_gemm_q4_mtok_force_rows(0);
+        for (auto &m : mats) free_mat(m);
+        CK(cudaDeviceSynchronize());
+    }
+    cudaFree(xf);
+    cudaFree(xh);
+    cudaFree(y);
+    cudaFree(ws);
+    (void)copy_gbs;
+}
+
 int main(int argc, char **argv) {
     int json = argc > 1 && !strcmp(argv[1], "--json");  /* [--json] [--ncu] */
     cudaDeviceProp prop;
@@ -213,6 +322,10 @@ int main(int argc, char **argv) {
     else printf("device %s (%d SMs): device-to-device copy %.1f GB/s (read + write)\n\n", prop.name, n_sm, copy_gbs);
 
     CK(spx_gemv_q4_setup(SPX_GEMV_MAX_COLS));
+    if (argc > 1 && !strcmp(argv[1], "--mtok")) {
+        run_mtok(st, e0, e1, n_sm, copy_gbs);
+        return 0;
+    }
     const int ncu = argc > 1 && !strcmp(argv[argc - 1], "--ncu");
     struct { const char *name; int64_t rows, cols; int mode; } cases[] = {
         {"down 4096x14336", 4096, 14336, SPX_GEMV_STORE},

@@ -25,7 +25,8 @@
  * CPU reference (engine/forward.c): n == 1 through the fused GEMV path
  * (RMSNorm in the GEMV prologue, merged Q/K/V launch, residual adds and
  * SwiGLU in GEMV epilogues, RoPE and the fp16 KV store in the decode
- * attention kernel), n >= 2 through the tensor-core GEMM. Every
+ * attention kernel), n >= 2 through the tensor-core GEMM (n <= 16, the
+ * decode-sized passes: gemm_mtok.cuh's few-token kernel). Every
  * kernel reads the position (and the embedding its token ids) from device
  * memory, so step_greedy captures one decode step (ending with the argmax
  * and the position advance on the device) in a CUDA graph once per

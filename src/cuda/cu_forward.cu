@@ -1,8 +1,10 @@
 /* cu_forward.cu: the CUDA forward pass: the same math as the CPU reference
  * (engine/forward.c), one token through the fused GEMV path, n >= 2
- * through the tensor-core GEMM (see cu_backend.cuh). */
+ * through the tensor-core GEMM (n <= 16: the few-token kernel of
+ * gemm_mtok.cuh; see cu_backend.cuh and run_gemm). */
 #include "cuda/cu_backend.cuh"
 #include "cuda/ssm.cuh"
+#include "cuda/gemm_mtok.cuh"
 
 /* Weight refinement (cu_refine.cu) runs beside the decode launches: each
  * refined launch forks the side stream before its GEMV and joins it after,
@@ -89,10 +91,14 @@ static spx_gemm_args gemm_one(const cu_sess *cs, const spx_dqmat &w, const __hal
     return g;
 }
 
-/* The prefill GEMM: through cuBLAS (dequantized fp16 scratch) for M >=
- * spx_gemm_cublas_min_m() tokens when it was loaded, else gemm_q4.cu's
+/* The n >= 2 token product: decode-sized passes (n <= SPX_MTOK_MAX_M:
+ * speculative verification, batched decode) through gemm_mtok.cu's kernel,
+ * which reads each weight once into registers (the same numerics as the
+ * prefill GEMM); larger ones through cuBLAS (dequantized fp16 scratch) for
+ * M >= spx_gemm_cublas_min_m() tokens when it was loaded, else gemm_q4.cu's
  * tensor-core kernel (see gemm_cublas.cuh). */
 static cudaError_t run_gemm(const cu_model *cm, const cu_sess *cs, const spx_gemm_args &g, int nsm, cudaStream_t st) {
+    if (spx_gemm_q4_mtok_ok(g)) return spx_gemm_q4_mtok(g, nsm, st);
     if (cs->w16 && g.M >= spx_gemm_cublas_min_m()) return spx_gemm_q4_cublas(cm->cublas, g, cs->w16, cs->w16_elems, st);
     return spx_gemm_q4(g, nsm, st);
 }

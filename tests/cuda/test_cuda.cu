@@ -24,6 +24,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/embed.cuh"
 #include "cuda/gemm_cublas.cuh"
+#include "cuda/gemm_mtok.cuh"
 #include "cuda/gemm_q4.cuh"
 #include "cuda/gemv_q4.cuh"
 #include "cuda/norm.cuh"
@@ -542,8 +543,9 @@ static void test_gemv(int n_sm) {
 static void test_gemm(int n_sm) {
     struct { int64_t rows, cols, n_out; } shapes[] = {{100, 352, 5}, {300, 4096, 41}, {1000, 1536, 20}, {129, 64, 0}, {256, 2048, 100},
                                                       {37, 384, 3}};
-    int Ms[] = {2, 5, 64, 65, 128};
-    int n_cases = 0;
+    /* 2 and 5: every path; 3 .. 16: the few-token kernel (gemm_mtok.cuh) only; 64 and up: the prefill paths */
+    int Ms[] = {2, 3, 4, 5, 8, 9, 16, 64, 65, 128};
+    int n_cases = 0, n_mtok = 0;
     double worst_rel = 0;
     for (auto &sh : shapes) {
         qmat m;
@@ -553,9 +555,13 @@ static void test_gemm(int n_sm) {
         for (int64_t r = 0; r < sh.rows; r++) spx_q_dequant_row_f32(&m.b.q, r, W.data() + r * sh.cols);
         for (int M : Ms) {
           for (int tl = 0; tl < (m.dt.codes ? 2 : 1); tl++) { /* the row-major, then the tiled matrix */
-            for (int variant = 0; variant < 6; variant++) { /* 4, 5: through cuBLAS, rows in chunks of 64 */
+            /* 4, 5: through cuBLAS, rows in chunks of 64; 6 .. 9: spx_gemm_q4_mtok with 1 (6, 7) and 2 (8, 9)
+             * 16-row tiles per warp */
+            for (int variant = 0; variant < 10; variant++) {
                 int accumulate = variant & 1, split = (variant >> 1) == 1, cublas = (variant >> 1) == 2;
+                int mtok = variant >= 6 ? 1 + (variant >= 8) : 0;
                 if (cublas && !spx_gemm_cublas_ready()) continue;
+                if (mtok ? M > SPX_MTOK_MAX_M : (M != 2 && M != 5 && M < 64)) continue;
                 std::vector<float> x = rand_vec((size_t)(M * sh.cols), 1.0f), bias = rand_vec((size_t)sh.rows, 0.1f);
                 std::vector<uint16_t> xh(x.size());
                 for (size_t i = 0; i < x.size(); i++) {
@@ -588,6 +594,12 @@ static void test_gemm(int n_sm) {
                     static void *handle = spx_gemm_cublas_create();
                     CHECK(handle != NULL, "cuBLAS loaded but no handle");
                     CK(spx_gemm_q4_cublas(handle, a, w16, w16_elems, 0));
+                } else if (mtok) {
+                    CHECK(spx_gemm_q4_mtok_ok(a), "gemm_mtok refused M %d tiled %d", M, tl);
+                    spx_gemm_q4_mtok_force_rows(mtok);
+                    CK(spx_gemm_q4_mtok(a, n_sm, 0));
+                    spx_gemm_q4_mtok_force_rows(0);
+                    n_mtok++;
                 } else {
                     CK(spx_gemm_q4(a, n_sm, 0));
                 }
@@ -608,9 +620,9 @@ static void test_gemm(int n_sm) {
                         double rel = fabs(y[i] - ref[i]) / (b + 1e-30);
                         if (rel > worst_rel) worst_rel = rel;
                     }
-                char what[96];
-                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d tiled %d",
-                         (long long)sh.rows, (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas, tl);
+                char what[128];
+                snprintf(what, sizeof what, "gemm %lldx%lld out %lld M %d acc %d split-K %d cublas %d mtok %d tiled %d",
+                         (long long)sh.rows, (long long)sh.cols, (long long)sh.n_out, M, accumulate, split, cublas, mtok, tl);
                 check_close(what, y.data(), ref.data(), tol.data(), y.size());
                 n_cases++;
             }
@@ -618,8 +630,8 @@ static void test_gemm(int n_sm) {
         }
         free_qmat(m);
     }
-    printf("gemm: %d cases, worst |err| / sum|w x| = %.3g (tolerance %.3g); cuBLAS path %s\n", n_cases, worst_rel,
-           GEMM_TOL_REL, spx_gemm_cublas_ready() ? "tested" : "not available (libcublas not found)");
+    printf("gemm: %d cases (%d through gemm_mtok), worst |err| / sum|w x| = %.3g (tolerance %.3g); cuBLAS path %s\n", n_cases, n_mtok,
+           worst_rel, GEMM_TOL_REL, spx_gemm_cublas_ready() ? "tested" : "not available (libcublas not found)");
     const char *want = getenv("SPECTRA_EXPECT_CUBLAS"); /* the GPU script sets it: a missing cuBLAS is then a failure */
     CHECK(!(want && !strcmp(want, "1")) || spx_gemm_cublas_ready(), "SPECTRA_EXPECT_CUBLAS=1 but libcublas was not loaded");
 }
