@@ -160,12 +160,12 @@ fi
 
 if [ "${1:-}" = pack ]; then
     make BUILD="$BUILD" all -j"$(nproc)" >/dev/null || exit 1
-    mkdir -p $D/bin $D/lib $D/models
+    rm -rf $D/bin && mkdir -p $D/bin $D/lib $D/models
     cp "$BUILD"/spectra "$BUILD"/tests/cuda/test_cuda "$BUILD"/tests/cuda/test_cuda_ssm "$BUILD"/tests/cuda/test_cuda_batch \
         "$BUILD"/bench/gpu/bench_gemv $D/bin/ || exit 1
     strip $D/bin/* || exit 1
     # xz: the kernels' code compresses ~3x, so the binaries and docllama-58m fit the 64 MiB carry (unpacked there)
-    rm -f $D/bin/*.xz && xz -T2 -6 $D/bin/* || exit 1
+    xz -T2 -6 $D/bin/* || exit 1
     cp -L /usr/lib/x86_64-linux-gnu/libcjson.so.1 /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 $D/lib/ || exit 1
     if [ "${MODELS:-1}" != 0 ]; then
         # tiny-llama3 also row-major (--layout rows): both layouts end to end
