@@ -292,7 +292,7 @@ spx_status cu_state_op(spx_session *s, int op, spx_err *e);
 spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, spx_err *e, spx_session *const *rs = NULL);
 /* The backend's batch_forward (engine/backend.h): SPX_ERR_UNSUPPORTED,
  * before anything runs, for a session with a low-bit KV cache. */
-spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e);
+spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, int32_t *best, spx_err *e);
 /* The backend's forward_argmax (engine/backend.h). */
 spx_status cu_forward_argmax(spx_session *s, const int32_t *ids, int64_t n, int32_t *best, spx_err *e);
 /* Whether the CUDA blocks run every layer of m (engine/blocks.h; at model open). */

@@ -238,7 +238,9 @@ static spx_status attention_rows(const fwd &f, int64_t l, spx_err *e) {
         ra.kc = kc;
         ra.vc = vc;
         kv_q4_layer(sr, cr, kvi, &ra.kq, &ra.vq, &ra.rot);
-        SPX_CUDA_TRY(e, spx_rope_store(ra, f.st, false));
+        /* the decode kernel does rope_store's work where the one-token step's does */
+        const bool fuse = (sr->kv.type != SPX_KV_Q4 || f.cm->kvq4_fuse) && spx_attention_decode_fast((int)hd);
+        if (!fuse) SPX_CUDA_TRY(e, spx_rope_store(ra, f.st, false));
         spx_attn_args aa;
         memset(&aa, 0, sizeof aa);
         aa.q = ra.q;
@@ -256,6 +258,14 @@ static spx_status attention_rows(const fwd &f, int64_t l, spx_err *e) {
         aa.pos = cr->d_pos;
         kv_q4_layer(sr, cr, kvi, &aa.kq, &aa.vq, &aa.rot);
         aa.cnt = cr->attn_cnt;
+        if (fuse) {
+            aa.k_new = ra.k;
+            aa.v_new = ra.v;
+            aa.inv_freq = f.cm->inv_freq;
+            aa.q_norm = L->v[SPX_SL_Q_NORM];
+            aa.k_norm = L->v[SPX_SL_K_NORM];
+            aa.eps = f.eps;
+        }
         SPX_CUDA_TRY(e, spx_attention(aa, f.st, false));
     }
     return SPX_OK;
@@ -703,7 +713,7 @@ spx_status cu_forward_argmax(spx_session *s, const int32_t *ids, int64_t n, int3
     return SPX_OK;
 }
 
-spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e) {
+spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, int32_t *best, spx_err *e) {
     spx_session *s = ss[0];
     const cu_model *cm = (const cu_model *)s->m->be_state;
     cu_sess *cs = (cu_sess *)s->be_state;
@@ -725,8 +735,10 @@ spx_status cu_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t 
     }
     memcpy(cs->pin, ids, (size_t)n * 4);
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));
-    SPX_TRY(cu_enqueue_forward(s, (int)n, LM_ALL, 1, e, ss));
+    SPX_TRY(cu_enqueue_forward(s, (int)n, best ? LM_ROWS : LM_ALL, 1, e, ss));
+    if (best) SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin, cs->d_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));
+    if (best) memcpy(best, cs->pin, (size_t)n * 4);
     for (int64_t r = 0; r < n; r++) ss[r]->pos++;
     return SPX_OK;
 }

@@ -91,12 +91,13 @@ typedef struct spx_backend {
     /* Optional: a batch step (engine/batch.c): row t is ids[t] fed to s[t]
      * at that session's position, 2 <= n <= batch_rows distinct sessions
      * of one model (checked: room, ids; no weight refinement attached);
-     * the rows' logits land in s[0]->logits [n, vocab] (host) and each
+     * the rows' logits land in s[0]->logits [n, vocab] (host), or with
+     * best set only each row's argmax (the first maximum) in best[n]; each
      * session advances by one. Each row's numbers must be those of a
      * one-token forward of its session alone (on a GPU: to the rounding of
      * its prompt products). SPX_ERR_UNSUPPORTED, before anything runs:
      * these sessions step one by one. NULL: the sessions step one by one. */
-    spx_status (*batch_forward)(struct spx_session *const *s, const int32_t *ids, int64_t n, spx_err *e);
+    spx_status (*batch_forward)(struct spx_session *const *s, const int32_t *ids, int64_t n, int32_t *best, spx_err *e);
     int32_t batch_rows;
     /* Optional: forward n tokens (checked) and write each row's argmax
      * (the first maximum) to best[n], the logits left on the device. NULL:

@@ -85,7 +85,9 @@ spx_status spx_batch_step(spx_session *const *ss, size_t n, const int32_t *ids, 
             continue;
         }
         spx_session *lead = ss[i0];
-        spx_status st = be->batch_forward(ss + i0, ids + i0, (int64_t)k, &lead->err);
+        /* greedy without logits: only each row's argmax comes back */
+        const int argmax_only = !smp && !logits;
+        spx_status st = be->batch_forward(ss + i0, ids + i0, (int64_t)k, argmax_only ? next + i0 : NULL, &lead->err);
         if (st == SPX_ERR_UNSUPPORTED) { /* refused before it ran (backend.h): these sessions one by one */
             spx_err_clear(&lead->err);
             SPX_TRY(one_by_one(ss + i0, k, ids + i0, smp ? smp + i0 : NULL, smp ? rng + i0 : NULL, next + i0,
@@ -96,7 +98,7 @@ spx_status spx_batch_step(spx_session *const *ss, size_t n, const int32_t *ids, 
             if (lead != s0) spx_fail(&s0->err, st, "batch step: %s", lead->err.msg);
             return st;
         }
-        for (size_t i = 0; i < k; i++) {
+        for (size_t i = 0; i < k && !argmax_only; i++) {
             const float *row = lead->logits + i * (size_t)V;
             if (logits) memcpy(logits + (i0 + i) * (size_t)V, row, (size_t)V * sizeof(float));
             next[i0 + i] = spx_sample(row, V, smp ? &smp[i0 + i] : NULL, smp ? &rng[i0 + i] : NULL);

@@ -333,7 +333,7 @@ spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_l
     return SPX_OK;
 }
 
-spx_status spx_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e) {
+spx_status spx_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, int32_t *best, spx_err *e) {
     /* checked by spx_batch_step (engine/batch.c): 1 <= n <= the batch
      * limit, distinct sessions of one model with room, ids in range, no
      * refinement attached (it applies to one-token steps only) */
@@ -352,6 +352,7 @@ spx_status spx_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t
     for (int64_t t = 0; t < n; t++) {
         ss[t]->pos++;
         SPX_TRY(spx_kv_step_end(&ss[t]->kv, e));
+        if (best) best[t] = spx_sample(s->logits + (size_t)t * (size_t)c->vocab_size, c->vocab_size, NULL, NULL);
     }
     return SPX_OK;
 }

@@ -54,9 +54,9 @@ int64_t spx_batch_max(const spx_model *m);
 spx_status spx_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e);
 /* A batch step on the CPU: row t is ids[t] fed to ss[t] at its position
  * (n distinct sessions of one model, the matrix products shared); the
- * rows' logits land in ss[0]->logits [n, vocab] and every session
- * advances by one. The caller (spx_batch_step) checked the arguments. */
-spx_status spx_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, spx_err *e);
+ * rows' logits land in ss[0]->logits [n, vocab] (best set: also their
+ * argmaxes in best[n]) and every session advances by one. The caller (spx_batch_step) checked the arguments. */
+spx_status spx_forward_batch(spx_session *const *ss, const int32_t *ids, int64_t n, int32_t *best, spx_err *e);
 /* Whether the CPU blocks run every layer of m (engine/blocks.h; at model open). */
 spx_status spx_forward_check(const spx_model *m, spx_err *e);
 /* The same through the model's backend (what the API calls). */
