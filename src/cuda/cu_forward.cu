@@ -664,11 +664,9 @@ spx_status cu_enqueue_forward(spx_session *s, int n, int lmode, int n_splits, sp
     return spx_blocks_run(c, &cuda_blocks, &f, e);
 }
 
-spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
-    const cu_model *cm = (const cu_model *)s->m->be_state;
-    cu_sess *cs = (cu_sess *)s->be_state;
-    const spx_config *c = &s->m->cfg;
-    if (n <= 0 || n > SPX_BATCH_MAX_CUDA) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+/* Before a pass of n tokens at s->pos: the refinement and low-bit cache
+ * state, the ids and the position to the device. */
+static spx_status pass_begin(spx_session *s, const cu_model *cm, cu_sess *cs, const int32_t *ids, int64_t n, spx_err *e) {
     SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
     SPX_TRY(cu_rf_prepare(s, cs, e));
     if (cs->kvl) SPX_TRY(cu_kvl_before(s, cs, s->pos, (int)n, e));
@@ -678,6 +676,15 @@ spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_lo
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
     cs->dev_known = 0;
     cs->pend = 0; /* a step queued ahead ran before this pass (stream order); its KV row is rewritten here */
+    return SPX_OK;
+}
+
+spx_status cu_forward(spx_session *s, const int32_t *ids, int64_t n, int want_logits, spx_err *e) {
+    const cu_model *cm = (const cu_model *)s->m->be_state;
+    cu_sess *cs = (cu_sess *)s->be_state;
+    const spx_config *c = &s->m->cfg;
+    if (n <= 0 || n > SPX_BATCH_MAX_CUDA) return spx_fail(e, SPX_ERR_ARG, "forward: batch of %lld tokens", (long long)n);
+    SPX_TRY(pass_begin(s, cm, cs, ids, n, e));
     int lmode = want_logits == SPX_LOGITS_ALL ? LM_ALL : want_logits == SPX_LOGITS_LAST ? LM_LAST : LM_NONE;
     int splits = cu_splits_for(cm, c, (int)n, s->pos + n);
     SPX_TRY(cu_enqueue_forward(s, (int)n, lmode, splits, e));
@@ -696,15 +703,7 @@ spx_status cu_forward_argmax(spx_session *s, const int32_t *ids, int64_t n, int3
     cu_sess *cs = (cu_sess *)s->be_state;
     const spx_config *c = &s->m->cfg;
     if (n <= 0 || n > SPX_BATCH_MAX) return spx_fail(e, SPX_ERR_ARG, "forward_argmax: %lld tokens", (long long)n);
-    SPX_CUDA_TRY(e, cudaSetDevice(cm->dev));
-    SPX_TRY(cu_rf_prepare(s, cs, e));
-    if (cs->kvl) SPX_TRY(cu_kvl_before(s, cs, s->pos, (int)n, e));
-    memcpy(cs->pin, ids, (size_t)n * 4);
-    cs->pin[SPX_BATCH_MAX_CUDA] = (int32_t)s->pos;
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_ids, cs->pin, (size_t)n * 4, cudaMemcpyHostToDevice, cs->st));
-    SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->d_pos, cs->pin + SPX_BATCH_MAX_CUDA, 4, cudaMemcpyHostToDevice, cs->st));
-    cs->dev_known = 0; /* d_ids ends holding the argmaxes */
-    cs->pend = 0;      /* as in cu_forward: a queued step ran before this pass, its KV row rewritten here */
+    SPX_TRY(pass_begin(s, cm, cs, ids, n, e)); /* (d_ids ends holding the argmaxes) */
     SPX_TRY(cu_enqueue_forward(s, (int)n, LM_ROWS, cu_splits_for(cm, c, (int)n, s->pos + n), e));
     SPX_CUDA_TRY(e, cudaMemcpyAsync(cs->pin, cs->d_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, cs->st));
     SPX_CUDA_TRY(e, cudaStreamSynchronize(cs->st));

@@ -1,13 +1,9 @@
 /* sample.cu: device argmax and sampling (see sample.cuh). */
 #include "cuda/sample.cuh"
 
-__global__ void argmax_kernel(const float *x, int64_t n, unsigned long long *best) {
+/* the block's largest key b (every thread's own), valid in thread 0 */
+static __device__ unsigned long long block_max_key(unsigned long long b) {
     __shared__ unsigned long long wb[32];
-    unsigned long long b = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        unsigned long long k = spx_argmax_key(x[i], (int)i);
-        b = k > b ? k : b;
-    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         unsigned long long v = __shfl_xor_sync(0xffffffffu, b, o);
@@ -15,8 +11,19 @@ __global__ void argmax_kernel(const float *x, int64_t n, unsigned long long *bes
     }
     if ((threadIdx.x & 31) == 0) wb[threadIdx.x >> 5] = b;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) b = wb[w] > b ? wb[w] : b;
+    return b;
+}
+
+__global__ void argmax_kernel(const float *x, int64_t n, unsigned long long *best) {
+    unsigned long long b = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        unsigned long long k = spx_argmax_key(x[i], (int)i);
+        b = k > b ? k : b;
+    }
+    b = block_max_key(b);
+    if (threadIdx.x == 0) {
         atomicMax(best, b);
     }
 }
@@ -54,24 +61,14 @@ cudaError_t spx_argmax(const float *x, int64_t n, unsigned long long *best, int 
 
 /* one block per row: the row's packed maximum, then its index */
 __global__ void argmax_rows_kernel(const float *x, int64_t n, int32_t *out) {
-    __shared__ unsigned long long wb[32];
     const float *row = x + (size_t)blockIdx.x * (size_t)n;
     unsigned long long b = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         unsigned long long k = spx_argmax_key(row[i], (int)i);
         b = k > b ? k : b;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        unsigned long long v = __shfl_xor_sync(0xffffffffu, b, o);
-        b = v > b ? v : b;
-    }
-    if ((threadIdx.x & 31) == 0) wb[threadIdx.x >> 5] = b;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) b = wb[w] > b ? wb[w] : b;
-        out[blockIdx.x] = spx_argmax_key_index(b);
-    }
+    b = block_max_key(b);
+    if (threadIdx.x == 0) out[blockIdx.x] = spx_argmax_key_index(b);
 }
 
 cudaError_t spx_argmax_rows(const float *x, int rows, int64_t n, int32_t *out, cudaStream_t st) {
