@@ -355,6 +355,45 @@ typedef struct spx_refine_info {
 } spx_refine_info;
 void spx_model_refine_info(const spx_model *m, spx_refine_info *out);
 
+
+/* Chat templates (src/chat/): the Jinja subset Hugging Face chat templates
+ * use, rendered as transformers' apply_chat_template renders them (its
+ * environment: trim_blocks, lstrip_blocks, loop controls, its tojson,
+ * raise_exception, strftime_now; docs/chat.md). A parsed template is
+ * immutable: render it from any number of threads at once.
+ * Errors: SPX_ERR_FORMAT for a syntax error, SPX_ERR_UNSUPPORTED for a
+ * construct the engine does not implement, SPX_ERR_ARG for a render-time
+ * error (raise_exception, a type error); err (errcap > 0) then holds one
+ * line "NAME:LINE:COL: message", the position in the template. */
+typedef struct spx_template spx_template;
+/* name: how messages name the template (a file, "tokenizer_config.json") */
+spx_status spx_template_parse(const char *src, size_t len, const char *name, spx_template **out, char *err,
+                              size_t errcap);
+/* ctx_json: a JSON object whose keys are the template's variables
+ * (messages, tools, add_generation_prompt, bos_token, eos_token, any
+ * other). *out: malloc'd, NUL-terminated; *out_len its length (may be NULL). */
+spx_status spx_template_render(const spx_template *t, const char *ctx_json, char **out, size_t *out_len, char *err,
+                               size_t errcap);
+void spx_template_free(spx_template *t);
+
+/* The model's chat template: tokenizer_config.json's chat_template (a
+ * list of named ones: "default"), NULL when it has none. */
+const char *spx_model_chat_template(const spx_model *m);
+/* The text of tokenizer_config.json's bos_token / eos_token ("" if none). */
+const char *spx_model_bos_text(const spx_model *m);
+const char *spx_model_eos_text(const spx_model *m);
+/* The prompt for a conversation: t (NULL: the model's own template, or,
+ * when it has none, SPX_CHATML_TEMPLATE) rendered with messages_json (a
+ * JSON array of {"role", "content", ...}), tools_json (a JSON array or
+ * NULL), add_generation_prompt and the model's bos/eos texts. *out as
+ * spx_template_render's; errors in err as above. */
+#define SPX_CHATML_TEMPLATE                                                                                          \
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + " \
+    "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+spx_status spx_chat_render(const spx_model *m, const spx_template *t, const char *messages_json,
+                           const char *tools_json, int add_generation_prompt, char **out, size_t *out_len, char *err,
+                           size_t errcap);
+
 #ifdef __cplusplus
 }
 #endif
