@@ -24,7 +24,7 @@ LDSAN   :=
 endif
 
 CFLAGS  += -std=c11 $(OPT) -Wall -Wextra -Wshadow -Wno-unused-parameter -Iinclude -Isrc -D_GNU_SOURCE
-LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lz -lm -lpthread -ldl
+LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lz -lm -lpthread -ldl
 
 LIB_SRC  := $(sort $(wildcard src/*/*.c))
 CLI_SRC  := $(sort $(wildcard tools/spectra/*.c))

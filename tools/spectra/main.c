@@ -30,9 +30,11 @@ int cmd_audit(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (chat and text completions, streaming, metrics)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"logits", cmd_logits, "write float32 logits for a list of token ids"},
     {"perplexity", cmd_perplexity, "perplexity over a text file in windows"},
