@@ -10,6 +10,18 @@
  *   spx_session_eval(s, ids, n, logits_out);   // logits of the last token
  *   ...
  *   spx_session_free(s); spx_model_free(m);
+ *
+ * Threads: one model may be shared by sessions used from different
+ * threads at once. Every call that runs a pass or changes a session
+ * (spx_session_new/free/reset/checkpoint/seek/truncate/eval/step_*,
+ * spx_batch_step, spx_spec_step, spx_tokenize, spx_model_refine) holds the
+ * model's lock, so passes of one model take turns (batch sessions with
+ * spx_batch_step to run them together). The calls on one session (and on
+ * one spx_spec) must not overlap. spx_model_open/free are not to race
+ * with any other call on that model. spx_last_error() is per thread; a
+ * model-level failure (spx_session_new, spx_tokenize) is also put there,
+ * since spx_model_error() is shared by the model's threads. Parsed chat
+ * templates are immutable and render from any thread.
  */
 #ifndef SPECTRA_H
 #define SPECTRA_H

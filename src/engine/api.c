@@ -3,6 +3,7 @@
 #include "core/util.h"
 #include "engine/backend.h"
 #include "cpu/ssm.h"
+#include "format/trdc.h"
 #include "format/trdc_source.h"
 #include "refine/attach.h"
 
@@ -40,13 +41,53 @@ static spx_status open_hf_dir(spx_model *m, const char *dir, spx_err *e) {
     return SPX_OK;
 }
 
+/* The chat template and BOS/EOS texts: a folder's tokenizer_config.json
+ * and chat_template.jinja, or what a .trdc carries (compress puts the
+ * .jinja inside its tokenizer_config.json). A config without bos_token /
+ * eos_token keys: the tokenizer's own BOS/EOS pieces. */
+static spx_status load_chat_info(spx_model *m, spx_err *e) {
+    char *cfg = NULL, *jinja = NULL;
+    const char *cj = NULL;
+    spx_status st = SPX_OK;
+    if (m->trdc) {
+        cj = spx_trdc_tokenizer_config_json(m->trdc);
+    } else {
+        const char *names[2] = {"tokenizer_config.json", "chat_template.jinja"};
+        char **dst[2] = {&cfg, &jinja};
+        for (int i = 0; i < 2 && st == SPX_OK; i++) {
+            char *fp = spx_path_join(m->path, names[i]);
+            if (!fp) st = spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+            else if (spx_file_exists(fp)) st = spx_read_file(fp, CONFIG_MAX_BYTES, dst[i], NULL, e);
+            free(fp);
+        }
+        cj = cfg;
+    }
+    if (st == SPX_OK) st = spx_chat_info_parse(cj, jinja, m->path, &m->chat, e);
+    free(cfg);
+    free(jinja);
+    if (st != SPX_OK || !m->tok) return st;
+    int32_t id[2] = {spx_tok_bos(m->tok), spx_tok_eos(m->tok)};
+    char **dst[2] = {&m->chat.bos, &m->chat.eos};
+    int has[2] = {m->chat.has_bos, m->chat.has_eos};
+    for (int i = 0; i < 2; i++) {
+        const char *piece = id[i] >= 0 ? spx_tok_piece(m->tok, id[i]) : NULL;
+        if (!has[i] && piece && !(*dst[i] = spx_strdup(piece))) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+    }
+    return SPX_OK;
+}
+
+const char *spx_model_chat_template(const spx_model *m) { return m->chat.tmpl; }
+const char *spx_model_bos_text(const spx_model *m) { return m->chat.bos ? m->chat.bos : ""; }
+const char *spx_model_eos_text(const spx_model *m) { return m->chat.eos ? m->chat.eos : ""; }
+
 spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model **out) {
     spx_err e;
     spx_err_clear(&e);
     *out = NULL;
     g_last_error[0] = 0;
     spx_model *m = calloc(1, sizeof *m);
-    if (!m || !(m->path = spx_strdup(path))) {
+    if (!m || !(m->path = spx_strdup(path)) || spx_model_lock_init(m) != 0) {
+        if (m) free(m->path);
         free(m);
         spx_fail(&e, SPX_ERR_NOMEM, "%s: out of memory", path);
         return set_last(&e);
@@ -59,6 +100,7 @@ spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model
     } else {
         st = spx_fail(&e, SPX_ERR_IO, "%s: no such file or folder (expected a Hugging Face model folder or a .trdc file)", path);
     }
+    if (st == SPX_OK) st = load_chat_info(m, &e);
     if (st == SPX_OK) st = spx_model_bind_weights(m, &e);
     if (st == SPX_OK) st = spx_pool_new(p ? p->n_threads : 0, &m->pool, &e);
     m->qk = spx_qkernels_best();
@@ -102,6 +144,8 @@ void spx_model_free(spx_model *m) {
     spx_st_free(m->st);
     spx_trdc_source_close(m);
     spx_pool_free(m->pool);
+    spx_chat_info_free(&m->chat);
+    pthread_mutex_destroy(&m->lock);
     free(m->path);
     free(m);
 }
@@ -121,7 +165,7 @@ int32_t spx_model_eos_id(const spx_model *m) {
     return m->cfg.n_eos > 0 ? m->cfg.eos_ids[0] : -1;
 }
 
-spx_status spx_tokenize(spx_model *m, const char *text, size_t len, int add_special, int32_t *ids,
+static spx_status tokenize(spx_model *m, const char *text, size_t len, int add_special, int32_t *ids,
                         size_t *n_ids) {
     spx_err_clear(&m->err);
     if (!m->tok) return spx_fail(&m->err, SPX_ERR_ARG, "%s: the model carries no tokenizer (no tokenizer.json)", m->path);
@@ -147,7 +191,9 @@ static float *alloc_f(size_t n, int *fail) {
     return p;
 }
 
-spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_session **out) {
+static void session_free(spx_session *s);
+
+static spx_status session_new(spx_model *m, const spx_session_params *p, spx_session **out) {
     *out = NULL;
     spx_err_clear(&m->err);
     const spx_config *c = &m->cfg;
@@ -220,11 +266,11 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
         s->state_ckpt = alloc_f((size_t)m->state_floats, &fail);
     }
     if (fail) {
-        spx_session_free(s);
+        session_free(s);
         return spx_fail(&m->err, SPX_ERR_NOMEM, "out of memory for a %lld-token session", (long long)n_ctx);
     }
     if (m->be->session_init(s, &m->err) != SPX_OK) {
-        spx_session_free(s);
+        session_free(s);
         return m->err.code;
     }
     s->be_ready = 1;
@@ -232,7 +278,7 @@ spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_sessio
     return SPX_OK;
 }
 
-void spx_session_free(spx_session *s) {
+static void session_free(spx_session *s) {
     if (!s) return;
     if (s->be_ready) s->m->be->session_free(s);
     spx_kv_free(&s->kv);
@@ -256,7 +302,7 @@ static spx_status state_op(spx_session *s, int op) {
     return SPX_OK;
 }
 
-void spx_session_reset(spx_session *s) {
+static void session_reset(spx_session *s) {
     s->pos = 0;
     spx_kv_reset(&s->kv);
     /* a device failure here shows at the next call on the session */
@@ -265,12 +311,12 @@ void spx_session_reset(spx_session *s) {
 
 int64_t spx_session_pos(const spx_session *s) { return s->pos; }
 
-void spx_session_checkpoint(spx_session *s) {
+static void session_checkpoint(spx_session *s) {
     spx_err_clear(&s->err);
     s->ckpt_pos = state_op(s, SPX_STATE_CHECKPOINT) == SPX_OK ? s->pos : -1;
 }
 
-spx_status spx_session_seek(spx_session *s, int64_t pos) {
+static spx_status session_seek(spx_session *s, int64_t pos) {
     spx_err_clear(&s->err);
     if (s->pos != 0 || pos < 0 || pos >= s->n_ctx)
         return spx_fail(&s->err, SPX_ERR_RANGE, "seek: the session is at %lld (must be 0) and %lld must be in 0..%lld",
@@ -282,7 +328,7 @@ spx_status spx_session_seek(spx_session *s, int64_t pos) {
     return SPX_OK;
 }
 
-spx_status spx_session_truncate(spx_session *s, int64_t pos) {
+static spx_status session_truncate(spx_session *s, int64_t pos) {
     spx_err_clear(&s->err);
     if (pos < 0 || pos > s->pos)
         return spx_fail(&s->err, SPX_ERR_RANGE, "truncate: position %lld is outside 0..%lld", (long long)pos,
@@ -320,7 +366,7 @@ spx_status spx_session_truncate(spx_session *s, int64_t pos) {
     return SPX_OK;
 }
 
-spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n, float *logits, int all_logits) {
+static spx_status session_eval(spx_session *s, const int32_t *ids, size_t n, float *logits, int all_logits) {
     spx_err_clear(&s->err);
     int64_t V = s->m->cfg.vocab_size;
     if (n == 0) return spx_fail(&s->err, SPX_ERR_ARG, "eval: no tokens");
@@ -355,7 +401,7 @@ spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next) {
     return spx_session_step_greedy_ahead(s, id, next, 0);
 }
 
-spx_status spx_session_step_greedy_ahead(spx_session *s, int32_t id, int32_t *next, int ahead) {
+static spx_status step_greedy_ahead(spx_session *s, int32_t id, int32_t *next, int ahead) {
     spx_err_clear(&s->err);
     SPX_TRY(step_check(s, id));
     if (s->m->be->step_greedy) return s->m->be->step_greedy(s, id, next, ahead != 0, &s->err);
@@ -369,15 +415,80 @@ spx_status spx_session_step_sample(spx_session *s, int32_t id, const spx_sampler
     return spx_session_step_sample_ahead(s, id, p, rng, next, 0);
 }
 
-spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
-                                         int32_t *next, int ahead) {
+static spx_status step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
+                                    int32_t *next, int ahead) {
     spx_err_clear(&s->err);
     if (!p || !rng) return spx_fail(&s->err, SPX_ERR_ARG, "step_sample: no sampler parameters or RNG state");
     /* parameters that make spx_sample an argmax (it leaves the RNG alone then): the greedy step */
-    if (!(p->temperature > 0) || p->top_k == 1) return spx_session_step_greedy_ahead(s, id, next, ahead);
+    if (!(p->temperature > 0) || p->top_k == 1) return step_greedy_ahead(s, id, next, ahead);
     SPX_TRY(step_check(s, id));
     if (s->m->be->step_sample) return s->m->be->step_sample(s, id, p, rng, ahead != 0, next, &s->err);
     SPX_TRY(spx_session_forward(s, &id, 1, SPX_LOGITS_LAST, &s->err));
     *next = spx_sample(s->logits, s->m->cfg.vocab_size, p, rng);
     return SPX_OK;
+}
+
+/* ---- the thread-safe entry points -------------------------------------
+ * Each holds the model's lock (recursive: spx_spec_step and spx_batch_step
+ * call these) around the body above: sessions of one model may be used
+ * from different threads at once; their passes take turns, since the
+ * pool, the backend's buffers and m->err belong to the model. One
+ * session's calls must not overlap. Model-level failures are also copied
+ * to the calling thread's spx_last_error(), as m->err is shared. */
+
+static spx_status model_done(spx_model *m, spx_status st) {
+    if (st != SPX_OK) set_last(&m->err);
+    spx_model_unlock(m);
+    return st;
+}
+
+spx_status spx_tokenize(spx_model *m, const char *text, size_t len, int add_special, int32_t *ids, size_t *n_ids) {
+    spx_model_lock(m);
+    return model_done(m, tokenize(m, text, len, add_special, ids, n_ids));
+}
+
+spx_status spx_session_new(spx_model *m, const spx_session_params *p, spx_session **out) {
+    spx_model_lock(m);
+    return model_done(m, session_new(m, p, out));
+}
+
+void spx_session_free(spx_session *s) {
+    if (!s) return;
+    spx_model *m = s->m;
+    spx_model_lock(m);
+    session_free(s);
+    spx_model_unlock(m);
+}
+
+void spx_session_reset(spx_session *s) {
+    spx_model_lock(s->m);
+    session_reset(s);
+    spx_model_unlock(s->m);
+}
+
+void spx_session_checkpoint(spx_session *s) {
+    spx_model_lock(s->m);
+    session_checkpoint(s);
+    spx_model_unlock(s->m);
+}
+
+#define SESSION_LOCKED(call)                                                                                        \
+    do {                                                                                                            \
+        spx_model_lock(s->m);                                                                                       \
+        spx_status st_ = call;                                                                                      \
+        spx_model_unlock(s->m);                                                                                     \
+        return st_;                                                                                                 \
+    } while (0)
+
+spx_status spx_session_seek(spx_session *s, int64_t pos) { SESSION_LOCKED(session_seek(s, pos)); }
+spx_status spx_session_truncate(spx_session *s, int64_t pos) { SESSION_LOCKED(session_truncate(s, pos)); }
+spx_status spx_session_eval(spx_session *s, const int32_t *ids, size_t n, float *logits, int all_logits) {
+    SESSION_LOCKED(session_eval(s, ids, n, logits, all_logits));
+}
+spx_status spx_session_step_greedy_ahead(spx_session *s, int32_t id, int32_t *next, int ahead) {
+    SESSION_LOCKED(step_greedy_ahead(s, id, next, ahead));
+}
+spx_status spx_session_step_sample_ahead(spx_session *s, int32_t id, const spx_sampler_params *p, uint64_t *rng,
+                                         int32_t *next, int ahead) {
+    SESSION_LOCKED(step_sample_ahead(s, id, p, rng, next, ahead));
 }

@@ -66,8 +66,8 @@ static spx_status one_by_one(spx_session *const *ss, size_t n, const int32_t *id
     return SPX_OK;
 }
 
-spx_status spx_batch_step(spx_session *const *ss, size_t n, const int32_t *ids, const spx_sampler_params *smp,
-                          uint64_t *rng, int32_t *next, float *logits) {
+static spx_status batch_step(spx_session *const *ss, size_t n, const int32_t *ids, const spx_sampler_params *smp,
+                             uint64_t *rng, int32_t *next, float *logits) {
     if (!ss || n == 0 || !ss[0]) return SPX_ERR_ARG;
     spx_session *s0 = ss[0];
     spx_err_clear(&s0->err);
@@ -105,4 +105,15 @@ spx_status spx_batch_step(spx_session *const *ss, size_t n, const int32_t *ids, 
         }
     }
     return SPX_OK;
+}
+
+/* Under the model's lock (api.c's entry points: the pass is the model's). */
+spx_status spx_batch_step(spx_session *const *ss, size_t n, const int32_t *ids, const spx_sampler_params *smp,
+                          uint64_t *rng, int32_t *next, float *logits) {
+    if (!ss || n == 0 || !ss[0]) return SPX_ERR_ARG;
+    spx_model *m = ss[0]->m;
+    spx_model_lock(m);
+    spx_status st = batch_step(ss, n, ids, smp, rng, next, logits);
+    spx_model_unlock(m);
+    return st;
 }

@@ -213,8 +213,8 @@ static spx_status plain_step(spx_spec *sp, int32_t id, const spx_sampler_params 
     return SPX_OK;
 }
 
-spx_status spx_spec_step(spx_spec *sp, int32_t id, const spx_sampler_params *smp, uint64_t *rng, int32_t *out,
-                         size_t cap, size_t *n_out) {
+static spx_status spec_step(spx_spec *sp, int32_t id, const spx_sampler_params *smp, uint64_t *rng, int32_t *out,
+                            size_t cap, size_t *n_out) {
     spx_session *s = sp->s;
     spx_err_clear(&s->err);
     *n_out = 0;
@@ -297,4 +297,14 @@ spx_status spx_spec_step(spx_spec *sp, int32_t id, const spx_sampler_params *smp
     *n_out = (size_t)kept + 1;
     adapt(sp, nd, kept);
     return SPX_OK;
+}
+
+/* Under the model's lock: a draft's verification and rewind are one unit. */
+spx_status spx_spec_step(spx_spec *sp, int32_t id, const spx_sampler_params *smp, uint64_t *rng, int32_t *out,
+                         size_t cap, size_t *n_out) {
+    spx_model *m = sp->s->m;
+    spx_model_lock(m);
+    spx_status st = spec_step(sp, id, smp, rng, out, cap, n_out);
+    spx_model_unlock(m);
+    return st;
 }

@@ -6,12 +6,15 @@
 
 #include "core/err.h"
 #include "core/pool.h"
+#include "format/chat_info.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "format/tokenizer.h"
 #include "model/arch.h"
 #include "model/wmat.h"
 #include "spectra.h"
+
+#include <pthread.h>
 
 /* A layer's tensors by slot: w[s] for matrix slots (rows == 0: the layer
  * has none), v[s] for the others (owned float32, NULL: none). Which slots
@@ -49,9 +52,24 @@ struct spx_model {
     struct spx_refine_model *refine; /* weight refinement (refine/attach.h), or NULL */
     uint64_t refine_epoch;           /* counts attach, detach and budget changes (device backends'
                                       * captured passes depend on them) */
+    spx_chat_info chat;            /* chat template, BOS/EOS texts (tokenizer_config.json) */
+    pthread_mutex_t lock;          /* recursive: every call that computes or changes session state holds it
+                                    * (the pool, the backend's buffers and m->err are the model's) */
     char *path;
     spx_err err;
 };
+
+/* The model's lock (recursive; see api.c's entry points). */
+static inline int spx_model_lock_init(spx_model *m) {
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0) return -1;
+    int r = pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    if (r == 0) r = pthread_mutex_init(&m->lock, &a);
+    pthread_mutexattr_destroy(&a);
+    return r;
+}
+static inline void spx_model_lock(spx_model *m) { pthread_mutex_lock(&m->lock); }
+static inline void spx_model_unlock(spx_model *m) { pthread_mutex_unlock(&m->lock); }
 
 /* Computes the RoPE inverse frequencies for cfg (default, linear, llama3)
  * into out[head_dim/2], in float32 as transformers' rope init functions

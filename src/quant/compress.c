@@ -3,6 +3,7 @@
 #include "core/mapfile.h"
 #include "core/pool.h"
 #include "core/util.h"
+#include "format/chat_info.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "format/trdc.h"
@@ -232,6 +233,16 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
     free(cfg_path);
     if (s == SPX_OK) s = read_opt_text(o->src_dir, "tokenizer.json", &tok, e);
     if (s == SPX_OK) s = read_opt_text(o->src_dir, "tokenizer_config.json", &tokcfg, e);
+    if (s == SPX_OK) { /* a chat_template.jinja (newer transformers) travels inside tokenizer_config.json */
+        char *jinja = NULL, *merged = NULL;
+        s = read_opt_text(o->src_dir, "chat_template.jinja", &jinja, e);
+        if (s == SPX_OK && jinja) s = spx_chat_info_embed(tokcfg, jinja, o->src_dir, &merged, e);
+        if (merged) {
+            free(tokcfg);
+            tokcfg = merged;
+        }
+        free(jinja);
+    }
     if (s == SPX_OK) s = spx_st_open(o->src_dir, &st, e);
     if (s == SPX_OK) s = spx_pool_new(o->n_threads, &w.pool, e);
     if (s == SPX_OK && !(w.bad = calloc((size_t)spx_pool_size(w.pool), sizeof(int))))

@@ -218,7 +218,7 @@ static spx_status bind(spx_model *m, const spx_refine_params *p, spx_err *e) {
     return spx_refine_device_attach(m, e);
 }
 
-spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
+static spx_status model_refine(spx_model *m, const spx_refine_params *p) {
     spx_err e;
     spx_err_clear(&e);
     spx_refine_detach(m);
@@ -303,4 +303,12 @@ void spx_model_refine_info(const spx_model *m, spx_refine_info *out) {
         out->waits = ts.waits;
         out->wait_s = ts.wait_s;
     }
+}
+
+/* Under the model's lock: no pass runs while the refinement changes. */
+spx_status spx_model_refine(spx_model *m, const spx_refine_params *p) {
+    spx_model_lock(m);
+    spx_status st = model_refine(m, p);
+    spx_model_unlock(m);
+    return st;
 }

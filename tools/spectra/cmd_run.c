@@ -15,8 +15,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: spectra run -m MODEL (-p TEXT | -f FILE | --ids LIST) [options]\n"
             "  -m MODEL        Hugging Face folder or .trdc file\n"
-            "  -p TEXT         prompt (the tokenizer's BOS rule applies)\n"
-            "  -f FILE         read the prompt from a file\n"
+            "  -p TEXT         prompt (the tokenizer's BOS rule applies); -p - reads standard input\n"
+            "  -f FILE         read the prompt from a file (- : standard input)\n"
             "  --ids LIST      prompt as token ids (comma/space separated; prints ids)\n"
             "  -n N            tokens to generate (int >= 0; default 128)\n"
             "  --temp T        temperature (float >= 0; 0 = greedy; default 0.8)\n"
@@ -105,6 +105,7 @@ int cmd_run(int argc, char **argv) {
         if (!(ids = cli_parse_ids(ids_s, "--ids", 0, &n_prompt))) goto done;
     } else {
         if (!m->tok) { cli_error("%s: the model has no tokenizer; use --ids", model); goto done; }
+        if (!file && !strcmp(prompt, "-")) file = "-"; /* -p -: standard input, as -f - */
         if (file) { if (!(text = cli_read_text(file, &text_len))) goto done; }
         else { text = spx_strdup(prompt); text_len = strlen(prompt); }
         if (!text || spx_tok_encode(m->tok, text, text_len, 1, &ids, &n_prompt, &e) != SPX_OK) { cli_fail(&e); goto done; }

@@ -75,7 +75,38 @@ spx_model *cli_open_model_on(const char *path, int64_t threads, const char *back
     return m;
 }
 
+/* "-": standard input, to its end (a pipe, a redirect, or a terminal until ^D) */
+static char *read_stdin(size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, stdin);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) {
+            char *nb = cap < ((size_t)1 << 31) ? realloc(buf, 2 * cap + 1) : NULL;
+            if (!nb) {
+                free(buf);
+                cli_error("standard input: more than 2 GiB, or out of memory");
+                return NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (!buf) { cli_error("out of memory"); return NULL; }
+    if (ferror(stdin)) {
+        free(buf);
+        cli_error("standard input: read error");
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
 char *cli_read_text(const char *path, size_t *len) {
+    if (!strcmp(path, "-")) return read_stdin(len);
     spx_err e;
     spx_err_clear(&e);
     char *buf = NULL;
