@@ -1,7 +1,7 @@
 /* test_serve.c: `spectra serve` end to end (docs/serve.md). Compresses
  * docllama-58m once (kept beside the binary as tests/serve-doc.trdc),
  * starts the server on a free loopback port and drives it with the
- * system's curl, raw sockets, and the openai npm client (tests/serve/*.mjs,
+ * system's curl, raw sockets, and the openai npm client (the scripts in tests/serve,
  * installed into .dev/node by `make setup`; missing is a failure). The
  * answers must equal `spectra run`'s greedy text for the same prompt and
  * token count, alone and with 8 clients at once; stop strings, logprobs,
@@ -176,7 +176,8 @@ static pid_t serve_start(const char *args, const char *log, char *u, size_t ucap
     double t0 = now_s();
     while (now_s() - t0 < 120) {
         size_t n;
-        char *s = tl_read(log, &n);
+        struct stat stl;
+        char *s = stat(log, &stl) == 0 ? tl_read(log, &n) : NULL;
         const char *at = s ? strstr(s, "http://") : NULL;
         if (at) {
             size_t k = strcspn(at, " \n");
@@ -539,7 +540,7 @@ int main(void) {
     snprintf(model, sizeof model, "%.*s/tests/serve-doc.trdc", slash ? (int)(slash - b) : 1, slash ? b : ".");
     struct stat stt;
     if (stat(model, &stt) != 0) {
-        char cmd[3000], part[1100];
+        char cmd[6000], part[1100];
         snprintf(part, sizeof part, "%s.part.trdc", model);
         snprintf(cmd, sizeof cmd, "%s compress -m %s -o %s -q --threads 2 >/dev/null 2>&1 && mv %s %s", b,
                  tl_shared("models/docllama-58m"), part, part, model);
@@ -682,7 +683,8 @@ int main(void) {
     sh(cmd, NULL);
     double ts = now_s();
     while (now_s() - ts < 30) {
-        char *s = tl_read(sf, &n);
+        struct stat sts;
+        char *s = stat(sf, &sts) == 0 ? tl_read(sf, &n) : NULL;
         int started = s && strstr(s, "data: ") != NULL;
         free(s);
         if (started) break;

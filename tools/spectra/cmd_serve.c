@@ -129,6 +129,15 @@ int cmd_serve(int argc, char **argv) {
     }
     if (api_key && !*api_key) { cli_error("serve: --api-key: empty key"); return 2; }
 
+    /* SIGINT and SIGTERM wait for sigwait below: blocked before any thread
+     * starts (the model's pool included), so every thread inherits the mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
     int rc = 1, fd = -1;
     spx_template *tmpl = NULL;
     spx_model *m = NULL;
@@ -159,14 +168,6 @@ int cmd_serve(int argc, char **argv) {
     char shown[INET6_ADDRSTRLEN + 2] = "";
     snprintf(shown, sizeof shown, "%s", host);
     if ((fd = listen_on(host, port, &bound, shown, sizeof shown)) < 0) goto done;
-
-    /* SIGINT and SIGTERM wait for sigwait below: block them in every thread */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     srv_sched_opts so = {.parallel = parallel, .queue = queue, .n_ctx = plan.n_ctx, .kv = plan.kv, .tmpl = tmpl};
     mt.parallel = parallel;

@@ -23,6 +23,7 @@ struct srv_http {
     srv_metrics *mt;
     srv_http_opts o;
     atomic_ullong seq; /* request ids */
+    atomic_int inflight; /* POST requests from their first call to libmicrohttpd's completion notice */
 };
 
 /* One request on a connection (libmicrohttpd's con_cls). */
@@ -291,6 +292,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return reply_error(c, h, ep, 413, msg, NULL, NULL);
         }
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
+        atomic_fetch_add(&h->inflight, 1);
         cn->ep = ep;
         *con_cls = cn;
         return MHD_YES;
@@ -325,7 +327,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     conn *cn = *con_cls;
+    srv_http *h = cls;
     if (!cn) return;
+    atomic_fetch_sub(&h->inflight, 1);
     free(cn->body);
     free(cn);
     *con_cls = NULL;
@@ -343,6 +347,7 @@ srv_http *srv_http_start(const srv_http_opts *o, srv_sched *s, srv_metrics *mt) 
     h->s = s;
     h->mt = mt;
     atomic_init(&h->seq, 0);
+    atomic_init(&h->inflight, 0);
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
@@ -358,6 +363,9 @@ srv_http *srv_http_start(const srv_http_opts *o, srv_sched *s, srv_metrics *mt) 
 
 void srv_http_stop(srv_http *h) {
     if (!h) return;
+    /* the scheduler has ended every request: let the answers go out (at
+     * most 10 s; a client that does not read is cut), then stop */
+    for (int i = 0; i < 1000 && atomic_load(&h->inflight) > 0; i++) nanosleep(&(struct timespec){0, 10000000L}, NULL);
     MHD_stop_daemon(h->d);
     free(h);
 }
