@@ -550,6 +550,17 @@ static void *sched_main(void *arg) {
             intake(s, in);
             in = nx;
         }
+        for (srv_req **pp = &s->wait_head, *prev = NULL; *pp;) { /* cancelled while waiting */
+            srv_req *r = *pp;
+            if (!atomic_load(&r->cancelled)) { prev = r; pp = &r->next; continue; }
+            *pp = r->next;
+            if (s->wait_tail == r) s->wait_tail = prev;
+            pthread_mutex_lock(&s->mu);
+            s->n_queued--;
+            pthread_mutex_unlock(&s->mu);
+            cancelled(s, r);
+            srv_req_release(r);
+        }
         for (int64_t i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
             if (sl->r && atomic_load(&sl->r->cancelled)) {
