@@ -165,7 +165,7 @@ struct jnode {
  *   N_FOR kwn=targets (nkw>1: unpack) a=iter b=body c=else d=filter
  *   N_SET kwn=targets a=value (name.p set: namespace attribute `kwn[0].name`)
  *   N_SETBLOCK kwn[0] target (name: ns attr) b=body a=filter chain applied (N_FILTER with a=NULL at its root)
- *   N_MACRO name kwn params items defaults b=body */
+ *   N_MACRO name kwn params items defaults b=body op=1: reads varargs, 2: reads kwargs */
 
 /* ---- template ------------------------------------------------------- */
 struct spx_template {

@@ -309,11 +309,24 @@ static spx_status call_macro(jrt *r, const jnode *at, jv *m, const jargs *a, jv 
     if (r->depth >= J_MAX_DEPTH)
         return jfail(r, at, SPX_ERR_RANGE, "macro calls nested deeper than %d (runaway recursion?)", J_MAX_DEPTH);
     SPX_TRY(step(r, at));
-    if (a->npos > mn->nkw)
+    bool varargs = mn->op & 1, kwargs = mn->op & 2;
+    if (a->npos > mn->nkw && !varargs)
         return jfail(r, at, SPX_ERR_ARG, "macro '%.*s' takes not more than %zu argument(s)", (int)mn->name.n, mn->name.p,
                      mn->nkw);
     jframe *f = frame_new(r, m->m.scope);
-    if (!f) return joom(r, at);
+    jv *extra_pos = varargs ? jv_list(r, 0) : NULL, *extra_kw = kwargs ? jv_new(r, JV_DICT) : NULL;
+    if (!f || (varargs && !extra_pos) || (kwargs && !extra_kw)) return joom(r, at);
+    if (varargs) {
+        extra_pos->flags = JV_F_TUPLE;
+        for (size_t i = mn->nkw; i < a->npos; i++)
+            if (!jv_push(r, extra_pos, a->pos[i])) return joom(r, at);
+        static const jstr vn = {"varargs", 7};
+        if (!frame_set(r, f, vn, extra_pos)) return joom(r, at);
+    }
+    if (kwargs) {
+        static const jstr kn = {"kwargs", 6};
+        if (!frame_set(r, f, kn, extra_kw)) return joom(r, at);
+    }
     for (size_t k = 0; k < a->nkw; k++) {
         bool hit = false;
         for (size_t i = 0; i < mn->nkw; i++)
@@ -323,9 +336,13 @@ static spx_status call_macro(jrt *r, const jnode *at, jv *m, const jargs *a, jv 
                     return jfail(r, at, SPX_ERR_ARG, "macro '%.*s' got multiple values for argument '%.*s'",
                                  (int)mn->name.n, mn->name.p, (int)a->kwn[k].n, a->kwn[k].p);
             }
-        if (!hit)
+        if (!hit && kwargs) {
+            jv *key = jv_str(r, a->kwn[k].p, a->kwn[k].n);
+            if (!key || !jv_dict_set(r, extra_kw, key, a->kwv[k])) return joom(r, at);
+        } else if (!hit) {
             return jfail(r, at, SPX_ERR_ARG, "macro '%.*s' takes no keyword argument '%.*s'", (int)mn->name.n,
                          mn->name.p, (int)a->kwn[k].n, a->kwn[k].p);
+        }
     }
     r->depth++;
     spx_status st = SPX_OK;

@@ -819,6 +819,22 @@ static spx_status parse_set(jp *p, size_t at, jnode **out) {
     return SPX_OK;
 }
 
+/* Does n (not looking into nested macros) read the variable name? */
+static bool reads_name(const jnode *n, const char *name, int depth) {
+    if (!n || depth > 2 * J_MAX_DEPTH) return false;
+    if (n->kind == N_NAME && n->name.n == strlen(name) && !memcmp(n->name.p, name, n->name.n)) return true;
+    if (n->kind == N_MACRO) return false;
+    if (reads_name(n->a, name, depth + 1) || reads_name(n->b, name, depth + 1) || reads_name(n->c, name, depth + 1) ||
+        reads_name(n->d, name, depth + 1))
+        return true;
+    for (size_t i = 0; i < n->n; i++)
+        if (n->items && reads_name(n->items[i], name, depth + 1)) return true;
+    if (n->kind == N_CALL || n->kind == N_FILTER || n->kind == N_TEST || n->kind == N_DICT)
+        for (size_t i = 0; i < (n->kind == N_DICT ? n->n : n->nkw); i++)
+            if (n->kw && reads_name(n->kw[i], name, depth + 1)) return true;
+    return false;
+}
+
 static spx_status parse_macro(jp *p, size_t at, jnode **out) {
     jnode *n = node(p, N_MACRO, at);
     if (!n) return poom(p);
@@ -865,6 +881,8 @@ static spx_status parse_macro(jp *p, size_t at, jnode **out) {
     SPX_TRY(subparse(p, e, &n->b, &w, at, "macro"));
     p->loops = loops;
     if (cur(p)->kind == T_NAME) p->i++; /* {% endmacro name %} */
+    /* jinja2: a macro whose body reads varargs / kwargs takes extra arguments */
+    n->op = (reads_name(n->b, "varargs", 0) ? 1 : 0) | (reads_name(n->b, "kwargs", 0) ? 2 : 0);
     SPX_TRY(expect_kind(p, T_BLOCK_END, "'%}'"));
     *out = n;
     return SPX_OK;
