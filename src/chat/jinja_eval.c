@@ -130,8 +130,7 @@ static spx_status loop_attr(jrt *r, const jnode *at, jv *obj, jstr name, jv **ou
     else {
         bool found;
         *out = method_value(r, obj, name, &found);
-        if (!found)
-            return jfail(r, at, SPX_ERR_UNSUPPORTED, "unsupported loop attribute 'loop.%.*s'", (int)name.n, name.p);
+        if (!found) *out = jv_undef(r, "'LoopContext object' has no attribute '%.*s'", (int)name.n, name.p);
     }
 #undef IS
     return *out ? SPX_OK : joom(r, at);
@@ -141,7 +140,9 @@ spx_status jgetattr(jrt *r, const jnode *at, jv *obj, jstr name, jv **out) {
     if (obj->type == JV_UNDEF) return jv_undef_fail(r, at, obj);
     if (obj->type == JV_LOOP) return loop_attr(r, at, obj, name, out);
     if (name.n && name.p[0] == '_') {
-        *out = jv_undef(r, "access to attribute '%.*s' is unsafe", (int)name.n, name.p);
+        /* Python's own attributes (__class__, ...) are unsafe; a dict key is not one */
+        jv *v = obj->type == JV_DICT || obj->type == JV_NS ? jv_dict_gets(obj, name.p, name.n) : NULL;
+        *out = v ? v : jv_undef(r, "access to attribute '%.*s' is unsafe", (int)name.n, name.p);
         return *out ? SPX_OK : joom(r, at);
     }
     bool found = false;

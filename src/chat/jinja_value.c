@@ -383,6 +383,7 @@ static bool eq_depth(const jv *a, const jv *b, int depth) {
     case JV_UNDEF: case JV_NONE: return true;
     case JV_STR: return a->s.n == b->s.n && !memcmp(a->s.p, b->s.p, a->s.n);
     case JV_LIST:
+        if ((a->flags | b->flags) & JV_F_ITER) return false; /* a generator equals only itself */
         if ((a->flags & JV_F_TUPLE) != (b->flags & JV_F_TUPLE) || a->l.n != b->l.n) return false;
         for (size_t i = 0; i < a->l.n; i++)
             if (!eq_depth(a->l.v[i], b->l.v[i], depth + 1)) return false;
