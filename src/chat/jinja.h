@@ -27,7 +27,7 @@
 #define J_MAX_DEPTH 200                   /* nesting of macro calls, of parsed expressions */
 #define J_OUT_MAX ((size_t)64 << 20)      /* bytes of any rendered text */
 #define J_ARENA_MAX ((size_t)1 << 30)     /* bytes of values one render may allocate */
-#define J_MAX_STEPS ((uint64_t)50000000)  /* loop iterations + calls one render may run */
+#define J_MAX_STEPS ((uint64_t)10000000)  /* loop iterations + calls one render may run */
 #define J_MAX_RANGE 100000                /* range() length, as jinja2's sandbox */
 
 /* ---- arena ---------------------------------------------------------- */
