@@ -364,6 +364,22 @@ static void misc_tests(void) {
     CHECK(st == SPX_ERR_RANGE && strstr(err, "MiB"), "64 MiB cap: %s (%s)", err, spx_status_name(st));
     CHECK(out == NULL, "a failed render left output");
     spx_template_free(t);
+    /* a big JSON object: building and reading it stays linear */
+    {
+        size_t cap = 200000 * 24 + 64, m = 0;
+        char *js = malloc(cap);
+        m += (size_t)snprintf(js + m, cap - m, "{\"d\": {");
+        for (int i = 0; i < 200000; i++) m += (size_t)snprintf(js + m, cap - m, "%s\"k%d\": %d", i ? ", " : "", i, i);
+        m += (size_t)snprintf(js + m, cap - m, ", \"k7\": \"dup\"}}");
+        const char *src = "{{ d|length }} {{ d.k199999 }} {{ d['k7'] }} {{ d.k0 }}";
+        CHECK(spx_template_parse(src, strlen(src), "bigdict", &t, err, sizeof err) == SPX_OK, "%s", err);
+        out = NULL;
+        CHECK(spx_template_render(t, js, &out, NULL, err, sizeof err) == SPX_OK, "%s", err);
+        CHECK(out && !strcmp(out, "200000 199999 dup 0"), "big dict: '%s'", out ? out : "");
+        free(out);
+        free(js);
+        spx_template_free(t);
+    }
     /* deep nesting at parse time */
     char deep[1400];
     size_t k = 0;

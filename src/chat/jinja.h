@@ -112,7 +112,8 @@ struct jv {
         double f;
         jstr s;
         struct { jv **v; size_t n, cap; } l;
-        struct { jv **k, **v; size_t n, cap; } d;  /* JV_DICT and JV_NS, insertion order */
+        struct { jv **k, **v; size_t n, cap; uint32_t *h; size_t hcap; } d; /* JV_DICT and JV_NS, insertion
+                                          * order; h: open-addressing index (entry + 1) of the string keys */
         struct { const jnode *node; jframe *scope; } m;
         struct { const jbuiltin *fn; jv *self; } fn; /* global (self NULL) or bound method */
         struct { const char *hint; } u;  /* why it is undefined ("'x' is undefined") */

@@ -293,7 +293,22 @@ bool jv_push(jrt *r, jv *l, jv *x) {
     return true;
 }
 
+static uint64_t hash_str(const char *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h;
+}
+
 jv *jv_dict_gets(const jv *d, const char *k, size_t n) {
+    if (d->d.h) {
+        size_t mask = d->d.hcap - 1;
+        for (size_t i = (size_t)hash_str(k, n) & mask;; i = (i + 1) & mask) {
+            uint32_t e = d->d.h[i];
+            if (!e) return NULL;
+            const jv *key = d->d.k[e - 1];
+            if (key->s.n == n && !memcmp(key->s.p, k, n)) return d->d.v[e - 1];
+        }
+    }
     for (size_t i = 0; i < d->d.n; i++) {
         const jv *key = d->d.k[i];
         if (key->type == JV_STR && key->s.n == n && !memcmp(key->s.p, k, n)) return d->d.v[i];
@@ -308,12 +323,50 @@ jv *jv_dict_get(const jv *d, const jv *k) {
     return NULL;
 }
 
-bool jv_dict_set(jrt *r, jv *d, jv *k, jv *v) {
+static void hash_put(jv *d, size_t entry) {
+    const jv *key = d->d.k[entry];
+    size_t mask = d->d.hcap - 1, i = (size_t)hash_str(key->s.p, key->s.n) & mask;
+    while (d->d.h[i]) i = (i + 1) & mask;
+    d->d.h[i] = (uint32_t)(entry + 1);
+}
+
+/* Dicts of more than 8 keys get a hash index of their string keys, so
+ * building and reading big JSON objects stays linear. */
+static bool hash_index(jrt *r, jv *d) {
+    if (d->d.n < 8 || d->d.n > UINT32_MAX / 4) return true;
+    if (d->d.h && d->d.n * 2 <= d->d.hcap) {
+        if (d->d.k[d->d.n - 1]->type == JV_STR) hash_put(d, d->d.n - 1);
+        return true;
+    }
+    size_t cap = 16;
+    while (cap < d->d.n * 4) cap *= 2;
+    uint32_t *h = ja_alloc(&r->arena, cap * sizeof *h);
+    if (!h) return false;
+    d->d.h = h;
+    d->d.hcap = cap;
     for (size_t i = 0; i < d->d.n; i++)
-        if (jv_eq(d->d.k[i], k)) {
-            d->d.v[i] = v;
-            return true;
+        if (d->d.k[i]->type == JV_STR) hash_put(d, i);
+    return true;
+}
+
+bool jv_dict_set(jrt *r, jv *d, jv *k, jv *v) {
+    if (k->type == JV_STR && d->d.h) {
+        size_t mask = d->d.hcap - 1;
+        for (size_t i = (size_t)hash_str(k->s.p, k->s.n) & mask; d->d.h[i]; i = (i + 1) & mask) {
+            uint32_t e = d->d.h[i];
+            const jv *key = d->d.k[e - 1];
+            if (key->s.n == k->s.n && !memcmp(key->s.p, k->s.p, k->s.n)) {
+                d->d.v[e - 1] = v;
+                return true;
+            }
         }
+    } else {
+        for (size_t i = 0; i < d->d.n; i++)
+            if (jv_eq(d->d.k[i], k)) {
+                d->d.v[i] = v;
+                return true;
+            }
+    }
     if (d->d.n == d->d.cap) {
         size_t cap = d->d.cap ? d->d.cap * 2 : 4;
         jv **nk = ja_alloc(&r->arena, cap * sizeof *nk), **nv = ja_alloc(&r->arena, cap * sizeof *nv);
@@ -328,7 +381,7 @@ bool jv_dict_set(jrt *r, jv *d, jv *k, jv *v) {
     }
     d->d.k[d->d.n] = k;
     d->d.v[d->d.n++] = v;
-    return true;
+    return hash_index(r, d);
 }
 
 /* ---- predicates ----------------------------------------------------- */
