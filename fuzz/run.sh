@@ -52,7 +52,7 @@ fi
 # fuzzer's instrumentation was a quarter of CI's time), once, in parallel.
 # A target that comes to need another folder fails its link below, which
 # fails this step: add the folder here.
-SRC_DIRS=${FUZZ_SRC:-src/core src/format src/quant src/model}
+SRC_DIRS=${FUZZ_SRC:-src/core src/format src/quant src/model src/chat}
 mkdir -p "$OUT/obj"
 echo "fuzz: compiling $SRC_DIRS with $CLANG ($JOBS jobs)"
 for d in $SRC_DIRS; do ls "$d"/*.c; done | xargs -P "$JOBS" -I{} sh -c '

@@ -1552,40 +1552,8 @@ static void test_kvq4_fused(void) {
     printf("q4 attention with rope fused: %d cases\n", n_cases);
 }
 
-/* End to end with --kv q4: cuda vs cpu (scalar kernels), both q4. The two
- * caches are bit-identical only for bit-identical K/V inputs; the backends'
- * K/V differ by float rounding (fp16 tensor-core GEMM in prefill, ~1e-3
- * relative; the int8 GEMV in decode, ~1e-4), which flips a code wherever
- * w/s + z lies that close to a rounding boundary, and every flip moves the
- * next layers' K/V by more than the rounding did: the difference grows to
- * a fixed fraction of q4's own error. Measured on the CPU (noise of
- * relative size eps added to every K/V row before spx_kv_store, linker
- * --wrap, tiny-llama3/qwen2/mistral and docllama-58m, 150-token prefill):
- * mean |logit difference| / mean |q4 - f16 logits| = 0.04-0.30 at eps 1e-4,
- * 0.09-0.47 at 1e-3, 0.36-0.67 at 3e-3; max-rel error / q4's max-rel error
- * 0.05-0.35, 0.17-0.45, 0.32-0.59. An fp16 cache on the device would give
- * a mean ratio of 1 and an unrelated 4-bit quantizer ~1.4, so: */
-#define E2E_Q4_MEAN_RATIO 0.8 /* mean |cuda q4 - cpu q4| <= this x mean |cpu q4 - cpu f16| */
-#define E2E_Q4_MAX_RATIO 1.2  /* max-rel error <= this x the cpu q4's max-rel error vs f16 (sanity) */
-
-struct err_acc {
-    double sum = 0, sum_ref = 0, mx = 0, mx_ref = 0;
-    size_t n = 0;
-    /* g: cuda q4, c: cpu q4, f: cpu f16, one row of V logits */
-    void add(const float *g, const float *c, const float *f, int64_t V) {
-        for (int64_t i = 0; i < V; i++) {
-            sum += isnan(g[i]) ? INFINITY : fabs((double)g[i] - c[i]);
-            sum_ref += fabs((double)f[i] - c[i]);
-        }
-        n += (size_t)V;
-        mx = fmax(mx, row_err(g, c, V));
-        mx_ref = fmax(mx_ref, row_err(f, c, V));
-    }
-    double mean_ratio() const { return sum / fmax(sum_ref, 1e-30); }
-    double max_ratio() const { return mx / fmax(mx_ref, 1e-30); }
-    bool ok() const { return mean_ratio() <= E2E_Q4_MEAN_RATIO && max_ratio() <= E2E_Q4_MAX_RATIO; }
-};
-
+/* End to end with --kv q4: cuda vs cpu (scalar kernels), both q4; the
+ * bounds and their reasons: cutest.cuh (err_acc). */
 static void test_model_q4(const char *path) {
     spx_model *mc = NULL, *mg = NULL;
     if (!open_cpu_cuda(path, &mc, &mg)) return;
