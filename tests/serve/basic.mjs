@@ -11,11 +11,19 @@ const max_tokens = Number(n);
 const messages = JSON.parse(messagesJson);
 const out = {};
 
+// each part on its own: a failure is recorded as NAME_error and the rest still runs
+async function part(name, fn) {
+  try { await fn(); } catch (e) { out[`${name}_error`] = `${e.status ?? ''} ${e.message}`; }
+}
+
+await part('completion', async () => {
 const c = await client.completions.create({ model: 'doc', prompt, max_tokens, temperature: 0 });
 out.completion = c.choices[0].text;
 out.completion_finish = c.choices[0].finish_reason;
 out.completion_usage = c.usage;
+});
 
+await part('completion_stream', async () => {
 let text = '', finish = null, usage = null, chunks = 0;
 const cs = await client.completions.create({ model: 'doc', prompt, max_tokens, temperature: 0, stream: true,
                                             stream_options: { include_usage: true } });
@@ -31,14 +39,18 @@ out.completion_stream = text;
 out.completion_stream_finish = finish;
 out.completion_stream_usage = usage;
 out.completion_stream_chunks = chunks;
+});
 
+await part('chat', async () => {
 const r = await client.chat.completions.create({ model: 'doc', messages, max_tokens, temperature: 0 });
 out.chat = r.choices[0].message.content;
 out.chat_role = r.choices[0].message.role;
 out.chat_finish = r.choices[0].finish_reason;
 out.chat_usage = r.usage;
+});
 
-text = ''; finish = null; let role = null;
+await part('chat_stream', async () => {
+let text = '', finish = null, role = null;
 const rs = await client.chat.completions.create({ model: 'doc', messages, max_tokens, temperature: 0, stream: true });
 for await (const ch of rs) {
   const d = ch.choices[0]?.delta ?? {};
@@ -49,9 +61,12 @@ for await (const ch of rs) {
 out.chat_stream = text;
 out.chat_stream_role = role;
 out.chat_stream_finish = finish;
+});
 
+await part('models', async () => {
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);
+});
 
 // an error object through the client: n = 2
 try {
