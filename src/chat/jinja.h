@@ -4,7 +4,7 @@
  * normalization, whitespace control, trim_blocks, lstrip_blocks, raw
  * blocks, comments); jinja_parse.c builds an immutable AST in the
  * template's arena; jinja_eval.c walks it with a render state whose values
- * (jinja_value.c) all live in one per-render arena that is dropped at the
+ * (jinja_value.c, jinja_json.c) all live in one per-render arena that is dropped at the
  * end, so no value is ever freed on its own and every error path frees
  * everything by dropping the arena. jinja_builtins.c and jinja_str.c hold
  * the filters, tests, methods and globals.
@@ -29,6 +29,7 @@
 #define J_ARENA_MAX ((size_t)1 << 30)     /* bytes of values one render may allocate */
 #define J_MAX_STEPS ((uint64_t)10000000)  /* loop iterations + calls one render may run */
 #define J_MAX_RANGE 100000                /* range() length, as jinja2's sandbox */
+#define J_VALUE_DEPTH 512                 /* nesting of values in repr, tojson, ordering */
 
 /* ---- arena ---------------------------------------------------------- */
 typedef struct jblk jblk;
@@ -232,9 +233,10 @@ const jbuiltin *jb_method(const jv *v, jstr name, bool *unsafe);
 
 spx_status jfail(jrt *r, const jnode *at, spx_status code, const char *fmt, ...) SPX_PRINTF(4, 5);
 spx_status joom(jrt *r, const jnode *at);
-/* Binds a to params ("name,name2"; a '*' entry swallows extra positionals
- * is not supported: callers with varargs read a themselves); out[i] NULL
- * when not given. */
+/* Binds a to the nout parameters named in params ("name,name2"): out[i]
+ * is the value given positionally or by keyword, NULL when not given; too
+ * many, unknown or repeated arguments are errors. Builtins taking any
+ * number of arguments read a themselves. */
 spx_status jbind(jrt *r, const jnode *at, const char *fname, const jargs *a, const char *params, jv **out,
                  size_t nout);
 
@@ -263,8 +265,10 @@ double jv_num(const jv *v);
 spx_status jv_to_str(jrt *r, const jnode *at, const jv *v, jbuf *b);
 spx_status jv_repr(jrt *r, const jnode *at, const jv *v, jbuf *b);
 spx_status jv_str_of(jrt *r, const jnode *at, jv *v, jv **out); /* str(v) as a JV_STR */
+/* The error for a jbuf_put that failed: over J_OUT_MAX or out of memory */
+spx_status jbuf_fail(jrt *r, const jnode *at, const jbuf *b);
 void jfmt_float(double f, char *out, size_t cap); /* Python repr(float) */
-/* json.dumps(v, ensure_ascii, indent, separators, sort_keys): indent
+/* (jinja_json.c) json.dumps(v, ensure_ascii, indent, separators, sort_keys): indent
  * NULL for none; item_sep/key_sep NULL for the defaults */
 spx_status jv_tojson(jrt *r, const jnode *at, const jv *v, const char *indent, const char *item_sep,
                      const char *key_sep, bool sort_keys, bool ascii, jbuf *b);

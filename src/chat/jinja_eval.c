@@ -25,11 +25,6 @@
 static spx_status eval(jrt *r, const jnode *n, jframe *f, jv **out);
 static spx_status exec(jrt *r, const jnode *n, jframe *f, jbuf *o);
 
-static spx_status out_fail(jrt *r, const jnode *at, const jbuf *b) {
-    if (b->over) return jfail(r, at, SPX_ERR_RANGE, "rendered text longer than %zu MiB", J_OUT_MAX >> 20);
-    return jfail(r, at, SPX_ERR_NOMEM, "out of memory rendering the template");
-}
-
 static spx_status step(jrt *r, const jnode *at) {
     if (++r->steps > J_MAX_STEPS)
         return jfail(r, at, SPX_ERR_RANGE, "rendering takes more than %llu loop iterations and calls",
@@ -267,7 +262,7 @@ static spx_status slice_of(jrt *r, const jnode *at, jv *obj, jv *vs[3], jv **out
         for (int64_t i = lo; ok && (st > 0 ? i < hi : i > hi); i += st) ok = jbuf_put(&b, obj->s.p + off[i], off[i + 1] - off[i]);
     free(off);
     if (!ok) {
-        spx_status s = out_fail(r, at, &b);
+        spx_status s = jbuf_fail(r, at, &b);
         jbuf_free(&b);
         return s;
     }
@@ -831,7 +826,7 @@ static spx_status exec_inner(jrt *r, const jnode *n, jframe *f, jbuf *o) {
         for (size_t i = 0; i < n->n && !r->ctl; i++) SPX_TRY(exec(r, n->items[i], f, o));
         return SPX_OK;
     case N_TEXT:
-        return jbuf_put(o, n->val->s.p, n->val->s.n) ? SPX_OK : out_fail(r, n, o);
+        return jbuf_put(o, n->val->s.p, n->val->s.n) ? SPX_OK : jbuf_fail(r, n, o);
     case N_OUTPUT:
         SPX_TRY(eval(r, n->a, f, &v));
         return jv_to_str(r, n->a, v, o);

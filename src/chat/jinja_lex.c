@@ -2,7 +2,7 @@
  *
  * Follows jinja2 3.1's Lexer with trim_blocks and lstrip_blocks on:
  *   - the source has its newlines normalized and one trailing newline
- *     dropped (keep_trailing_newline=False) before lexing (jparse's caller);
+ *     dropped (keep_trailing_newline=False) before lexing (spx_template_parse);
  *   - "{%-", "{{-", "{#-" strip all whitespace before the tag; "-%}", "-}}",
  *     "-#}" all whitespace after it;
  *   - lstrip_blocks: before "{%" and "{#" (not "{{", not "{%+"), spaces and
@@ -11,12 +11,31 @@
  *   - {% raw %}...{% endraw %} is text (no newline trim after raw's "%}");
  *   - comments vanish.
  * Inside tags: names, strings (Python escapes), integers and floats
- * (with '_' separators), operators. */
+ * (with '_' separators), operators; jinja2 looks for a tag's end only
+ * outside brackets. Also here: error positions (jfail_at) and
+ * spx_template_parse / spx_template_free. */
 #include "chat/jinja.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+spx_status jfail_at(spx_err *e, const spx_template *t, size_t pos, spx_status code, const char *fmt, ...) {
+    if (!e || e->code != SPX_OK) return code;
+    size_t line = 1, ls = 0;
+    if (pos > t->len) pos = t->len;
+    for (size_t i = 0; i < pos; i++)
+        if (t->src[i] == '\n') line++, ls = i + 1;
+    size_t col = 1 + ju_len(t->src + ls, pos - ls);
+    char msg[SPX_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return spx_fail(e, code, "%s:%zu:%zu: %s", t->name, line, col, msg);
+}
 
 /* Length of the whitespace character (Python str.isspace) that ends at
  * s[end), 0 if none. */
@@ -337,4 +356,65 @@ spx_status jlex(spx_template *t, jtoks *out, spx_err *e) {
     }
     PUSH(.kind = T_EOF, .pos = n);
     return SPX_OK;
+}
+
+/* ---- API --------------------------------------------------------------- */
+
+static void copy_err(const spx_err *e, char *err, size_t errcap) {
+    if (!err || !errcap) return;
+    snprintf(err, errcap, "%s", e->msg);
+}
+
+spx_status spx_template_parse(const char *src, size_t len, const char *name, spx_template **out, char *err,
+                              size_t errcap) {
+    spx_err e;
+    spx_err_clear(&e);
+    if (err && errcap) err[0] = 0;
+    if (!out || (!src && len)) {
+        spx_fail(&e, SPX_ERR_ARG, "spx_template_parse: NULL %s", out ? "src" : "out");
+        copy_err(&e, err, errcap);
+        return SPX_ERR_ARG;
+    }
+    *out = NULL;
+    if (!name) name = "template";
+    spx_template *t = calloc(1, sizeof *t);
+    if (!t || !(t->name = strdup(name)) || !(t->src = malloc(len + 1))) {
+        if (t) free(t->name);
+        free(t);
+        spx_fail(&e, SPX_ERR_NOMEM, "%s: out of memory", name);
+        copy_err(&e, err, errcap);
+        return SPX_ERR_NOMEM;
+    }
+    /* jinja2: newlines normalized, one trailing newline dropped */
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            t->src[k++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n') i++;
+        } else {
+            t->src[k++] = src[i];
+        }
+    }
+    if (k && t->src[k - 1] == '\n') k--;
+    t->src[k] = 0;
+    t->len = k;
+    jtoks toks = {0};
+    spx_status st = jlex(t, &toks, &e);
+    if (!st) st = jparse(t, &toks, &e);
+    free(toks.v);
+    if (st) {
+        copy_err(&e, err, errcap);
+        spx_template_free(t);
+        return st;
+    }
+    *out = t;
+    return SPX_OK;
+}
+
+void spx_template_free(spx_template *t) {
+    if (!t) return;
+    ja_free(&t->arena);
+    free(t->src);
+    free(t->name);
+    free(t);
 }

@@ -15,6 +15,7 @@ typedef struct {
 } command;
 
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
@@ -34,6 +35,7 @@ int cmd_serve(int argc, char **argv);
 
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
+    {"chat", cmd_chat, "an interactive conversation through the model's chat template"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (chat and text completions, streaming, metrics)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"logits", cmd_logits, "write float32 logits for a list of token ids"},
