@@ -146,7 +146,8 @@ static spx_status add_refine(spx_trdc_writer *rw, const char *name, const spx_qt
 }
 
 spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, int bits, double outlier_ratio,
-                                uint64_t seed, int row_major, const char *refine_path, spx_err *e) {
+                                uint64_t seed, int row_major, const char *refine_path, const char *tok_json,
+                                const char *tok_cfg_json, spx_err *e) {
     if (bits != 2 && bits != 3 && bits != 4) return spx_fail(e, SPX_ERR_ARG, "synth: %d-bit codes: expected 2, 3 or 4", bits);
     tdesc *td = malloc(MAX_TENSORS * sizeof *td);
     if (!td) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
@@ -227,7 +228,7 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, int 
             return st;
         }
     }
-    st = cfg ? spx_trdc_writer_finish(w, cfg, NULL, NULL, qs, "{\"synthetic\": true}", e)
+    st = cfg ? spx_trdc_writer_finish(w, cfg, tok_json, tok_cfg_json, qs, "{\"synthetic\": true}", e)
              : (spx_trdc_writer_abort(w), spx_fail(e, SPX_ERR_NOMEM, "out of memory"));
     free(cfg);
     return st;

@@ -28,9 +28,12 @@ char *spx_synth_config_json(const spx_synth_shape *s);
  * row_major: 0 stores 4-bit matrices tiled (SPX_Q_TILED, as compress does
  * by default), 1 row-major. refine_path: NULL, or also a .refine of random
  * residuals for every layer matrix, bound to these codes (speed only: the
- * residual is noise, not the weights' error). */
+ * residual is noise, not the weights' error). tok_json / tok_cfg_json: a
+ * tokenizer.json / tokenizer_config.json to carry (NULL: none), so that
+ * text-in, text-out tools (serve, chat) run on the shape (random text). */
 spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, int bits, double outlier_ratio,
-                                uint64_t seed, int row_major, const char *refine_path, spx_err *e);
+                                uint64_t seed, int row_major, const char *refine_path, const char *tok_json,
+                                const char *tok_cfg_json, spx_err *e);
 /* dir is created if missing; writes config.json and model.safetensors. */
 spx_status spx_synth_write_hf(const spx_synth_shape *s, const char *dir, uint64_t seed, spx_err *e);
 
