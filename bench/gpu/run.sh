@@ -63,6 +63,14 @@
 #                                memory and occupancy sections (ncu_gemv.txt),
 #                                and its SASS by cuobjdump (sass.txt; SASS_FUN:
 #                                the mangled name).
+#   sh bench/gpu/run.sh pack-serve   here: a staging folder for the serve mode ($D,
+#                                default .dev/gpus): spectra, libmicrohttpd and its
+#                                libraries, the Llama-3 tokenizer of ../shared.
+#   sh bench/gpu/run.sh serve        (SPX_GPU_DIR=.dev/gpus) a synthetic SSHAPE (default
+#                                llama3-8b) carrying that tokenizer, then
+#                                bench/serve_load.py against spectra serve --backend
+#                                cuda (SPAR sessions, default 16; SCLIENTS, SREQ, SMAX;
+#                                SMEM=N: one more level of N requests for memory).
 #   sh bench/gpu/run.sh pack-refine  here: a staging folder of its own for the
 #                                refine mode ($D, default .dev/gpur: the 64 MiB
 #                                carry holds no more): spectra, test_cuda_refine,
@@ -127,6 +135,22 @@ if [ "${1:-}" = pack-refine ]; then
             "$BUILD"/spectra compress -m "$SHARED/models/$m" -o $D/models/$m.trdc --refine $D/models/$m.refine -q || exit 1
     done
     cp "$SHARED/models/docllama-58m/eval.txt" $D/models/ || exit 1
+    git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
+    du -sh $D
+    exit 0
+fi
+
+if [ "${1:-}" = pack-serve ]; then
+    D=${SPX_GPU_DIR:-.dev/gpus}
+    pack_bins spectra
+    # libmicrohttpd and what it links (the GPU machine has no -dev packages), libc's own family excepted
+    for l in /usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12 $(ldd /usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12 |
+        awk '$3 ~ /^\// && $1 !~ /^(libc|libm|libpthread|libdl|librt|ld-linux)/ {print $3}'); do
+        cp -L "$l" $D/lib/ || exit 1
+    done
+    mkdir -p $D/tok && cp "$SHARED/tokenizers/llama3/tokenizer_config.json" $D/tok/ &&
+        xz -T2 -6 -c "$SHARED/tokenizers/llama3/tokenizer.json" > $D/tok/tokenizer.json.xz || exit 1
+    xz -T2 -6 -f $D/bin/spectra || exit 1
     git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
     du -sh $D
     exit 0
@@ -340,6 +364,25 @@ fi
 
 echo "== GEMV" | tee /dev/fd/3
 [ ! -x $B/bench_gemv ] || timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
+
+if [ "$MODE" = serve ]; then # (SPX_GPU_DIR=.dev/gpus) spectra serve on a synthetic shape with the Llama-3 tokenizer
+    xz -dc $D/tok/tokenizer.json.xz > $D/tok/tokenizer.json || exit 1
+    s=${SSHAPE:-llama3-8b}
+    [ -f $W/$s-tok.trdc ] || $B/spectra synth --shape $s -o $W/$s-tok.trdc --tokenizer $D/tok > $T/synth.log 2>&1 ||
+        { echo "synth $s failed:"; tail -n 3 $T/synth.log; } | tee /dev/fd/3
+    echo "== serve_load $s: --parallel ${SPAR:-16}, clients ${SCLIENTS:-1,4,16,64}, ${SREQ:-64} requests each" | tee /dev/fd/3
+    timeout "${STIME:-300}" python3 bench/serve_load.py --spectra $B/spectra --model $W/$s-tok.trdc --backend cuda \
+        --parallel "${SPAR:-16}" --ctx 1024 --clients "${SCLIENTS:-1,4,16,64}" --requests "${SREQ:-64}" \
+        --max-tokens "${SMAX:-64}" --out "$OUT/serve_load.md" 2>&1 | tee /dev/fd/3
+    if [ -n "${SMEM:-}" ]; then # memory across many requests: one level of SMEM requests
+        echo "== serve_load memory: $SMEM requests at ${SMEMC:-16} clients, 16 tokens each" | tee /dev/fd/3
+        timeout "${STIME:-300}" python3 bench/serve_load.py --spectra $B/spectra --model $W/$s-tok.trdc --backend cuda \
+            --parallel "${SPAR:-16}" --ctx 1024 --clients "${SMEMC:-16}" --requests "$SMEM" --max-tokens 16 \
+            --out "$OUT/serve_mem.md" 2>&1 | tee /dev/fd/3
+    fi
+    exec 1>&3
+    exit 0
+fi
 
 if [ "$MODE" = batch ]; then
     # the M-token kernels (bench_gemv --mtok where it has it), bench
