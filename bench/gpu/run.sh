@@ -65,12 +65,14 @@
 #                                the mangled name).
 #   sh bench/gpu/run.sh pack-serve   here: a staging folder for the serve mode ($D,
 #                                default .dev/gpus): spectra, libmicrohttpd and its
-#                                libraries, the Llama-3 tokenizer of ../shared.
+#                                libraries, the Llama-3 tokenizer of ../shared,
+#                                docllama-58m compressed.
 #   sh bench/gpu/run.sh serve        (SPX_GPU_DIR=.dev/gpus) a synthetic SSHAPE (default
 #                                llama3-8b) carrying that tokenizer, then
 #                                bench/serve_load.py against spectra serve --backend
 #                                cuda (SPAR sessions, default 16; SCLIENTS, SREQ, SMAX;
-#                                SMEM=N: one more level of N requests for memory).
+#                                SMEM=N: one more level of N requests for memory), and
+#                                on docllama-58m.
 #   sh bench/gpu/run.sh pack-refine  here: a staging folder of its own for the
 #                                refine mode ($D, default .dev/gpur: the 64 MiB
 #                                carry holds no more): spectra, test_cuda_refine,
@@ -142,6 +144,7 @@ fi
 
 if [ "${1:-}" = pack-serve ]; then
     D=${SPX_GPU_DIR:-.dev/gpus}
+    rm -rf $D/bin
     pack_bins spectra
     # libmicrohttpd and what it links (the GPU machine has no -dev packages), libc's own family excepted
     for l in /usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12 $(ldd /usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12 |
@@ -150,6 +153,9 @@ if [ "${1:-}" = pack-serve ]; then
     done
     mkdir -p $D/tok && cp "$SHARED/tokenizers/llama3/tokenizer_config.json" $D/tok/ &&
         xz -T2 -6 -c "$SHARED/tokenizers/llama3/tokenizer.json" > $D/tok/tokenizer.json.xz || exit 1
+    mkdir -p $D/models
+    [ $D/models/docllama-58m.trdc -nt "$BUILD"/spectra ] ||
+        "$BUILD"/spectra compress -m "$SHARED/models/docllama-58m" -o $D/models/docllama-58m.trdc -q || exit 1
     xz -T2 -6 -f $D/bin/spectra || exit 1
     git log -1 --format='commit %h %cd' > $D/commit 2>/dev/null; git status --short | grep -q . && echo "(plus uncommitted changes)" >> $D/commit
     du -sh $D
@@ -260,6 +266,31 @@ PY
     exit 0
 fi
 
+if [ "$MODE" = serve ]; then # (SPX_GPU_DIR=.dev/gpus) spectra serve on a synthetic shape with the Llama-3 tokenizer
+    xz -dc $D/tok/tokenizer.json.xz > $D/tok/tokenizer.json || exit 1
+    s=${SSHAPE:-llama3-8b}
+    [ -f $W/$s-tok.trdc ] || $B/spectra synth --shape $s -o $W/$s-tok.trdc --tokenizer $D/tok > $T/synth.log 2>&1 ||
+        { echo "synth $s failed:"; tail -n 3 $T/synth.log; } | tee /dev/fd/3
+    echo "== serve_load $s: --parallel ${SPAR:-16}, clients ${SCLIENTS:-1,4,16,64}, ${SREQ:-64} requests each" | tee /dev/fd/3
+    timeout "${STIME:-300}" python3 bench/serve_load.py --spectra $B/spectra --model $W/$s-tok.trdc --backend cuda \
+        --parallel "${SPAR:-16}" --ctx 1024 --clients "${SCLIENTS:-1,4,16,64}" --requests "${SREQ:-64}" \
+        --max-tokens "${SMAX:-64}" --out "$OUT/serve_load.md" 2>&1 | tee /dev/fd/3
+    if [ -f $D/models/docllama-58m.trdc ]; then # a real model (its greedy answers rarely tie)
+        echo "== serve_load docllama-58m: --parallel ${SPAR:-16}" | tee /dev/fd/3
+        timeout "${STIME:-300}" python3 bench/serve_load.py --spectra $B/spectra --model $D/models/docllama-58m.trdc \
+            --backend cuda --parallel "${SPAR:-16}" --ctx 1024 --clients "${SCLIENTS:-1,4,16,64}" \
+            --requests "${SREQ:-64}" --max-tokens "${SMAX:-64}" --out "$OUT/serve_load_docllama.md" 2>&1 | tee /dev/fd/3
+    fi
+    if [ -n "${SMEM:-}" ]; then # memory across many requests: one level of SMEM requests
+        echo "== serve_load memory: $SMEM requests at ${SMEMC:-16} clients, 16 tokens each" | tee /dev/fd/3
+        timeout "${STIME:-300}" python3 bench/serve_load.py --spectra $B/spectra --model $W/$s-tok.trdc --backend cuda \
+            --parallel "${SPAR:-16}" --ctx 1024 --clients "${SMEMC:-16}" --requests "$SMEM" --max-tokens 16 \
+            --out "$OUT/serve_mem.md" 2>&1 | tee /dev/fd/3
+    fi
+    exec 1>&3
+    exit 0
+fi
+
 if [ "$MODE" = ncu-gemv ]; then # the GEMV kernels alone under ncu (scheduler, warp states, memory), and their SASS
     NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
     [ -n "$NCU" ] || { echo "ncu: not found" | tee /dev/fd/3; exit 1; }
@@ -364,25 +395,6 @@ fi
 
 echo "== GEMV" | tee /dev/fd/3
 [ ! -x $B/bench_gemv ] || timeout 120 $B/bench_gemv --json > "$OUT/gemv.jsonl" 2> $T/gemv.err || cat $T/gemv.err | tee /dev/fd/3
-
-if [ "$MODE" = serve ]; then # (SPX_GPU_DIR=.dev/gpus) spectra serve on a synthetic shape with the Llama-3 tokenizer
-    xz -dc $D/tok/tokenizer.json.xz > $D/tok/tokenizer.json || exit 1
-    s=${SSHAPE:-llama3-8b}
-    [ -f $W/$s-tok.trdc ] || $B/spectra synth --shape $s -o $W/$s-tok.trdc --tokenizer $D/tok > $T/synth.log 2>&1 ||
-        { echo "synth $s failed:"; tail -n 3 $T/synth.log; } | tee /dev/fd/3
-    echo "== serve_load $s: --parallel ${SPAR:-16}, clients ${SCLIENTS:-1,4,16,64}, ${SREQ:-64} requests each" | tee /dev/fd/3
-    timeout "${STIME:-300}" python3 bench/serve_load.py --spectra $B/spectra --model $W/$s-tok.trdc --backend cuda \
-        --parallel "${SPAR:-16}" --ctx 1024 --clients "${SCLIENTS:-1,4,16,64}" --requests "${SREQ:-64}" \
-        --max-tokens "${SMAX:-64}" --out "$OUT/serve_load.md" 2>&1 | tee /dev/fd/3
-    if [ -n "${SMEM:-}" ]; then # memory across many requests: one level of SMEM requests
-        echo "== serve_load memory: $SMEM requests at ${SMEMC:-16} clients, 16 tokens each" | tee /dev/fd/3
-        timeout "${STIME:-300}" python3 bench/serve_load.py --spectra $B/spectra --model $W/$s-tok.trdc --backend cuda \
-            --parallel "${SPAR:-16}" --ctx 1024 --clients "${SMEMC:-16}" --requests "$SMEM" --max-tokens 16 \
-            --out "$OUT/serve_mem.md" 2>&1 | tee /dev/fd/3
-    fi
-    exec 1>&3
-    exit 0
-fi
 
 if [ "$MODE" = batch ]; then
     # the M-token kernels (bench_gemv --mtok where it has it), bench
