@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static uint64_t next_u64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -23,7 +24,72 @@ static int32_t argmax(const float *x, int64_t n) {
     return (int32_t)best;
 }
 
-static int cand_desc(const void *a, const void *b) {
+/* The candidates' order, descending weight and ties to the lower id, as
+ * one ascending 64-bit key: the weight's bits made order-preserving and
+ * inverted (high half), the id (low half). Keys are distinct, so the k
+ * smallest are one set whatever the method: a selection then a sort of
+ * those k gives the same prefix a sort of everything gives, which keeps
+ * every draw that of the full sort (tests/test_sampler.c holds the
+ * qsort reference). */
+static uint64_t cand_key(float p, int32_t id) {
+    union { float f; uint32_t u; } v;
+    v.f = p == 0 ? 0.0f : p; /* -0 sorts as +0 (they compare equal) */
+    uint32_t a = v.u & 0x80000000u ? ~v.u : v.u | 0x80000000u; /* ascending with the value */
+    return (uint64_t)~a << 32 | (uint32_t)id;
+}
+
+static void swap64(uint64_t *a, uint64_t *b) {
+    uint64_t t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Moves the k smallest of x[0..n) to x[0..k) (in no order): quickselect,
+ * median-of-three pivots. */
+static void select_k(uint64_t *x, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (x[mid] < x[lo]) swap64(&x[mid], &x[lo]);
+        if (x[hi] < x[lo]) swap64(&x[hi], &x[lo]);
+        if (x[hi] < x[mid]) swap64(&x[hi], &x[mid]);
+        const uint64_t piv = x[mid];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (x[i] < piv) i++;
+            while (x[j] > piv) j--;
+            if (i <= j) swap64(&x[i++], &x[j--]);
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else return;
+    }
+}
+
+static int u64_asc(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts x[0..n) ascending: LSD radix on the high 32 bits in 3 passes of
+ * 11 bits (stable, and the input is in id order, so equal weights stay
+ * by id); tmp holds n. */
+static void radix_sort_hi(uint64_t *x, uint64_t *tmp, int64_t n) {
+    for (int shift = 32; shift < 64; shift += 11) {
+        int64_t cnt[2049] = {0};
+        for (int64_t i = 0; i < n; i++) cnt[((x[i] >> shift) & 2047) + 1]++;
+        for (int b = 0; b < 2048; b++) cnt[b + 1] += cnt[b];
+        for (int64_t i = 0; i < n; i++) tmp[cnt[(x[i] >> shift) & 2047]++] = x[i];
+        uint64_t *t = x;
+        x = tmp;
+        tmp = t;
+    }
+    /* three passes: the sorted keys are in what was tmp; copy back */
+    memcpy(tmp, x, (size_t)n * sizeof *x);
+}
+
+/* the fallback's comparison (the order cand_key encodes) */
+static int cand_desc_ref(const void *a, const void *b) {
     const spx_cand *x = a, *y = b;
     if (x->p != y->p) return x->p < y->p ? 1 : -1;
     return x->id < y->id ? -1 : x->id > y->id;
@@ -36,13 +102,28 @@ double spx_rng_uniform(uint64_t *rng) { return (double)(next_u64(rng) >> 11) * (
 int64_t spx_sampler_dist(const float *logits, int64_t vocab, const spx_sampler_params *p, spx_cand *c, double *sum_out) {
     float mx = -INFINITY;
     for (int64_t i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
-    for (int64_t i = 0; i < vocab; i++) {
-        c[i].p = (logits[i] - mx) / p->temperature;
-        c[i].id = (int32_t)i;
-    }
-    qsort(c, (size_t)vocab, sizeof *c, cand_desc);
     int64_t n = vocab;
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    /* keys in c's memory when they fit (8 bytes a candidate), else their own */
+    uint64_t *key = malloc((size_t)vocab * 2 * sizeof *key);
+    if (!key) { /* no memory: the plain sort of everything (the same order) */
+        for (int64_t i = 0; i < vocab; i++) c[i].p = (logits[i] - mx) / p->temperature, c[i].id = (int32_t)i;
+        qsort(c, (size_t)vocab, sizeof *c, cand_desc_ref);
+    } else {
+        for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
+        if (n < vocab) {
+            select_k(key, vocab, n);
+            qsort(key, (size_t)n, sizeof *key, u64_asc);
+        } else {
+            radix_sort_hi(key, key + vocab, vocab);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            const int32_t id = (int32_t)(uint32_t)key[i];
+            c[i].p = (logits[id] - mx) / p->temperature;
+            c[i].id = id;
+        }
+        free(key);
+    }
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += (c[i].p = expf(c[i].p));
     if (p->top_p > 0 && p->top_p < 1) {
