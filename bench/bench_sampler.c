@@ -7,18 +7,12 @@
  *
  *   build/bench/bench_sampler [REPS=41]
  */
+#include "core/util.h"
 #include "spectra.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -53,9 +47,9 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps; r++)
         for (int v = 0; v < 2; v++)
             for (int k = 0; k < 4; k++) {
-                double t0 = now();
+                double t0 = spx_now();
                 sink += (uint64_t)spx_sample(lg[v], vocabs[v], &ps[k], &rng);
-                t[(v * 4 + k) * reps + r] = now() - t0;
+                t[(v * 4 + k) * reps + r] = spx_now() - t0;
             }
     printf("| vocabulary | sampler | median us | x greedy |\n| ---: | --- | ---: | ---: |\n");
     for (int v = 0; v < 2; v++) {

@@ -88,13 +88,6 @@ static void radix_sort_hi(uint64_t *x, uint64_t *tmp, int64_t n) {
     memcpy(tmp, x, (size_t)n * sizeof *x);
 }
 
-/* the fallback's comparison (the order cand_key encodes) */
-static int cand_desc_ref(const void *a, const void *b) {
-    const spx_cand *x = a, *y = b;
-    if (x->p != y->p) return x->p < y->p ? 1 : -1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
 int spx_sampler_greedy(const spx_sampler_params *p) { return !p || p->temperature <= 0 || p->top_k == 1; }
 
 double spx_rng_uniform(uint64_t *rng) { return (double)(next_u64(rng) >> 11) * (1.0 / 9007199254740992.0); }
@@ -104,25 +97,24 @@ int64_t spx_sampler_dist(const float *logits, int64_t vocab, const spx_sampler_p
     for (int64_t i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
     int64_t n = vocab;
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-    /* keys in c's memory when they fit (8 bytes a candidate), else their own */
-    uint64_t *key = malloc((size_t)vocab * 2 * sizeof *key);
-    if (!key) { /* no memory: the plain sort of everything (the same order) */
-        for (int64_t i = 0; i < vocab; i++) c[i].p = (logits[i] - mx) / p->temperature, c[i].id = (int32_t)i;
-        qsort(c, (size_t)vocab, sizeof *c, cand_desc_ref);
+    /* the keys live in c (vocab entries of 8 bytes, malloc'd: aligned for a
+     * uint64_t); key[i] is read before c[i] is written over it */
+    _Static_assert(sizeof(spx_cand) == sizeof(uint64_t), "a candidate's memory holds its key");
+    uint64_t *key = (uint64_t *)(void *)c;
+    for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
+    if (n < vocab) {
+        select_k(key, vocab, n);
+        qsort(key, (size_t)n, sizeof *key, u64_asc);
     } else {
-        for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
-        if (n < vocab) {
-            select_k(key, vocab, n);
-            qsort(key, (size_t)n, sizeof *key, u64_asc);
-        } else {
-            radix_sort_hi(key, key + vocab, vocab);
-        }
-        for (int64_t i = 0; i < n; i++) {
-            const int32_t id = (int32_t)(uint32_t)key[i];
-            c[i].p = (logits[id] - mx) / p->temperature;
-            c[i].id = id;
-        }
-        free(key);
+        uint64_t *tmp = malloc((size_t)vocab * sizeof *tmp);
+        if (tmp) radix_sort_hi(key, tmp, vocab);
+        else qsort(key, (size_t)vocab, sizeof *key, u64_asc); /* no memory: the same order, slower */
+        free(tmp);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t id = (int32_t)(uint32_t)key[i];
+        c[i].p = (logits[id] - mx) / p->temperature;
+        c[i].id = id;
     }
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += (c[i].p = expf(c[i].p));

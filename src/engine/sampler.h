@@ -11,7 +11,8 @@ typedef struct spx_cand { float p; int32_t id; } spx_cand;
 /* The candidates spx_sample(logits, vocab, p) draws from: c[0 .. n) by
  * descending weight (ties: lower id first), c[i].p the unnormalised weight
  * exp((logit - max) / T), *sum their double sum; returns n >= 1. c holds
- * vocab entries (c[n..vocab) are left unspecified). p must be a sampling
+ * vocab entries, malloc'd (it holds the sort keys meanwhile; c[n..vocab)
+ * are left unspecified). p must be a sampling
  * (not greedy) parameter set. Top-k selects the k candidates and sorts
  * only them; without top-k the whole vocabulary is radix-sorted: the same
  * order, weights and sums as one full comparison sort, so the same draws
