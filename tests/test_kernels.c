@@ -307,7 +307,7 @@ static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t r
     int tiled = spx_q_tiled_ok(bits, group, cols);
     if (tiled) check_tiled(sc, q, x, T, ysc, ysplit, ys, what);
     if (av) {
-        if (run_kernel(av, q, x, T, yav, ys, 0, rows, 1, "avx2")) {
+        if (run_kernel(av, q, x, T, yav, ys, 0, rows, 1, av->name)) {
             double worst = 0, se = 0, sr = 0;
             int64_t wi = -1;
             for (int64_t t = 0; t < T; t++)
@@ -320,14 +320,14 @@ static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t r
                     /* avx2 vs scalar: both bounds */
                     double es = fabs(yav[t * ys + r] - ysc[t * ys + r]);
                     if (!(es <= tol8[t * rows + r] + tols[t * rows + r])) {
-                        CHECK(0, "%s: avx2 vs scalar at t=%lld r=%lld: %.9g vs %.9g", what,
+                        CHECK(0, "%s: %s vs scalar at t=%lld r=%lld: %.9g vs %.9g", what, av->name,
                               (long long)t, (long long)r, yav[t * ys + r], ysc[t * ys + r]);
                         t = T;
                         break;
                     }
                 }
-            CHECK(worst <= 1.0, "%s: avx2 vs double: worst err/bound %.3g at t=%lld r=%lld (got %.9g ref %.9g)",
-                  what, worst, (long long)(wi / rows), (long long)(wi % rows),
+            CHECK(worst <= 1.0, "%s: %s vs double: worst err/bound %.3g at t=%lld r=%lld (got %.9g ref %.9g)",
+                  what, av->name, worst, (long long)(wi / rows), (long long)(wi % rows),
                   yav[(wi / rows) * ys + wi % rows], ref[wi]);
             if (group == 32 || group == 64 || group == 128) { /* the int8 path, not a scalar fallback */
                 double rms = sr > 0 ? sqrt(se / sr) : 0;
@@ -347,7 +347,7 @@ static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t r
         if (pc) {
             spx_qtensor qp = *q;
             qp.codes = pc;
-            if (run_kernel(av, &qp, x, T, ysplit, ys, 0, rows, 1, "avx2 poisoned padding")) {
+            if (run_kernel(av, &qp, x, T, ysplit, ys, 0, rows, 1, "poisoned padding")) {
                 int same = 1;
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t r = 0; r < rows; r++)
@@ -359,7 +359,7 @@ static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t r
         /* sub-ranges: a middle piece only, then the whole range in 3 calls;
          * rows must be bit-identical to the one-call result */
         int64_t a = rows / 3, b = rows - rows / 4;
-        if (b > a && run_kernel(av, q, x, T, ysplit, ys, a, b, 1, "avx2 sub-range")) {
+        if (b > a && run_kernel(av, q, x, T, ysplit, ys, a, b, 1, "sub-range")) {
             int same = 1;
             for (int64_t t = 0; t < T; t++)
                 for (int64_t r = a; r < b; r++)
@@ -367,7 +367,7 @@ static void check_case(const spx_qkernels *sc, const spx_qkernels *av, int64_t r
             CHECK(same, "%s: rows [%lld, %lld) differ from the full-range call", what, (long long)a,
                   (long long)b);
         }
-        if (rows >= 3 && run_kernel(av, q, x, T, ysplit, ys, 0, rows, 3, "avx2 3 pieces")) {
+        if (rows >= 3 && run_kernel(av, q, x, T, ysplit, ys, 0, rows, 3, "3 pieces")) {
             int same = 1;
             for (int64_t t = 0; t < T; t++)
                 for (int64_t r = 0; r < rows; r++)
@@ -464,10 +464,10 @@ static void test_softmax(const spx_qkernels *sc, const spx_qkernels *av) {
         for (int i = 0; i < 21; i++) nan_av += isnan(b[i]) != 0;
     }
     CHECK(bad_sc == 0, "scalar softmax: %d differences from spx_cpu_softmax or the bound (%d cases)", bad_sc, cases);
-    CHECK(!av || bad_av == 0, "avx2 softmax: %d elements off (worst %.3g of the bound)", bad_av, worst);
+    CHECK(!av || bad_av == 0, "%s softmax: %d elements off (worst %.3g of the bound)", av ? av->name : "", bad_av, worst);
     CHECK(nan_sc == 21 && (!av || nan_av == 21), "softmax with a NaN: %d / %d NaN outputs of 21 (scalar / avx2)", nan_sc,
           nan_av);
-    if (av) printf("softmax: %d cases, avx2 worst %.2f of the bound\n", cases, worst);
+    if (av) printf("softmax: %d cases, %s worst %.2f of the bound\n", cases, av->name, worst);
 }
 
 static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av) {
@@ -635,31 +635,31 @@ static void test_attention_steps(const spx_qkernels *sc, const spx_qkernels *av)
         }
     CHECK(bad_g == 0, "attention steps: %d heads of %d grouped calls differ from one-head calls", bad_g, g_cases);
     CHECK(bad_sc == 0, "attention steps: scalar table differs from its definition in %d values", bad_sc);
-    CHECK(bad_av == 0, "attention steps: avx2 outside the rounding bound in %d values (worst f16 dot %.3g)", bad_av,
-          worst);
-    printf("attention steps (f16, q4 groups): %d cases, avx2 f16 dot worst err / bound %.3f\n", cases, worst);
+    CHECK(bad_av == 0, "attention steps: %s outside the rounding bound in %d values (worst f16 dot %.3g)",
+          av ? av->name : "-", bad_av, worst);
+    printf("attention steps (f16, q4 groups): %d cases, %s f16 dot worst err / bound %.3f\n", cases, av ? av->name : "-", worst);
 }
 
-int main(void) {
-    test_dispatch();
-    const spx_qkernels *sc = spx_qkernels_scalar();
-    const spx_qkernels *av = spx_qkernels_get("avx2");
-    if (!av) printf("note: no AVX2+FMA+F16C on this CPU (or build): avx2 table not tested\n");
-    test_attention_steps(sc, av);
-    test_softmax(sc, av);
-
-    /* 300x256, 9x4256 and 5x8448 cross the avx2 GEMM's blocking: row
-     * blocks of 64 rows, column chunks of 4096 (4256 / 32 = 133 blocks: a
-     * 5-block odd tail). Tiled (cols % 128 == 0, G32): 128 columns are one
-     * item (a 4-block chunk only), 384 one chunk and a one-item tail, 4224
-     * a one-item tail after a column chunk; 17, 20, 33 and 300 rows end in
-     * a partial tile, 32x640 in a whole one with a one-item tail (its last
-     * scale words are the array's last bytes). */
+/* Every matmul case of one SIMD table against the scalar table and the
+ * double reference (check_case). */
+static void test_products(const spx_qkernels *sc, const spx_qkernels *av) {
+    memset(&g_st, 0, sizeof g_st);
+    /* 300x256, 9x4256 and 5x8448 cross the GEMMs' blocking: row blocks of
+     * 64 rows, column chunks of 4096 (4256 / 32 = 133 blocks: a 5-block
+     * odd tail; the avx512 table's chunks of 16 blocks end in a 5-block
+     * tail too, its quads of 4 in a 1-block one). Tiled (cols % 128 == 0,
+     * G32): 128 columns are one item (a 4-block chunk only), 384 one
+     * chunk and a one-item tail, 4224 a one-item tail after a column
+     * chunk; 17, 20, 33 and 300 rows end in a partial tile, 32x640 in a
+     * whole one with a one-item tail (its last scale words are the
+     * array's last bytes). */
     static const int64_t shapes[][2] = {{1, 32},    {3, 96},    {7, 160},   {64, 512},  {33, 2048},
                                         {256, 1536}, {300, 256}, {9, 4256}, {5, 8448},  {17, 128},
                                         {20, 384},  {19, 4224}, {32, 640}};
     static const int groups[] = {32, 64, 128};
-    static const int64_t Ts[] = {1, 2, 3, 5, 8, 12, 16, 17};
+    /* 33 and 40 reach the amx table's tile products (SPX_AMX_MIN_T = 32
+     * tokens and more: whole and partial 16-token tiles) */
+    static const int64_t Ts[] = {1, 2, 3, 5, 8, 12, 16, 17, 33, 40};
     /* Bits 2 and 3 (items of 4 blocks, qtensor.h): 32, 96 and 160 columns
      * end in a partial item with 1 or 3 blocks (an odd last block: lane 1
      * cleared), 2048 and 4256 cross the GEMM's column chunks (4256: a
@@ -668,9 +668,9 @@ int main(void) {
     /* the sanitizer pass (tests/run.sh quick: SPECTRA_TEST_QUICK) takes the
      * token counts 1 (the GEMV path), 3, 12 (the decode-sized products of
      * 2..16 tokens: whole rows, a tiled matrix in balanced passes of <= 8
-     * tokens, here 6 + 6) and 17 (the GEMM's blocks: 8 + 8 + 1) only, for
-     * CI's time; the normal pass runs every count */
-    const int quick = getenv("SPECTRA_TEST_QUICK") != NULL;
+     * tokens, here 6 + 6), 17 (the GEMM's blocks: 8 + 8 + 1) and, for the
+     * amx table, 40, for CI's time; the normal pass runs every count */
+    const int quick = getenv("SPECTRA_TEST_QUICK") != NULL, amx = !strcmp(av->name, "amx");
     for (size_t bi = 0; bi < 3; bi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
             for (size_t gi = 0; gi < 3; gi++) {
@@ -678,10 +678,12 @@ int main(void) {
                 int group = groups[gi], bits = widths[bi];
                 if (cols % group) continue;
                 for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
-                    if (quick && Ts[ti] != 1 && Ts[ti] != 3 && Ts[ti] != 12 && Ts[ti] != 17) continue;
-                    check_case(sc, av, rows, cols, group, bits, 0, Ts[ti]);
-                    check_case(sc, av, rows, cols, group, bits, 1, Ts[ti]);
-                    check_case(sc, av, rows, cols, group, bits, cols / 33 + 2, Ts[ti]);
+                    const int64_t T = Ts[ti];
+                    if (quick && T != 1 && T != 3 && T != 12 && T != 17 && !(amx && T == 40)) continue;
+                    if (T > 17 && !amx && (quick || rows * cols > 300 * 256)) continue; /* the GEMM's blocking is 17's */
+                    check_case(sc, av, rows, cols, group, bits, 0, T);
+                    check_case(sc, av, rows, cols, group, bits, 1, T);
+                    check_case(sc, av, rows, cols, group, bits, cols / 33 + 2, T);
                 }
             }
     /* every outlier count up to 3% of 512 columns */
@@ -690,24 +692,44 @@ int main(void) {
             for (size_t gi = 0; gi < 3; gi++) {
                 check_case(sc, av, 64, 512, groups[gi], widths[bi], no, 1);
                 check_case(sc, av, 64, 512, groups[gi], widths[bi], no, 5);
+                if (amx) check_case(sc, av, 64, 512, groups[gi], widths[bi], no, 33);
             }
     /* group sizes without a fast path: the scalar table's numbers */
     check_case(sc, av, 9, 256, 16, 4, 2, 3);
     check_case(sc, av, 5, 512, 256, 4, 2, 2);
     check_case(sc, av, 5, 512, 256, 3, 2, 2);
     check_case(sc, av, 5, 512, 256, 2, 2, 1);
+    check_case(sc, av, 5, 512, 256, 4, 2, 33);
 
-    if (av && g_st.cases)
-        printf("avx2 int8 path: %lld cases; worst |err| / int8 bound %.3f; ||err|| / ||y||: mean "
+    if (g_st.cases)
+        printf("%s int8 path: %lld cases; worst |err| / int8 bound %.3f; ||err|| / ||y||: mean "
                "%.2e, worst %.2e (%s)\n",
-               (long long)g_st.cases, g_st.worst_ratio_int8, g_st.sum_rms / (double)g_st.cases,
+               av->name, (long long)g_st.cases, g_st.worst_ratio_int8, g_st.sum_rms / (double)g_st.cases,
                g_st.worst_rms, g_st.worst_rms_case);
     /* Every width takes the int8 path (not the scalar fallback, whose
      * float error is ~1e-7): its activation rounding shows as ~1e-2. */
-    for (int b = 2; av && b <= 4; b++) {
+    for (int b = 2; b <= 4; b++) {
         const double m = g_st.cases_w[b] ? g_st.sum_rms_w[b] / (double)g_st.cases_w[b] : 0;
         printf("  %d-bit: %lld cases, mean ||err|| / ||y|| %.2e\n", b, (long long)g_st.cases_w[b], m);
-        CHECK(g_st.cases_w[b] > 0 && m > 1e-4, "%d-bit: the avx2 table did not run its int8 path (mean err %.2e)", b, m);
+        CHECK(g_st.cases_w[b] > 0 && m > 1e-4, "%d-bit: the %s table did not run its int8 path (mean err %.2e)", b,
+              av->name, m);
+    }
+}
+
+int main(void) {
+    test_dispatch();
+    const spx_qkernels *sc = spx_qkernels_scalar();
+    /* every SIMD table this CPU runs, each against the scalar reference */
+    static const char *const simd[] = {"avx2", "avx512", "amx"};
+    for (size_t i = 0; i < sizeof simd / sizeof simd[0]; i++) {
+        const spx_qkernels *av = spx_qkernels_get(simd[i]);
+        if (!av) {
+            printf("note: this CPU (or build, or OS) lacks the %s table's features: not tested\n", simd[i]);
+            continue;
+        }
+        test_attention_steps(sc, av);
+        test_softmax(sc, av);
+        test_products(sc, av);
     }
     return tl_finish("test_kernels");
 }

@@ -8,7 +8,8 @@
  * for several. It is the oracle the SIMD variants are tested against and
  * the fallback where a CPU lacks their features.
  *
- * Variants live in their own files (qkernels_avx2.c; later avx512, neon)
+ * Variants live in their own files (qkernels_avx2.c, qkernels_avx512.c,
+ * qkernels_amx.c; later neon)
  * and export one getter each, declared below; a getter returns NULL where
  * the variant is not compiled in. Dispatch checks the CPU features itself,
  * so a variant's getter never runs its code on a CPU that lacks them. */
@@ -25,6 +26,9 @@
 
 /* Variant getters (one per file; NULL when not compiled for this target). */
 const spx_qkernels *spx_qkernels_avx2_table(void);
+const spx_qkernels *spx_qkernels_avx512_table(void);
+const spx_qkernels *spx_qkernels_amx_table(void); /* avx512 + AMX prompt products */
+int spx_amx_usable(void);                           /* qkernels_amx.c */
 
 /* ======================================================================
  * Scalar table
@@ -124,14 +128,31 @@ static int cpu_has_avx2(void) {
     __cpuid_count(7, 0, a, b, c, d);
     return (b >> 5) & 1u; /* AVX2 */
 }
+
+/* AVX-512 F/BW/VL/DQ/VNNI usable (besides AVX2): CPUID leaf 7 and the OS
+ * saves the opmask and all 32 zmm registers (XCR0 bits 5-7). */
+static int cpu_has_avx512(void) {
+    if (!cpu_has_avx2()) return 0;
+    unsigned a, b, c, d;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned f = 1u << 16, dq = 1u << 17, bw = 1u << 30, vl = 1u << 31, vnni = 1u << 11;
+    if ((b & (f | dq | bw | vl)) != (f | dq | bw | vl) || !(c & vnni)) return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    return (xlo & 0xe6u) == 0xe6u;
+}
 #else
 static int cpu_has_avx2(void) { return 0; }
+static int cpu_has_avx512(void) { return 0; }
+int spx_amx_usable(void) { return 0; }
 #endif
 
 const spx_qkernels *spx_qkernels_get(const char *name) {
     if (!name) return NULL;
     if (strcmp(name, "scalar") == 0) return &g_scalar;
     if (strcmp(name, "avx2") == 0) return cpu_has_avx2() ? spx_qkernels_avx2_table() : NULL;
+    if (strcmp(name, "avx512") == 0) return cpu_has_avx512() ? spx_qkernels_avx512_table() : NULL;
+    if (strcmp(name, "amx") == 0) return cpu_has_avx512() && spx_amx_usable() ? spx_qkernels_amx_table() : NULL;
     return NULL;
 }
 
@@ -146,18 +167,25 @@ static void best_init(void) {
             g_best = k;
             return;
         }
-        if (t->kernels == SPX_TUNE_KERNELS_AVX2)
+        if (t->kernels == SPX_TUNE_KERNELS_UNKNOWN)
             spx_log(SPX_LOG_WARN,
-                    "SPECTRA_KERNELS=avx2: this CPU (or build) lacks AVX2+FMA+F16C; using scalar");
+                    "SPECTRA_KERNELS=%s: unknown kernel set (expected scalar, avx2, avx512 or amx); using scalar",
+                    t->kernels_text);
         else
-            spx_log(SPX_LOG_WARN,
-                    "SPECTRA_KERNELS=%s: unknown kernel set (expected scalar or avx2); using scalar",
+            spx_log(SPX_LOG_WARN, "SPECTRA_KERNELS=%s: this CPU (or build, or OS) lacks its features; using scalar",
                     t->kernels_text);
         g_best = &g_scalar;
         return;
     }
-    const spx_qkernels *k = spx_qkernels_get("avx2");
-    g_best = k ? k : &g_scalar;
+    static const char *const order[] = {"amx", "avx512", "avx2"};
+    g_best = &g_scalar;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        const spx_qkernels *k = spx_qkernels_get(order[i]);
+        if (k) {
+            g_best = k;
+            break;
+        }
+    }
 }
 
 const spx_qkernels *spx_qkernels_best(void) {

@@ -56,7 +56,9 @@ void spx_tuning_parse(spx_tuning *t, const char *(*lookup)(const char *name, voi
         copy_text(t->kernels_text, sizeof t->kernels_text, v);
         t->kernels = !strcmp(v, "scalar") ? SPX_TUNE_KERNELS_SCALAR
                      : !strcmp(v, "avx2") ? SPX_TUNE_KERNELS_AVX2
-                                          : SPX_TUNE_KERNELS_UNKNOWN;
+                     : !strcmp(v, "avx512") ? SPX_TUNE_KERNELS_AVX512
+                     : !strcmp(v, "amx") ? SPX_TUNE_KERNELS_AMX
+                                         : SPX_TUNE_KERNELS_UNKNOWN;
     }
 
     v = lookup("SPECTRA_CUDA_CARVEOUT", ctx);
@@ -144,6 +146,8 @@ static const char *kernels_name(const spx_tuning *t) {
     case SPX_TUNE_KERNELS_AUTO: return "auto";
     case SPX_TUNE_KERNELS_SCALAR: return "scalar";
     case SPX_TUNE_KERNELS_AVX2: return "avx2";
+    case SPX_TUNE_KERNELS_AVX512: return "avx512";
+    case SPX_TUNE_KERNELS_AMX: return "amx";
     default: return t->kernels_text;
     }
 }

@@ -7,11 +7,15 @@
  * The settings (all for measurements and tests; unset = the default
  * choice; a value none of the listed ones reads as unset unless said):
  *
- *   SPECTRA_KERNELS=scalar|avx2       CPU kernel table (cpu/qkernels.c;
- *                                     the CPU SSD kernels follow it). Unset
- *                                     or empty: avx2 if the CPU has it, else
- *                                     scalar. Unknown name, or avx2 on a CPU
- *                                     without it: a warning at the first
+ *   SPECTRA_KERNELS=scalar|avx2|avx512|amx
+ *                                     CPU kernel table (cpu/qkernels.c;
+ *                                     the CPU SSD kernels follow it; amx is
+ *                                     avx512 with AMX tiles for products of
+ *                                     many tokens). Unset or empty: the
+ *                                     first of amx, avx512, avx2 the CPU
+ *                                     (and OS) runs, else scalar. Unknown
+ *                                     name, or a table this CPU lacks: a
+ *                                     warning at the first
  *                                     spx_qkernels_best(), then scalar.
  *   SPECTRA_CUDA_CARVEOUT=n           shared-memory carveout (percent) set on
  *                                     every kernel (cuda/common.cuh); default
@@ -89,6 +93,8 @@ typedef enum {
     SPX_TUNE_KERNELS_AUTO = 0, /* unset or empty: the best table the CPU runs */
     SPX_TUNE_KERNELS_SCALAR,
     SPX_TUNE_KERNELS_AVX2,
+    SPX_TUNE_KERNELS_AVX512,
+    SPX_TUNE_KERNELS_AMX, /* avx512, with AMX tiles for prompt products */
     SPX_TUNE_KERNELS_UNKNOWN, /* another name (kernels_text): warning, then scalar */
 } spx_tune_kernels;
 
