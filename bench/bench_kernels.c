@@ -202,6 +202,7 @@ static void usage(const char *argv0) {
            "  --layout L      rows, tiled or both (default both; tiled needs G32)\n"
            "  --rounds N      rounds alternating the layouts (int >= 1, default 2)\n"
            "  --scalar-gemm   also time the scalar table's GEMM (slow)\n"
+           "  --kernels LIST  comma-separated tables (scalar,avx2,avx512,amx; default: every one this CPU runs)\n"
            "  --mtok          the table of M = 1, 2, 4, 8, 16 tokens (avx2 only; --runs per cell)\n"
            "  --help          this text\n",
            argv0);
@@ -212,6 +213,7 @@ int main(int argc, char **argv) {
     int use_rows = 1, use_tiled = 1, layout_set = 0;
     int64_t T = 512;
     double out_frac = 0.01;
+    const char *kernels = "scalar,avx2,avx512,amx";
     int64_t shapes[8][2] = {{2048, 2048}, {2048, 8192}, {8192, 2048}, {4096, 14336}, {14336, 4096}};
     int n_shapes = 5;
     for (int i = 1; i < argc; i++) {
@@ -223,6 +225,8 @@ int main(int argc, char **argv) {
             mtok = 1;
         } else if (!strcmp(a, "--scalar-gemm")) {
             scalar_gemm = 1;
+        } else if (v && !strcmp(a, "--kernels")) {
+            kernels = v, i++;
         } else if (v && !strcmp(a, "--runs")) {
             runs = atoi(v), i++;
         } else if (v && !strcmp(a, "--gemm-runs")) {
@@ -266,7 +270,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bad option value (see --help)\n");
         return 2;
     }
-    const spx_qkernels *tables[2] = {spx_qkernels_scalar(), spx_qkernels_get("avx2")};
+    /* the tables to time, in the order given; a name this CPU lacks is skipped with a note */
+    const spx_qkernels *tables[8];
+    int n_tables = 0;
+    char klist[256];
+    snprintf(klist, sizeof klist, "%s", kernels);
+    for (char *sv = NULL, *tok = strtok_r(klist, ",", &sv); tok && n_tables < 8; tok = strtok_r(NULL, ",", &sv)) {
+        const spx_qkernels *k = spx_qkernels_get(tok);
+        if (k) tables[n_tables++] = k;
+        else if (strcmp(kernels, "scalar,avx2,avx512,amx")) fprintf(stderr, "--kernels: no %s table on this CPU\n", tok);
+    }
+    const spx_qkernels *mtok_k = spx_qkernels_get("avx2");
     if (use_tiled && (group != 32 || bits != 4)) {
         if (layout_set) {
             fprintf(stderr, "--layout tiled/both needs --group 32 and --bits 4\n");
@@ -274,7 +288,7 @@ int main(int argc, char **argv) {
         }
         use_tiled = 0; /* the default, both, means rows only here */
     }
-    if (mtok && !tables[1]) {
+    if (mtok && !mtok_k) {
         fprintf(stderr, "--mtok: this CPU has no avx2 table\n");
         return 2;
     }
@@ -339,11 +353,10 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "%s\n", e.msg);
                 return 1;
             }
-            if (mtok) mtok_table(pool, tables[1], qs, names, nl, shape, x, y, runs, rounds);
-            for (int ki = 0; ki < 2 && !mtok; ki++) {
+            if (mtok) mtok_table(pool, mtok_k, qs, names, nl, shape, x, y, runs, rounds);
+            for (int ki = 0; ki < n_tables && !mtok; ki++) {
                 const spx_qkernels *k = tables[ki];
-                if (!k) continue;
-                int sc = ki == 0, gm = gemm_runs && (!sc || scalar_gemm);
+                int sc = !strcmp(k->name, "scalar"), gm = gemm_runs && (!sc || scalar_gemm);
                 double tv[2], cv[2], tg[2], cg[2];
                 time_layouts(pool, k, qs, nl, x, 1, y, runs, sc ? 1 : 3, rounds, tv, cv);
                 if (gm) time_layouts(pool, k, qs, nl, x, T, y, gemm_runs, 1, rounds, tg, cg);

@@ -80,6 +80,15 @@ static void test_valid(void) {
     spx_tuning t;
     parse(&t, kv);
     CHECK(t.kernels == SPX_TUNE_KERNELS_SCALAR && !strcmp(t.kernels_text, "scalar"), "kernels");
+    /* every table's name */
+    static const char *const knames[] = {"avx2", "avx512", "amx"};
+    static const spx_tune_kernels kvals[] = {SPX_TUNE_KERNELS_AVX2, SPX_TUNE_KERNELS_AVX512, SPX_TUNE_KERNELS_AMX};
+    for (int i = 0; i < 3; i++) {
+        const char *kk[] = {"SPECTRA_KERNELS", knames[i], NULL};
+        spx_tuning tk;
+        parse(&tk, kk);
+        CHECK(tk.kernels == kvals[i], "SPECTRA_KERNELS=%s parses as %d", knames[i], (int)tk.kernels);
+    }
     CHECK(t.cuda_carveout == -1, "carveout %d", t.cuda_carveout);
     CHECK(t.cuda_resident_layers == 3, "resident %lld", t.cuda_resident_layers);
     CHECK(t.cuda_pdl == 0 && t.cuda_kvq4_fuse == 0 && t.cuda_ahead == 0 && t.cuda_attn_adapt == 0 && t.cublas == 0,
