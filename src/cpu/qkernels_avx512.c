@@ -222,6 +222,55 @@ AVX512_INLINE __m512 tiled_zeros(const uint8_t *zb, int h, int nbc) {
     return _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(slot_groups(1), z));
 }
 
+/* tile16's scales and zero points of one chunk for all 16 rows of a
+ * tile at once (s, z: the tile's arrays at the chunk's first item, nbc /
+ * 4 items present): pre[32 rt .. + 16) = row rt's scales in slot order,
+ * pre[32 rt + 16 .. + 16) = scales x zero points; the same numbers
+ * tiled_scales and tiled_zeros give one row at a time (exact converts,
+ * the same product), in about half the instructions per row: one
+ * convert per 16 scales of the tile, two permutes and a blend per row;
+ * one permute and a byte transpose per pair of rows for the zeros. Slot
+ * 4L + e is item e's group L: row (lr, h)'s scale is fp16 8 lr + 2 L + h
+ * of item e, i.e. element 8 (lr % 2) + h + 2 L of F[e][lr / 2] (the
+ * item's fp16 16 m .. 16 m + 15); its zero is nibble h of byte 4 lr + L
+ * of item e's 32 zero bytes. */
+AVX512_INLINE void tile_chunk_prep(const uint16_t *s, const uint8_t *z, int nbc, float *pre) {
+    const int ni = nbc / 4;
+    __m512 F[4][4];
+    #pragma GCC unroll 4
+    for (int e = 0; e < 4; e++)
+        #pragma GCC unroll 4
+        for (int m = 0; m < 4; m++)
+            F[e][m] = e < ni ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 64 * e + 16 * m)))
+                             : _mm512_setzero_ps();
+    const __m512i Z01 = ni >= 2 ? _mm512_loadu_si512(z) : _mm512_maskz_loadu_epi8(0xffffffffull, z);
+    const __m512i Z23 = ni >= 4   ? _mm512_loadu_si512(z + 64)
+                        : ni == 3 ? _mm512_maskz_loadu_epi8(0xffffffffull, z + 64)
+                                  : _mm512_setzero_si512();
+    /* byte 4 L + e <- byte 4 e + L: the 4 items' dwords transposed */
+    const __m128i tr = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    /* lane 4 L + e: (e % 2) 16 + 2 L: F[e or e - 2][m] element 2 L (+ base) */
+    const __m512i sel = _mm512_setr_epi32(0, 16, 0, 16, 2, 18, 2, 18, 4, 20, 4, 20, 6, 22, 6, 22);
+    #pragma GCC unroll 8
+    for (int lr = 0; lr < 8; lr++) {
+        const __m512i w = _mm512_permutex2var_epi32(Z01, _mm512_setr_epi32(lr, 8 + lr, 16 + lr, 24 + lr, 0, 0, 0, 0, 0,
+                                                                           0, 0, 0, 0, 0, 0, 0),
+                                                    Z23);
+        const __m512i zb = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm512_castsi512_si128(w), tr));
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i idx = _mm512_add_epi32(sel, _mm512_set1_epi32(8 * (lr & 1) + h));
+            const __m512 p01 = _mm512_permutex2var_ps(F[0][lr >> 1], idx, F[1][lr >> 1]);
+            const __m512 p23 = _mm512_permutex2var_ps(F[2][lr >> 1], idx, F[3][lr >> 1]);
+            const __m512 sv = _mm512_mask_blend_ps(0xcccc, p01, p23);
+            const __m512 zf = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(zb, 4 * h), _mm512_set1_epi32(15)));
+            float *o = pre + 32 * (lr + 8 * h);
+            _mm512_storeu_ps(o, sv);
+            _mm512_storeu_ps(o + 16, _mm512_mul_ps(sv, zf));
+        }
+    }
+}
+
 /* ======================================================================
  * Code unpacking and the micro-kernel
  * ==================================================================== */
@@ -279,12 +328,14 @@ typedef struct rowp {
     const uint16_t *s; /* row-major: its scales; tiled: item 0's words + 8 lr */
     const uint8_t *z;  /* row-major: its zero bytes; tiled: item 0's bytes + 4 lr */
     int h;             /* tiled: the row's half of the tile */
+    const float *pre;  /* TL == 2 (tile16): its chunk's scales and scales x zeros (tile_chunk_prep) */
 } rowp;
 
 /* One chunk [b0, b0 + nbc) for NR rows x TB tokens: acc[i][t] += its
  * share. Each row's codes are unpacked once for the TB tokens. nbc ==
  * CHUNK is a constant at the main call (everything folds). TL, BITS,
- * bpg: compile-time constants. */
+ * bpg: compile-time constants; TL 1: tiled, TL 2: tiled with the scales
+ * prepared (rowp.pre). */
 AVX512_INLINE void micro_chunk(const rowp *rp, const uint8_t *const *act, int64_t q8b, int64_t nb16, int64_t b0,
                                int nbc, const int NR, const int TB, const int bpg, const int TL, const int BITS,
                                __m512 acc[][GEMM_TB]) {
@@ -292,15 +343,17 @@ AVX512_INLINE void micro_chunk(const rowp *rp, const uint8_t *const *act, int64_
     const int64_t q0 = b0 >> 2;
     #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
-        __m512 sv, zf;
-        if (TL) {
+        __m512 sv, sz;
+        if (TL == 2) {
+            sv = _mm512_loadu_ps(rp[i].pre);
+            sz = _mm512_loadu_ps(rp[i].pre + 16);
+        } else if (TL) {
             sv = tiled_scales(rp[i].s + 16 * b0, rp[i].h, nbc);
-            zf = tiled_zeros(rp[i].z + 8 * b0, rp[i].h, nbc);
+            sz = _mm512_mul_ps(sv, tiled_zeros(rp[i].z + 8 * b0, rp[i].h, nbc));
         } else {
             sv = chunk_scales(rp[i].s, b0, nbc, bpg);
-            zf = chunk_zeros(rp[i].z, b0, nbc, bpg);
+            sz = _mm512_mul_ps(sv, chunk_zeros(rp[i].z, b0, nbc, bpg));
         }
-        const __m512 sz = _mm512_mul_ps(sv, zf);
         __m512i lo[4], hi[4];
         #pragma GCC unroll 4
         for (int e = 0; e < 4; e++) {
@@ -357,6 +410,7 @@ AVX512_INLINE rowp tile_row(const uint8_t *cb, const uint16_t *sb, const uint8_t
     p.c = cb + 64 * rt;
     p.s = sb + 8 * (rt & 7);
     p.z = zb + 4 * (rt & 7);
+    p.pre = NULL;
     return p;
 }
 
@@ -371,6 +425,7 @@ AVX512_INLINE rowp row_of(const kargs *a, int64_t r, const int TL) {
     p.c = a->q->codes + r * a->crb;
     p.s = a->q->scales + r * a->ng;
     p.z = a->q->zeros + r * a->zrb;
+    p.pre = NULL;
     return p;
 }
 
@@ -451,22 +506,32 @@ AVX512_INLINE void tile16(const kargs *a, int64_t T, int64_t t0, const int TB) {
     /* each row's pointers are the tile's bases plus constants (the row
      * loops unroll): nothing per row to keep in registers or memory */
     const int NR = TB == 1 ? GEMV_NR : 1;
+    float pre[32 * SPX_Q_TILE_ROWS] __attribute__((aligned(64)));
     int64_t b0 = 0;
     for (; b0 + CHUNK <= nb; b0 += CHUNK) {
+        tile_chunk_prep(sb + 16 * b0, zb + 8 * b0, CHUNK, pre);
         #pragma GCC unroll 16
         for (int g = 0; g < SPX_Q_TILE_ROWS; g += NR) {
             rowp rp[GEMV_NR];
             #pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) rp[i] = tile_row(cb, sb, zb, g + i);
-            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, CHUNK, NR, TB, 1, 1, 4, acc + g);
+            for (int i = 0; i < NR; i++) {
+                rp[i] = tile_row(cb, sb, zb, g + i);
+                rp[i].pre = pre + 32 * (g + i);
+            }
+            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, CHUNK, NR, TB, 1, 2, 4, acc + g);
         }
     }
-    if (b0 < nb)
+    if (b0 < nb) {
+        tile_chunk_prep(sb + 16 * b0, zb + 8 * b0, (int)(nb - b0), pre);
         for (int g = 0; g < SPX_Q_TILE_ROWS; g += NR) {
             rowp rp[GEMV_NR];
-            for (int i = 0; i < NR; i++) rp[i] = tile_row(cb, sb, zb, g + i);
-            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, (int)(nb - b0), NR, TB, 1, 1, 4, acc + g);
+            for (int i = 0; i < NR; i++) {
+                rp[i] = tile_row(cb, sb, zb, g + i);
+                rp[i].pre = pre + 32 * (g + i);
+            }
+            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, (int)(nb - b0), NR, TB, 1, 2, 4, acc + g);
         }
+    }
     for (int i = 0; i < SPX_Q_TILE_ROWS; i++)
         #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
