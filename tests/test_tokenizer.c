@@ -26,7 +26,7 @@ static spx_tokenizer *load_dir(const char *rel) {
     spx_err e;
     spx_err_clear(&e);
     spx_tokenizer *t = NULL;
-    spx_status st = spx_tok_load_dir(tl_shared(rel), &t, &e);
+    spx_status st = spx_tok_load_dir(tl_shared(rel), &t, NULL, &e);
     CHECK(st == SPX_OK, "loading %s: %s", rel, e.msg);
     return t;
 }

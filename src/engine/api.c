@@ -22,6 +22,8 @@ static spx_status set_last(spx_err *e) {
 
 #define CONFIG_MAX_BYTES (16u << 20)
 
+static spx_status load_chat_info(spx_model *m, const char *folder_cfg, spx_err *e);
+
 static spx_status open_hf_dir(spx_model *m, const char *dir, spx_err *e) {
     char *cfg_path = spx_path_join(dir, "config.json");
     if (!cfg_path) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
@@ -37,33 +39,31 @@ static spx_status open_hf_dir(spx_model *m, const char *dir, spx_err *e) {
     if (!tok_path) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
     int has_tok = spx_file_exists(tok_path);
     free(tok_path);
-    if (has_tok) SPX_TRY(spx_tok_load_dir(dir, &m->tok, e));
-    return SPX_OK;
+    char *tok_cfg = NULL; /* tokenizer_config.json, read once for the tokenizer and the chat template */
+    if (has_tok) SPX_TRY(spx_tok_load_dir(dir, &m->tok, &tok_cfg, e));
+    st = load_chat_info(m, tok_cfg, e);
+    free(tok_cfg);
+    return st;
 }
 
 /* The chat template and BOS/EOS texts: a folder's tokenizer_config.json
- * and chat_template.jinja, or what a .trdc carries (compress puts the
- * .jinja inside its tokenizer_config.json). A config without bos_token /
+ * (folder_cfg: its text, as the tokenizer read it; NULL for none) and
+ * chat_template.jinja, or what a .trdc carries (compress puts the .jinja
+ * inside its tokenizer_config.json). A config without bos_token /
  * eos_token keys: the tokenizer's own BOS/EOS pieces. */
-static spx_status load_chat_info(spx_model *m, spx_err *e) {
-    char *cfg = NULL, *jinja = NULL;
-    const char *cj = NULL;
+static spx_status load_chat_info(spx_model *m, const char *folder_cfg, spx_err *e) {
+    char *jinja = NULL;
+    const char *cj = folder_cfg;
     spx_status st = SPX_OK;
     if (m->trdc) {
         cj = spx_trdc_tokenizer_config_json(m->trdc);
     } else {
-        const char *names[2] = {"tokenizer_config.json", "chat_template.jinja"};
-        char **dst[2] = {&cfg, &jinja};
-        for (int i = 0; i < 2 && st == SPX_OK; i++) {
-            char *fp = spx_path_join(m->path, names[i]);
-            if (!fp) st = spx_fail(e, SPX_ERR_NOMEM, "out of memory");
-            else if (spx_file_exists(fp)) st = spx_read_file(fp, CONFIG_MAX_BYTES, dst[i], NULL, e);
-            free(fp);
-        }
-        cj = cfg;
+        char *fp = spx_path_join(m->path, "chat_template.jinja");
+        if (!fp) st = spx_fail(e, SPX_ERR_NOMEM, "out of memory");
+        else if (spx_file_exists(fp)) st = spx_read_file(fp, CONFIG_MAX_BYTES, &jinja, NULL, e);
+        free(fp);
     }
     if (st == SPX_OK) st = spx_chat_info_parse(cj, jinja, m->path, &m->chat, e);
-    free(cfg);
     free(jinja);
     if (st != SPX_OK || !m->tok) return st;
     int32_t id[2] = {spx_tok_bos(m->tok), spx_tok_eos(m->tok)};
@@ -97,10 +97,10 @@ spx_status spx_model_open(const char *path, const spx_model_params *p, spx_model
         st = open_hf_dir(m, path, &e);
     } else if (spx_file_exists(path)) {
         st = spx_trdc_source_open(m, path, &e);
+        if (st == SPX_OK) st = load_chat_info(m, NULL, &e);
     } else {
         st = spx_fail(&e, SPX_ERR_IO, "%s: no such file or folder (expected a Hugging Face model folder or a .trdc file)", path);
     }
-    if (st == SPX_OK) st = load_chat_info(m, &e);
     if (st == SPX_OK) st = spx_model_bind_weights(m, &e);
     if (st == SPX_OK) st = spx_pool_new(p ? p->n_threads : 0, &m->pool, &e);
     m->qk = spx_qkernels_best();

@@ -7,11 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* "bos_token": "<s>" | {"content": "<s>", ...} | null */
-static char *token_text(const cJSON *j) {
-    if (cJSON_IsString(j)) return spx_strdup(j->valuestring);
+const char *spx_cfg_token_text(const cJSON *j) {
+    if (cJSON_IsString(j)) return j->valuestring;
     const cJSON *c = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "content") : NULL;
-    return cJSON_IsString(c) ? spx_strdup(c->valuestring) : NULL;
+    return cJSON_IsString(c) ? c->valuestring : NULL;
 }
 
 spx_status spx_chat_info_parse(const char *cfg_json, const char *jinja, const char *label, spx_chat_info *out,
@@ -25,7 +24,8 @@ spx_status spx_chat_info_parse(const char *cfg_json, const char *jinja, const ch
         const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, names[i]);
         if (!j) continue;
         *has[i] = 1;
-        if (!cJSON_IsNull(j) && !(*dst[i] = token_text(j)) && (cJSON_IsString(j) || cJSON_IsObject(j))) goto oom;
+        const char *text = spx_cfg_token_text(j);
+        if (text && !(*dst[i] = spx_strdup(text))) goto oom;
     }
     if (jinja) {
         if (!(out->tmpl = spx_strdup(jinja))) goto oom;

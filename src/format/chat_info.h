@@ -22,6 +22,13 @@ spx_status spx_chat_info_parse(const char *cfg_json, const char *jinja, const ch
                                spx_err *e);
 void spx_chat_info_free(spx_chat_info *ci);
 
+/* The text of a special-token entry of tokenizer_config.json (j: the value
+ * of "bos_token", "eos_token", ...): "<s>" | {"content": "<s>", ...}; NULL
+ * for null, a missing key or another shape. Points into j. The one reader
+ * of these entries, for the tokenizer's ids and the chat template's texts. */
+struct cJSON;
+const char *spx_cfg_token_text(const struct cJSON *j);
+
 /* For a .trdc (which carries tokenizer_config.json only): *out is cfg_json
  * with chat_template set to jinja's text (cfg_json NULL: a config holding
  * only that). malloc'd. */

@@ -29,6 +29,7 @@
  * space for the clean-up rules to be settled; its output concatenated
  * equals spx_tok_decode of the same ids. */
 #include "format/tok_internal.h"
+#include "format/chat_info.h"
 
 #include "core/util.h"
 
@@ -686,14 +687,6 @@ static bool dec_token(const spx_tokenizer *t, int32_t id, size_t index, tok_buf 
 /* tokenizer_config.json                                               */
 /* ------------------------------------------------------------------ */
 
-/* "bos_token": "<s>" | {"content": "<s>", ...} | null */
-static const char *cfg_token(const cJSON *cfg, const char *key) {
-    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    if (cJSON_IsString(j)) return j->valuestring;
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "content");
-    return cJSON_IsObject(j) && cJSON_IsString(c) ? c->valuestring : NULL;
-}
-
 static spx_status load_config(spx_tokenizer *t, const cJSON *cfg, spx_err *e) {
     /* bos/eos defaults: the post-processor's first/last special token */
     if (t->pre_ids.n) t->bos = t->pre_ids.v[0];
@@ -705,7 +698,7 @@ static spx_status load_config(spx_tokenizer *t, const cJSON *cfg, spx_err *e) {
     for (int i = 0; i < 2; i++) {
         const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, names[i]);
         if (!j) continue;
-        const char *s = cfg_token(cfg, names[i]);
+        const char *s = spx_cfg_token_text(j);
         *dst[i] = s ? find_token(t, s) : -1;
         if (s && *dst[i] < 0)
             spx_log(SPX_LOG_WARN, "%s: tokenizer_config.json: %s '%.40s' is not a token", t->label,
@@ -851,7 +844,8 @@ spx_status spx_tok_load(const char *tok_json, size_t tok_len, const char *cfg_js
     return SPX_OK;
 }
 
-spx_status spx_tok_load_dir(const char *dir, spx_tokenizer **out, spx_err *e) {
+spx_status spx_tok_load_dir(const char *dir, spx_tokenizer **out, char **cfg_text, spx_err *e) {
+    if (cfg_text) *cfg_text = NULL;
     if (!out) return spx_fail(e, SPX_ERR_ARG, "spx_tok_load_dir: out is NULL");
     *out = NULL;
     if (!dir) return spx_fail(e, SPX_ERR_ARG, "spx_tok_load_dir: dir is NULL");
@@ -873,7 +867,8 @@ spx_status spx_tok_load_dir(const char *dir, spx_tokenizer **out, spx_err *e) {
     if (!st) st = spx_tok_load(tj, tl, cj, cl, tp, out, e);
 done:
     free(tj);
-    free(cj);
+    if (!st && cfg_text) *cfg_text = cj;
+    else free(cj);
     free(tp);
     free(cp);
     return st;

@@ -29,8 +29,11 @@ typedef struct spx_tokenizer spx_tokenizer;
 spx_status spx_tok_load(const char *tok_json, size_t tok_len, const char *cfg_json,
                         size_t cfg_len, const char *label, spx_tokenizer **out,
                         spx_err *e);
-/* Loads dir/tokenizer.json (+ dir/tokenizer_config.json if present). */
-spx_status spx_tok_load_dir(const char *dir, spx_tokenizer **out, spx_err *e);
+/* Loads dir/tokenizer.json (+ dir/tokenizer_config.json if present).
+ * cfg_text (may be NULL): gets the tokenizer_config.json text read (the
+ * caller frees it; NULL when the folder has none), so that other readers
+ * of the config (the chat template) need not read it again. */
+spx_status spx_tok_load_dir(const char *dir, spx_tokenizer **out, char **cfg_text, spx_err *e);
 void spx_tok_free(spx_tokenizer *t);
 
 int64_t spx_tok_vocab_size(const spx_tokenizer *t); /* largest id + 1 */

@@ -58,7 +58,7 @@ int cmd_synth(int argc, char **argv) {
     if (tok_dir) { /* it must load and its ids fit the shape's vocabulary */
         if (!out) { cli_error("synth: --tokenizer needs -o OUT.trdc"); return 2; }
         spx_tokenizer *t = NULL;
-        if (spx_tok_load_dir(tok_dir, &t, &e) != SPX_OK) return cli_fail(&e);
+        if (spx_tok_load_dir(tok_dir, &t, NULL, &e) != SPX_OK) return cli_fail(&e);
         const int64_t tv = spx_tok_vocab_size(t);
         spx_tok_free(t);
         if (tv > s->vocab) {

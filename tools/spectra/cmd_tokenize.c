@@ -87,7 +87,7 @@ int cmd_tokenize(int argc, char **argv) {
     spx_tokenizer *t = NULL;
     spx_status ls;
     if (spx_is_dir(model)) {
-        ls = spx_tok_load_dir(model, &t, &e); /* a model folder, or tokenizer files alone */
+        ls = spx_tok_load_dir(model, &t, NULL, &e); /* a model folder, or tokenizer files alone */
     } else {
         /* a .trdc carries its tokenizer; no weights are bound for this */
         spx_trdc *f = NULL;
