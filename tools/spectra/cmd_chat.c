@@ -61,13 +61,19 @@ typedef struct chat {
     int verbose, tty;
 } chat;
 
+/* Room for n tokens in the history (grown geometrically). */
+static int hist_reserve(chat *c, size_t n) {
+    if (n <= c->cap_hist) return 1;
+    size_t cap = c->cap_hist * 2 + 16 > n ? c->cap_hist * 2 + 16 : n;
+    int32_t *h = realloc(c->hist, cap * sizeof *h);
+    if (!h) return cli_error("out of memory"), 0;
+    c->hist = h;
+    c->cap_hist = cap;
+    return 1;
+}
+
 static int hist_set(chat *c, const int32_t *ids, size_t n) {
-    if (n > c->cap_hist) {
-        int32_t *h = realloc(c->hist, n * sizeof *h);
-        if (!h) return cli_error("out of memory"), 0;
-        c->hist = h;
-        c->cap_hist = n;
-    }
+    if (!hist_reserve(c, n)) return 0;
     memcpy(c->hist, ids, n * sizeof *ids);
     c->n_hist = n;
     return 1;
@@ -191,10 +197,7 @@ static int turn(chat *c, const char *user, float *logits) {
             break;
         }
         int32_t nx;
-        int32_t *h = c->n_hist < c->cap_hist ? c->hist : realloc(c->hist, (c->cap_hist * 2 + 16) * sizeof *h);
-        if (!h) { ok = 0, cli_error("out of memory"); break; }
-        if (h != c->hist) c->cap_hist = c->cap_hist * 2 + 16;
-        c->hist = h;
+        if (!hist_reserve(c, c->n_hist + 1)) { ok = 0; break; }
         if (spx_session_step_sample_ahead(c->s, id, &c->smp, &c->rng, &nx, 1) != SPX_OK) {
             ok = 0, cli_error("%s", spx_session_error(c->s));
             break;
@@ -253,32 +256,27 @@ static char *read_message(int tty) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *system = NULL, *tmpl_file = NULL, *backend = NULL;
-    int64_t n_reply = 512, top_k = 40, threads = 0, n_ctx = 0, seed = -1, vram = 0;
-    double temp = 0.8, top_p = 0.95;
-    spx_kv_type kv = SPX_KV_DEFAULT;
-    int verbose = 0;
+    const char *model = NULL, *system = NULL, *tmpl_file = NULL;
+    int64_t n_reply = 512;
+    cli_plan_opts po = {.kv = SPX_KV_DEFAULT};
+    cli_sample_opts so;
+    cli_sample_defaults(&so);
+    int verbose = 0, rr;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = 1;
+        else if ((rr = cli_plan_opt(argc, argv, &i, &po)) != 0) { if (rr < 0) return 2; }
+        else if ((rr = cli_sample_opt(argc, argv, &i, &so)) != 0) { if (rr < 0) return 2; }
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--system")) system = v;
         else if (!strcmp(a, "--chat-template")) tmpl_file = v;
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 1, 1 << 24, &n_reply)) return 2; }
-        else if (!strcmp(a, "--temp")) { if (!cli_float(a, v, 0, 1e6, &temp)) return 2; }
-        else if (!strcmp(a, "--top-k")) { if (!cli_int(a, v, 0, 1 << 24, &top_k)) return 2; }
-        else if (!strcmp(a, "--top-p")) { if (!cli_float(a, v, 1e-9, 1, &top_p)) return 2; }
-        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
-        else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 16, 1 << 24, &n_ctx)) return 2; }
-        else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
-        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
-        else if (!strcmp(a, "--vram-budget")) { if (!cli_int(a, v, 1, (int64_t)1 << 40, &vram)) return 2; }
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("chat: unknown option '%s'", a); usage(stderr); return 2; }
     }
     if (!model) { cli_error("chat: -m MODEL is required"); usage(stderr); return 2; }
+    if (po.n_ctx && po.n_ctx < 16) { cli_error("--ctx: a chat needs at least 16 tokens, got %lld", (long long)po.n_ctx); return 2; }
     chat c;
     memset(&c, 0, sizeof c);
     c.verbose = verbose;
@@ -295,8 +293,7 @@ int cmd_chat(int argc, char **argv) {
         free(src);
         if (st != SPX_OK) return cli_error("%s", err);
     }
-    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .vram_budget_mb = vram, .kv = kv,
-                         .quiet = !verbose};
+    po.quiet = !verbose;
     spx_plan plan;
     if (!(c.m = cli_open_planned(model, &po, &plan))) goto done;
     if (!c.m->tok) { cli_error("%s: the model has no tokenizer (tokenizer.json): chat needs one", model); goto done; }
@@ -308,8 +305,8 @@ int cmd_chat(int argc, char **argv) {
         cli_error("out of memory");
         goto done;
     }
-    c.rng = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    c.smp = (spx_sampler_params){(float)temp, (int32_t)top_k, (float)top_p, c.rng};
+    c.rng = so.seed >= 0 ? (uint64_t)so.seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    c.smp = (spx_sampler_params){(float)so.temp, (int32_t)so.top_k, (float)so.top_p, c.rng};
     if (system && !add_msg(c.msgs, "system", system)) goto done;
     if (c.tty) fprintf(stderr, "chat with %s: /reset forgets, /exit quits\n", model);
     rc = 0;

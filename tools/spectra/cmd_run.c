@@ -39,11 +39,11 @@ static void usage(FILE *f) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL, *ids_s = NULL;
-    int64_t n_gen = 128, top_k = 40, threads = 0, n_ctx = 0, seed = -1, vram = 0;
-    const char *backend = NULL;
-    spx_kv_type kv = SPX_KV_DEFAULT;
+    int64_t n_gen = 128;
+    cli_plan_opts po = {.kv = SPX_KV_DEFAULT};
+    cli_sample_opts so;
+    cli_sample_defaults(&so);
     cli_kv_extra kvx = {0};
-    double temp = 0.8, top_p = 0.95;
     int ignore_eos = 0, quiet = 0, rr = 0;
     spx_refine_params rp;
     cli_refine_defaults(&rp);
@@ -56,6 +56,8 @@ int cmd_run(int argc, char **argv) {
         else if ((rr = cli_spec_opt(argc, argv, &i, &spp, &spec_given)) != 0) { if (rr < 0) return 2; }
         else if ((rr = cli_refine_opt(argc, argv, &i, &rp)) != 0) { if (rr < 0) return 2; }
         else if ((rr = cli_kv_opt(argc, argv, &i, &kvx)) != 0) { if (rr < 0) return 2; }
+        else if ((rr = cli_plan_opt(argc, argv, &i, &po)) != 0) { if (rr < 0) return 2; }
+        else if ((rr = cli_sample_opt(argc, argv, &i, &so)) != 0) { if (rr < 0) return 2; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!(model = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!(prompt = cli_value(argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-f")) { if (!(file = cli_value(argc, argv, &i))) return 2; }
@@ -64,27 +66,18 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-n")) { if (!cli_int(a, v, 0, 1 << 24, &n_gen)) return 2; }
-        else if (!strcmp(a, "--temp")) { if (!cli_float(a, v, 0, 1e6, &temp)) return 2; }
-        else if (!strcmp(a, "--top-k")) { if (!cli_int(a, v, 0, 1 << 24, &top_k)) return 2; }
-        else if (!strcmp(a, "--top-p")) { if (!cli_float(a, v, 1e-9, 1, &top_p)) return 2; }
-        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, INT64_MAX, &seed)) return 2; }
-        else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 1, 1 << 24, &n_ctx)) return 2; }
-        else if (!strcmp(a, "--kv")) { if (!cli_kv(v, &kv)) return 2; }
-        else if (!strcmp(a, "--backend")) { if (!cli_backend(v)) return 2; backend = v; }
-        else if (!strcmp(a, "--vram-budget")) { if (!cli_int(a, v, 1, (int64_t)1 << 40, &vram)) return 2; }
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!cli_int(a, v, 1, 1024, &threads)) return 2; }
         else { cli_error("run: unknown option '%s'", a); usage(stderr); return 2; }
     }
-    if (!cli_kv_check(kv, &kvx) || !cli_spec_check(&spp)) return 2;
+    if (!cli_kv_check(po.kv, &kvx) || !cli_spec_check(&spp)) return 2;
     if (!!prompt + !!file + !!ids_s != 1) {
         cli_error("run: give exactly one of -p TEXT, -f FILE, --ids LIST");
         usage(stderr);
         return 2;
     }
-    if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
-    if (kvx.tier_dir && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* the KV file tier: CPU only (docs/kv.md) */
-    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .vram_budget_mb = vram, .kv = kv,
-                         .quiet = quiet};
+    if (rp.path && !po.backend) po.backend = "cpu"; /* refinement runs on the CPU backend */
+    if (kvx.tier_dir && (!po.backend || !strcmp(po.backend, "auto")))
+        po.backend = "cpu"; /* the KV file tier: CPU only (docs/kv.md) */
+    po.quiet = quiet;
     spx_plan plan;
     spx_model *m = cli_open_planned(model, &po, &plan);
     if (!m) return 1;
@@ -117,9 +110,9 @@ int cmd_run(int argc, char **argv) {
     if ((int64_t)n_prompt >= s->n_ctx) { cli_error("run: prompt of %zu tokens does not fit the %lld-token context (--ctx)", n_prompt, (long long)s->n_ctx); goto done; }
     int64_t V = spx_model_vocab_size(m);
     if (!(logits = malloc((size_t)V * sizeof(float)))) { cli_error("out of memory"); goto done; }
-    uint64_t rng = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    if (!quiet && seed < 0 && temp > 0) fprintf(stderr, "seed: %llu\n", (unsigned long long)rng);
-    spx_sampler_params smp = {(float)temp, (int32_t)top_k, (float)top_p, rng};
+    uint64_t rng = so.seed >= 0 ? (uint64_t)so.seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    if (!quiet && so.seed < 0 && so.temp > 0) fprintf(stderr, "seed: %llu\n", (unsigned long long)rng);
+    spx_sampler_params smp = {(float)so.temp, (int32_t)so.top_k, (float)so.top_p, rng};
 
     if (m->tok && !ids_s) {
         if (spx_tok_stream_new(m->tok, 1, &ts, &e) != SPX_OK) { cli_fail(&e); goto done; }
@@ -176,7 +169,7 @@ int cmd_run(int argc, char **argv) {
             next = pend[ip++];
             continue;
         }
-        spx_status st = temp <= 0 ? spx_session_step_greedy_ahead(s, id, &next, ahead)
+        spx_status st = so.temp <= 0 ? spx_session_step_greedy_ahead(s, id, &next, ahead)
                                   : spx_session_step_sample_ahead(s, id, &smp, &rng, &next, ahead);
         if (st != SPX_OK) { cli_error("%s", spx_session_error(s)); goto done; }
     }

@@ -127,6 +127,47 @@ int cli_kv(const char *s, spx_kv_type *out) {
     return 0;
 }
 
+/* flag names of a table, argv[*i] among them */
+static int flag_in(const char *a, const char *const *flags, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (!strcmp(a, flags[k])) return 1;
+    return 0;
+}
+
+int cli_plan_opt(int argc, char **argv, int *i, cli_plan_opts *o) {
+    const char *a = argv[*i], *v;
+    static const char *const flags[] = {"--ctx", "--kv", "--backend", "--vram-budget", "--threads", "-t"};
+    if (!flag_in(a, flags, sizeof flags / sizeof flags[0])) return 0;
+    if (!(v = cli_value(argc, argv, i))) return -1;
+    if (!strcmp(a, "--ctx")) return cli_int(a, v, 1, 1 << 24, &o->n_ctx) ? 1 : -1;
+    if (!strcmp(a, "--kv")) return cli_kv(v, &o->kv) ? 1 : -1;
+    if (!strcmp(a, "--backend")) {
+        if (!cli_backend(v)) return -1;
+        o->backend = v;
+        return 1;
+    }
+    if (!strcmp(a, "--vram-budget")) return cli_int(a, v, 1, (int64_t)1 << 40, &o->vram_budget_mb) ? 1 : -1;
+    return cli_int(a, v, 1, 1024, &o->threads) ? 1 : -1;
+}
+
+void cli_sample_defaults(cli_sample_opts *o) {
+    o->temp = 0.8;
+    o->top_p = 0.95;
+    o->top_k = 40;
+    o->seed = -1;
+}
+
+int cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o) {
+    const char *a = argv[*i], *v;
+    static const char *const flags[] = {"--temp", "--top-k", "--top-p", "--seed"};
+    if (!flag_in(a, flags, sizeof flags / sizeof flags[0])) return 0;
+    if (!(v = cli_value(argc, argv, i))) return -1;
+    if (!strcmp(a, "--temp")) return cli_float(a, v, 0, 1e6, &o->temp) ? 1 : -1;
+    if (!strcmp(a, "--top-k")) return cli_int(a, v, 0, 1 << 24, &o->top_k) ? 1 : -1;
+    if (!strcmp(a, "--top-p")) return cli_float(a, v, 1e-9, 1, &o->top_p) ? 1 : -1;
+    return cli_int(a, v, 0, INT64_MAX, &o->seed) ? 1 : -1;
+}
+
 int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o) {
     const char *a = argv[*i], *v;
     static const char *const flags[] = {"--kv-group",        "--kv-layout", "--kv-refine",     "--kv-refine-frac",

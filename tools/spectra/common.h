@@ -31,6 +31,19 @@ struct spx_plan;
 /* Prints the error and returns NULL on failure. When auto chose cuda and
  * the CUDA backend refuses the model, falls back to the CPU with a note. */
 spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, struct spx_plan *plan);
+/* The plan's flags, the same on run, chat (and their defaults): --ctx N,
+ * --kv TYPE, --backend B, --vram-budget MiB, -t/--threads N into o.
+ * Returns 1 if argv[*i] was one (its value consumed), 0 if not, -1 after
+ * printing an error for a bad value. */
+int cli_plan_opt(int argc, char **argv, int *i, cli_plan_opts *o);
+/* The sampler's flags: --temp T, --top-k K, --top-p P, --seed S (seed -1:
+ * unset). Defaults: cli_sample_defaults. Returns as cli_plan_opt. */
+typedef struct cli_sample_opts {
+    double temp, top_p;
+    int64_t top_k, seed;
+} cli_sample_opts;
+void cli_sample_defaults(cli_sample_opts *o);
+int cli_sample_opt(int argc, char **argv, int *i, cli_sample_opts *o);
 /* Checks --backend cpu|cuda|auto; prints an error and returns 0 otherwise. */
 int cli_backend(const char *s);
 /* Parses --kv f32|f16|q4|k2v2|k3v2|k3v3|k4v4; prints an error and returns 0 otherwise. */
