@@ -181,6 +181,9 @@ spx_status spx_session_step_greedy(spx_session *s, int32_t id, int32_t *next);
 spx_status spx_session_step_greedy_ahead(spx_session *s, int32_t id, int32_t *next, int ahead);
 /* Name of the backend running the model ("cpu", "cuda"). */
 const char *spx_model_backend(const spx_model *m);
+/* Name of the CPU kernel table the model's CPU work runs on ("scalar",
+ * "avx2", "avx512", "amx": the best this CPU runs, or SPECTRA_KERNELS). */
+const char *spx_model_cpu_kernels(const spx_model *m);
 
 /* Sampling. temperature <= 0: greedy. top_k <= 0: off. top_p >= 1: off. */
 typedef struct spx_sampler_params {

@@ -466,6 +466,16 @@ int main(void) {
     expect(a, 0, "there was");
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 16 -n 8 -r 2 --json", tmp);
     expect(a, 0, "tg_tps_median");
+    /* bench names the kernel table; SPECTRA_KERNELS forces one */
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 -r 1", tmp);
+    expect(a, 0, "cpu kernels ");
+    {
+        char cmd[1024], *o = NULL;
+        snprintf(cmd, sizeof cmd, "SPECTRA_KERNELS=scalar %s bench -m %s/s.trdc -p 4 -n 2 -r 1 --json", bin(), tmp);
+        int rc = sh(cmd, &o);
+        CHECK(rc == 0 && o && strstr(o, "\"cpu_kernels\": \"scalar\""), "SPECTRA_KERNELS=scalar bench: %s", o ? o : "");
+        free(o);
+    }
 
     /* weight refinement: compress --refine, then every command that takes it */
     snprintf(a, sizeof a, "compress -m %s -o %s/q.trdc --refine %s/q.refine -q", tl_shared("models/tiny-qwen3"), tmp, tmp);

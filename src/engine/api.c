@@ -77,6 +77,7 @@ static spx_status load_chat_info(spx_model *m, const char *folder_cfg, spx_err *
 }
 
 const char *spx_model_chat_template(const spx_model *m) { return m->chat.tmpl; }
+const char *spx_model_cpu_kernels(const spx_model *m) { return m->qk ? m->qk->name : "scalar"; }
 const char *spx_model_bos_text(const spx_model *m) { return m->chat.bos ? m->chat.bos : ""; }
 const char *spx_model_eos_text(const spx_model *m) { return m->chat.eos ? m->chat.eos : ""; }
 

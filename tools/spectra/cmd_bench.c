@@ -329,12 +329,12 @@ int cmd_bench(int argc, char **argv) {
         tune_json = tj ? cJSON_PrintUnformatted(tj) : NULL;
         cJSON_Delete(tj);
         if (!tune_json) { cli_error("out of memory"); goto done; }
-        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"runs\": %lld, "
+        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"cpu_kernels\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f, \"depth_seek\": %s, "
                "\"depth_prefill_s\": %.3f",
-               model, spx_model_backend(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
+               model, spx_model_backend(m), spx_model_cpu_kernels(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
                (long long)reps, ppm, pp[0], pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
                spx_kv_cache_bytes_per_token(&s->kv), seek ? "true" : "false", depth_s);
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
@@ -393,8 +393,8 @@ int cmd_bench(int argc, char **argv) {
         if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");
         printf("}\n");
     } else {
-        printf("model %s, backend %s, %d threads, kv %s, %lld runs\n", model, spx_model_backend(m), spx_pool_size(m->pool),
-               kvn, (long long)reps);
+        printf("model %s, backend %s, cpu kernels %s, %d threads, kv %s, %lld runs\n", model, spx_model_backend(m),
+               spx_model_cpu_kernels(m), spx_pool_size(m->pool), kvn, (long long)reps);
         cli_kv_summary(stdout, s);
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);
         char depth_txt[96] = "";
