@@ -66,6 +66,52 @@ static void select_k(uint64_t *x, int64_t n, int64_t k) {
     }
 }
 
+/* Max-heap of keys (the root: the largest, i.e. the worst candidate kept). */
+static void heap_down(uint64_t *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l] > h[m]) m = l;
+        if (r < n && h[r] > h[m]) m = r;
+        if (m == i) return;
+        swap64(&h[i], &h[m]);
+        i = m;
+    }
+}
+
+/* The k smallest keys of all vocab logits into h[0..k) (in no order),
+ * the same set select_k gives over every key, in one pass that computes a
+ * key only where a weight beats the worst kept: weights (l - mx) / T are
+ * monotone in l (correctly rounded subtraction and division by T > 0), so
+ * a block of 16 logits whose largest gives a weight <= the worst one kept
+ * holds nothing better (a later id with an equal weight has a larger
+ * key). NaN-free logits only (the caller checks). */
+static void heap_top_k(const float *logits, int64_t vocab, float mx, float temp, int64_t k, uint64_t *h) {
+    for (int64_t i = 0; i < k; i++) h[i] = cand_key((logits[i] - mx) / temp, (int32_t)i);
+    for (int64_t i = k / 2; i-- > 0;) heap_down(h, k, i);
+    float worst = (logits[(uint32_t)h[0]] - mx) / temp;
+    int64_t i = k;
+    for (; i < vocab && i % 16; i++) { /* up to a multiple of 16 */
+        const float w = (logits[i] - mx) / temp;
+        if (w > worst) {
+            const uint64_t key = cand_key(w, (int32_t)i);
+            if (key < h[0]) h[0] = key, heap_down(h, k, 0), worst = (logits[(uint32_t)h[0]] - mx) / temp;
+        }
+    }
+    for (; i < vocab; i += 16) {
+        const int64_t e = i + 16 < vocab ? i + 16 : vocab;
+        float bm = logits[i];
+        for (int64_t j = i + 1; j < e; j++) bm = logits[j] > bm ? logits[j] : bm;
+        if (!((bm - mx) / temp > worst)) continue;
+        for (int64_t j = i; j < e; j++) {
+            const float w = (logits[j] - mx) / temp;
+            if (w > worst) {
+                const uint64_t key = cand_key(w, (int32_t)j);
+                if (key < h[0]) h[0] = key, heap_down(h, k, 0), worst = (logits[(uint32_t)h[0]] - mx) / temp;
+            }
+        }
+    }
+}
+
 static int u64_asc(const void *a, const void *b) {
     const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -94,18 +140,27 @@ double spx_rng_uniform(uint64_t *rng) { return (double)(next_u64(rng) >> 11) * (
 
 int64_t spx_sampler_dist(const float *logits, int64_t vocab, const spx_sampler_params *p, spx_cand *c, double *sum_out) {
     float mx = -INFINITY;
-    for (int64_t i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    int nan = 0;
+    for (int64_t i = 0; i < vocab; i++) {
+        mx = logits[i] > mx ? logits[i] : mx;
+        nan |= logits[i] != logits[i];
+    }
     int64_t n = vocab;
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
     /* the keys live in c (vocab entries of 8 bytes, malloc'd: aligned for a
      * uint64_t); key[i] is read before c[i] is written over it */
     _Static_assert(sizeof(spx_cand) == sizeof(uint64_t), "a candidate's memory holds its key");
     uint64_t *key = (uint64_t *)(void *)c;
-    for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
-    if (n < vocab) {
+    if (n < vocab && n <= vocab / 8 && !nan) {
+        /* a small top-k: one pass, the heap in c[0..k) (the rest of c is never touched) */
+        heap_top_k(logits, vocab, mx, p->temperature, n, key);
+        qsort(key, (size_t)n, sizeof *key, u64_asc);
+    } else if (n < vocab) {
+        for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
         select_k(key, vocab, n);
         qsort(key, (size_t)n, sizeof *key, u64_asc);
     } else {
+        for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
         uint64_t *tmp = malloc((size_t)vocab * sizeof *tmp);
         if (tmp) radix_sort_hi(key, tmp, vocab);
         else qsort(key, (size_t)vocab, sizeof *key, u64_asc); /* no memory: the same order, slower */
