@@ -57,7 +57,9 @@ AVX512_INLINE __m512 hsum16x16(const __m512 *a) {
  * slots at once. A block past the last row (n - i < R) reads row n - 1
  * in the missing slots and stores only the real ones. So a score is one
  * fixed sequence of operations on its head's q and its row, whatever GC,
- * R and the row's place in the block. */
+ * R and the row's place in the block. Head g's lanes g R .. g R + R - 1
+ * are moved down to 0 .. R - 1 by one permute and stored under the mask
+ * of the real rows. */
 AVX512_INLINE void scores_block(const int GC, const int R, const float *qg, int64_t qs, const uint16_t *h,
                                 int64_t stride, int64_t i, int64_t n, int64_t d, __m512 vs, float *og, int64_t os) {
     __m512 a[16];
@@ -93,18 +95,19 @@ AVX512_INLINE void scores_block(const int GC, const int R, const float *qg, int6
     const __m512 s = _mm512_mul_ps(hsum16x16(a), vs);
     const __mmask16 mv = lanes16(n - i < R ? n - i : R);
     _mm512_mask_storeu_ps(og + i, mv, s);
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     #pragma GCC unroll 4
-    for (int g = 1; g < GC; g++) /* head g's lanes g R .. g R + R - 1 moved down to 0 .. R - 1 */
-        _mm512_mask_storeu_ps(og + g * os + i, mv,
-                              _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7,
-                                                                                      6, 5, 4, 3, 2, 1, 0),
-                                                                     _mm512_set1_epi32(g * R)),
-                                                    s));
+    for (int g = 1; g < GC; g++) {
+        const __m512 sg = _mm512_permutexvar_ps(_mm512_add_epi32(iota, _mm512_set1_epi32(g * R)), s);
+        _mm512_mask_storeu_ps(og + g * os + i, mv, sg);
+    }
 }
 
 /* Heads in groups of up to 4 (the rows converted once per group); the
  * block height fills the 16 slots: 16 rows for one head, 8 for two, 5
- * for three, 4 for four. */
+ * for three, 4 for four. The rows past the last whole block go in blocks
+ * of 4 rows for one head, 2 for two, 1 for three or four, so the last
+ * block repeats at most 3 rows' work (its slots past row n - 1). */
 AVX512_FN void spx_avx512_scores_f16(const float *q, int64_t qs, int G, const uint16_t *h, int64_t stride,
                                      int64_t n, int64_t d, float scale, float *out, int64_t os) {
     const __m512 vs = _mm512_set1_ps(scale);
@@ -112,18 +115,23 @@ AVX512_FN void spx_avx512_scores_f16(const float *q, int64_t qs, int G, const ui
         const int gc = G - g0 < 4 ? G - g0 : 4;
         const float *qg = q + g0 * qs;
         float *og = out + g0 * os;
+        int64_t i = 0;
         switch (gc) {
         case 1:
-            for (int64_t i = 0; i < n; i += 16) scores_block(1, 16, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i + 16 <= n; i += 16) scores_block(1, 16, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i < n; i += 4) scores_block(1, 4, qg, qs, h, stride, i, n, d, vs, og, os);
             break;
         case 2:
-            for (int64_t i = 0; i < n; i += 8) scores_block(2, 8, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i + 8 <= n; i += 8) scores_block(2, 8, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i < n; i += 2) scores_block(2, 2, qg, qs, h, stride, i, n, d, vs, og, os);
             break;
         case 3:
-            for (int64_t i = 0; i < n; i += 5) scores_block(3, 5, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i + 5 <= n; i += 5) scores_block(3, 5, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i < n; i++) scores_block(3, 1, qg, qs, h, stride, i, n, d, vs, og, os);
             break;
         default:
-            for (int64_t i = 0; i < n; i += 4) scores_block(4, 4, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i + 4 <= n; i += 4) scores_block(4, 4, qg, qs, h, stride, i, n, d, vs, og, os);
+            for (; i < n; i++) scores_block(4, 1, qg, qs, h, stride, i, n, d, vs, og, os);
             break;
         }
     }
@@ -214,39 +222,31 @@ AVX512_FN void spx_avx512_wv_f16(float *out, int64_t os, const float *p, int64_t
     }
 }
 
-/* One 4-bit group: its 32 codes as two float vectors, codes 0..15 (low
- * nibbles) and 16..31 (high nibbles). */
+/* One 4-bit group: its 16 bytes widened to 16 dwords once, then codes
+ * 0..15 (low nibbles) and 16..31 (high nibbles) as two float vectors. */
 AVX512_INLINE void q4g_codes(const uint8_t *cd, __m512 *lo, __m512 *hi) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)cd), m = _mm_set1_epi8(15);
-    *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m)));
-    *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m)));
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)cd));
+    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15)));
+    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
 }
 
 /* Per head lane k holds c_k q_k + c_(k+16) q_(k+16) (one product
- * rounded, the other fused); up to 4 heads' lanes are then summed in one
- * transposing tree, each head's 16 lanes through the same pairing
- * (e + 8, e + 4, then e + 2, e + 1 within the 128-bit lane), zero slots
- * for the heads a short group lacks: a head's sum does not depend on G. */
+ * rounded, the other fused), then the 16 lanes are summed: lane e + lane
+ * e + 8, then adjacent lanes, then pairs, then the two 128-bit halves.
+ * Each head on its own (the codes widened once for all G), so a head's
+ * sum does not depend on G. A transposing tree over 4 heads (as
+ * scores_f16's) was tried: its cross-lane shuffles cost more than this
+ * whole group's dot. */
 AVX512_FN void spx_avx512_dot_q4g(const float *q, int64_t qs, int G, const uint8_t *cd, float *out) {
     __m512 lo, hi;
     q4g_codes(cd, &lo, &hi);
-    const __m512i idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
-    for (int g0 = 0; g0 < G; g0 += 4) {
-        const int gc = G - g0 < 4 ? G - g0 : 4;
-        __m512 t[4];
-        #pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            t[g] = _mm512_setzero_ps();
-            if (g >= gc) continue;
-            const float *qg = q + (g0 + g) * qs;
-            t[g] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(qg + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(qg)));
-        }
-        const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x44), _mm512_shuffle_f32x4(t[0], t[1], 0xee));
-        const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x44), _mm512_shuffle_f32x4(t[2], t[3], 0xee));
-        __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
-        v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e)); /* lane m: [e0 + e2, e1 + e3, ...] of head m */
-        v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
-        _mm_mask_storeu_ps(out + g0, (__mmask8)((1u << gc) - 1u), _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, v)));
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + g * qs;
+        const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(qg + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(qg)));
+        __m256 y = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+        y = _mm256_add_ps(y, _mm256_permute_ps(y, 0xb1));
+        y = _mm256_add_ps(y, _mm256_permute_ps(y, 0x4e));
+        out[g] = _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1)));
     }
 }
 
