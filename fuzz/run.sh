@@ -12,8 +12,8 @@
 #
 # Environment: FUZZ_TIME (seconds per target), FUZZ_TARGETS (names to run,
 # e.g. "safetensors trdc"; default all), CLANG (default clang),
-# FUZZ_JOBS (parallel compiles; default online CPUs), FUZZ_SRC (the source
-# folders compiled for the targets; see below).
+# FUZZ_JOBS (parallel compiles, and targets fuzzing at once; default online
+# CPUs), FUZZ_SRC (the source folders compiled for the targets; see below).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 shared=${1:-../shared}
@@ -72,19 +72,23 @@ for s in $(for d in $SRC_DIRS; do ls "$d"/*.c; done); do
     ar rcs "$lib" "$OUT/obj/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')" || exit 1
 done
 
-fail=0
-for name in $targets; do
-    bin="$OUT/fuzz_$name"
+# One target: build, seed, fuzz for T seconds; its report (the lines to
+# print) in $OUT/fuzz_NAME.report, its outcome (0 clean) in
+# $OUT/fuzz_NAME.status.
+one() {
+    name=$1
+    bin="$OUT/fuzz_$name"; rep="$OUT/fuzz_$name.report"
+    echo 1 > "$OUT/fuzz_$name.status"
     # shellcheck disable=SC2086
-    if ! $CLANG $COMMON -fsanitize=fuzzer,$SAN "fuzz/fuzz_$name.c" "$lib" -o "$bin" $LIBS; then
-        echo "[FAIL] fuzz_$name: build failed" >&2
-        fail=$((fail + 1)); continue
+    if ! $CLANG $COMMON -fsanitize=fuzzer,$SAN "fuzz/fuzz_$name.c" "$lib" -o "$bin" $LIBS >"$rep" 2>&1; then
+        echo "[FAIL] fuzz_$name: build failed" >>"$rep"
+        return
     fi
     corpus="$OUT/corpus_$name"; crashes="$OUT/crashes_$name"
     mkdir -p "$corpus" "$crashes"
-    if [ -f "fuzz/seeds_$name.sh" ] && ! sh "fuzz/seeds_$name.sh" "$corpus" "$shared"; then
-        echo "[FAIL] fuzz_$name: fuzz/seeds_$name.sh failed" >&2
-        fail=$((fail + 1)); continue
+    if [ -f "fuzz/seeds_$name.sh" ] && ! sh "fuzz/seeds_$name.sh" "$corpus" "$shared" >>"$rep" 2>&1; then
+        echo "[FAIL] fuzz_$name: fuzz/seeds_$name.sh failed" >>"$rep"
+        return
     fi
     dict=""
     [ -f "fuzz/$name.dict" ] && dict="-dict=fuzz/$name.dict"
@@ -100,11 +104,32 @@ for name in $targets; do
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1)
     if [ $rc -eq 0 ]; then
         n=$(ls "$corpus" | wc -l)
-        echo "[ ok ] fuzz_$name: ${execs:-?} runs in ${T}s (${rate:-?}/s), $cov, corpus $n files"
+        echo "[ ok ] fuzz_$name: ${execs:-?} runs in ${T}s (${rate:-?}/s), $cov, corpus $n files" >>"$rep"
+        echo 0 > "$OUT/fuzz_$name.status"
     else
-        echo "[FAIL] fuzz_$name: exit $rc; crashing input in $crashes/, log $log" >&2
-        grep -E 'ERROR|SUMMARY|runtime error|==[0-9]+==' "$log" | head -n 20 >&2
-        tail -n 40 "$log" >&2
+        {
+            echo "[FAIL] fuzz_$name: exit $rc; crashing input in $crashes/, log $log"
+            grep -E 'ERROR|SUMMARY|runtime error|==[0-9]+==' "$log" | head -n 20
+            tail -n 40 "$log"
+        } >>"$rep"
+    fi
+}
+
+# JOBS targets at a time (each fuzzes one process for T seconds, so a batch
+# ends together), then the reports in name order
+k=0
+for name in $targets; do
+    one "$name" &
+    k=$((k + 1))
+    [ $((k % JOBS)) -eq 0 ] && wait
+done
+wait
+fail=0
+for name in $targets; do
+    if [ "$(cat "$OUT/fuzz_$name.status" 2>/dev/null)" = 0 ]; then
+        cat "$OUT/fuzz_$name.report"
+    else
+        cat "$OUT/fuzz_$name.report" >&2
         fail=$((fail + 1))
     fi
 done

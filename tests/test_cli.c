@@ -36,6 +36,10 @@ static const char *bin(void) {
     return b && *b ? b : "build/spectra";
 }
 
+/* the sanitizer pass (tests/run.sh quick): the model-heavy cases run on
+ * smaller models (tune_neuron_cases, eval_fixture) */
+static int quick(void) { return getenv("SPECTRA_TEST_QUICK") != NULL; }
+
 static void expect(const char *args, int want_rc, const char *want_text) {
     char cmd[3000], *out;
     snprintf(cmd, sizeof cmd, "%s %s", bin(), args);
@@ -71,10 +75,6 @@ static int json_k(const char *out, long long k[4]) {
     return ok;
 }
 
-/* tune's MLP mode (docllama-58m: a gated MLP with neuron bundles and a
- * tokenizer): neuron mode searched, recorded, printed by inspect, applied
- * by run and kl (whose KL is the one tune recorded), overridden by an
- * explicit --refine-mlp */
 /* `spectra kl ... --json` (cmd) scores the KL tune recorded (want), to its printed digits. */
 static void expect_tune_kl(const char *what, const char *cmd, double want) {
     char *out;
@@ -85,21 +85,39 @@ static void expect_tune_kl(const char *what, const char *cmd, double want) {
     free(out);
 }
 
+/* tune's MLP mode (docllama-58m: a gated MLP with neuron bundles and a
+ * tokenizer): neuron mode searched, recorded, printed by inspect, applied
+ * by run and kl (whose KL is the one tune recorded), overridden by an
+ * explicit --refine-mlp. In the sanitizer pass (quick), where docllama-58m
+ * took two minutes here, a folder of tiny-qwen3's weights (a gated MLP
+ * whose widths take bundles) with stories260K's tokenizer (the same 512
+ * ids) on tune_cases' story.txt: the same commands and checks. */
 static void tune_neuron_cases(const char *tmp) {
-    char a[3000], c[3200], *out;
-    const char *dl = tl_shared("models/docllama-58m");
+    char a[3000], c[3200], *out, src[600], txt[700];
+    const char *dl = src;
+    if (quick()) {
+        snprintf(src, sizeof src, "%s/qtok", tmp);
+        snprintf(txt, sizeof txt, "%s/story.txt", tmp);
+        snprintf(c, sizeof c, "mkdir -p %s && cp %s/config.json %s/model.safetensors %s/tokenizer.json "
+                 "%s/tokenizer_config.json %s/", src, tl_shared("models/tiny-qwen3"), tl_shared("models/tiny-qwen3"),
+                 tl_shared("models/stories260K"), tl_shared("models/stories260K"), src);
+        CHECK(system(c) == 0, "%s", c);
+    } else {
+        snprintf(src, sizeof src, "%s", tl_shared("models/docllama-58m"));
+        snprintf(txt, sizeof txt, "%s/eval.txt", src);
+    }
     snprintf(a, sizeof a, "compress -m %s -o %s/dl.trdc --refine %s/dl.refine --refine-bundles -q", dl, tmp, tmp);
     expect(a, 0, "neuron bundles of");
     const char *quick = "--ctx 32 --chunks 2 --tokens 8 --rounds 1 --max-trials 2 --ladder 0,4,16 --threads 2";
-    snprintf(c, sizeof c, "%s tune -m %s/dl.trdc --refine %s/dl.refine --ref %s -f %s/eval.txt %s --budget 60%% --json",
-             bin(), tmp, tmp, dl, dl, quick);
+    snprintf(c, sizeof c, "%s tune -m %s/dl.trdc --refine %s/dl.refine --ref %s -f %s %s --budget 60%% --json",
+             bin(), tmp, tmp, dl, txt, quick);
     int rc = sh(c, &out); /* both modes: which wins is this machine's timing */
     CHECK(rc == 0 && strstr(out, "tune: 2 modes (MLP channel and neuron)") && strstr(out, "(neuron)") &&
               strstr(out, "\"mlp\": \"neuron\""),
           "%s: %d\n%s", c, rc, out);
     free(out);
-    snprintf(c, sizeof c, "%s tune -m %s/dl.trdc --refine %s/dl.refine --ref %s -f %s/eval.txt %s --budget 70%% --json "
-             "--search-mlp neuron", bin(), tmp, tmp, dl, dl, quick);
+    snprintf(c, sizeof c, "%s tune -m %s/dl.trdc --refine %s/dl.refine --ref %s -f %s %s --budget 70%% --json "
+             "--search-mlp neuron", bin(), tmp, tmp, dl, txt, quick);
     rc = sh(c, &out);
     const char *kn_at = strstr(out, "\"kn\": ");
     const long long kn = kn_at ? atoll(kn_at + 6) : -1;
@@ -121,8 +139,8 @@ static void tune_neuron_cases(const char *tmp) {
     rc = sh(c, &out);
     CHECK(rc == 0 && strstr(out, "tuned budgets") && !strstr(out, "neuron-wise"), "--refine-mlp channel:\n%s", out);
     free(out);
-    snprintf(c, sizeof c, "%s kl -m %s/dl.trdc --refine %s/dl.refine --refine-tuned 70%% --ref %s -f %s/eval.txt --ctx 32 "
-             "--chunks 2 --threads 2 --json", bin(), tmp, tmp, dl, dl);
+    snprintf(c, sizeof c, "%s kl -m %s/dl.trdc --refine %s/dl.refine --refine-tuned 70%% --ref %s -f %s --ctx 32 "
+             "--chunks 2 --threads 2 --json", bin(), tmp, tmp, dl, txt);
     expect_tune_kl("neuron kl", c, tune_kl);
 }
 
@@ -246,22 +264,53 @@ static double json_num(const char *out, const char *key, int models) {
     return x;
 }
 
-/* The low-bit KV flags (docs/kv.md) on docllama-long: perplexity with
+/* The model and text of the low-bit KV and --score-last cases, and their
+ * sizes. Normally docllama-long (head_dim 64, 8,192 positions) on its
+ * eval.txt. In the sanitizer pass (SPECTRA_TEST_QUICK), where one
+ * docllama-long token costs about 0.1 s and these cases took most of the
+ * pass, stories260K (head_dim 8, so KV groups of 8; 512 positions) on
+ * tune_cases' story.txt (about 720 tokens, one line): the same commands
+ * and checks, on a model a hundred times smaller. */
+typedef struct {
+    char model[600], text[640];
+    const char *group;         /* the --kv-group the low-bit types need on this model ("" = the default) */
+    const char *bad_group[2];  /* a --kv-group this model refuses, and the message */
+    int ctx, last;             /* the --score-last window and its N */
+} eval_fixture;
+
+static eval_fixture eval_fixture_get(const char *tmp) {
+    eval_fixture f;
+    const char *m = quick() ? "models/stories260K" : "models/docllama-long";
+    snprintf(f.model, sizeof f.model, "%s", tl_shared(m));
+    if (quick()) snprintf(f.text, sizeof f.text, "%s/story.txt", tmp);
+    else snprintf(f.text, sizeof f.text, "%s/eval.txt", f.model);
+    f.group = quick() ? "--kv-group 8" : "";
+    f.bad_group[0] = quick() ? "--kv-group 12" : "--kv-group 48";
+    f.bad_group[1] = quick() ? "--kv-group 12 must be at least 8 and divide head_dim 8"
+                             : "--kv-group 48 must be at least 8 and divide head_dim 64";
+    f.ctx = quick() ? 512 : 1024;
+    f.last = f.ctx / 4;
+    return f;
+}
+
+/* The low-bit KV flags (docs/kv.md) on eval_fixture's model: perplexity with
  * k2v2 + refinement on every group at +8 bits comes within 0.5 % of f16's
  * PPL while k2v2 alone is further off (the flags reach the cache); the
  * record names the settings; flags that do not apply, and bad values, are
  * usage errors or a clear library message. */
 static void kv_lowbit_cases(const char *tmp) {
-    const char *dl = tl_shared("models/docllama-long");
-    char a[1500], *o[4] = {NULL, NULL, NULL, NULL}, filetier[700];
+    const eval_fixture fx = eval_fixture_get(tmp);
+    const char *dl = fx.model, *txt = fx.text, *g = fx.group;
+    char a[3000], *o[4] = {NULL, NULL, NULL, NULL}, filetier[700], k2[64], k2r[128];
     /* the 4th: the 3rd with its records in a file tier (wait policy, a 1 MiB cache): the same PPL exactly */
-    snprintf(filetier, sizeof filetier, "--kv k2v2 --kv-refine 8 --kv-refine-frac 1 --kv-tier %s --kv-tier-miss wait "
-             "--kv-tier-cache 1", tmp);
-    const char *const kv[4] = {"--kv f16", "--kv k2v2", "--kv k2v2 --kv-refine 8 --kv-refine-frac 1", filetier};
+    snprintf(k2, sizeof k2, "--kv k2v2 %s", g);
+    snprintf(k2r, sizeof k2r, "%s --kv-refine 8 --kv-refine-frac 1", k2);
+    snprintf(filetier, sizeof filetier, "%s --kv-tier %s --kv-tier-miss wait --kv-tier-cache 1", k2r, tmp);
+    const char *const kv[4] = {"--kv f16", k2, k2r, filetier};
     for (int k = 0; k < 4; k++) {
         char cmd[2000];
-        snprintf(cmd, sizeof cmd, "%s perplexity -m %s -f %s/eval.txt --ctx 512 --chunks 1 --threads 2 %s --json 2>&1",
-                 bin(), dl, dl, kv[k]);
+        snprintf(cmd, sizeof cmd, "%s perplexity -m %s -f %s --ctx 512 --chunks 1 --threads 2 %s --json 2>&1", bin(), dl,
+                 txt, kv[k]);
         CHECK(sh(cmd, &o[k]) == 0, "`%s` failed:\n%s", cmd, o[k]);
     }
     double p16 = json_num(o[0], "ppl", 0), p2 = json_num(o[1], "ppl", 0), p2r = json_num(o[2], "ppl", 0);
@@ -272,39 +321,41 @@ static void kv_lowbit_cases(const char *tmp) {
     CHECK(o[3] && strstr(o[3], "in a file (") && strstr(o[3], "1 MiB RAM cache (wait for misses"),
           "no file-tier KV record in:\n%s", o[3]);
     for (int k = 0; k < 4; k++) free(o[k]);
-    snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv k2v2 --kv-tier /nonexistent/kvt", dl, dl);
+    snprintf(a, sizeof a, "perplexity -m %s -f %s --ctx 64 --chunks 1 %s --kv-tier /nonexistent/kvt", dl, txt, k2);
     expect(a, 1, "/nonexistent/kvt: cannot create a tier file");
     expect("perplexity -m x -f y --kv k2v2 --kv-tier-cache 64", 2, "need --kv-tier DIR");
     expect("perplexity -m x -f y --kv q4 --kv-tier /tmp", 2, "apply to the low-bit KV types");
     expect("perplexity -m x -f y --kv k2v2 --kv-tier /tmp --kv-tier-miss later", 2, "expected skip or wait");
-    snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv-refine 4", dl, dl);
+    snprintf(a, sizeof a, "perplexity -m %s -f %s --ctx 64 --chunks 1 --kv-refine 4", dl, txt);
     expect(a, 2, "apply to the low-bit KV types");
-    snprintf(a, sizeof a, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --kv k2v2 --kv-group 48", dl, dl);
-    expect(a, 1, "--kv-group 48 must be at least 8 and divide head_dim 64");
+    snprintf(a, sizeof a, "perplexity -m %s -f %s --ctx 64 --chunks 1 --kv k2v2 %s", dl, txt, fx.bad_group[0]);
+    expect(a, 1, fx.bad_group[1]);
     expect("perplexity -m x -f y --kv k5v5", 2, "expected f32, f16, q4, k2v2");
     expect("perplexity -m x -f y --kv k2v2 --kv-refine-frac 2", 2, "fraction in (0, 1]");
     expect("perplexity -m x -f y --kv k2v2 --kv-layout zig", 2, "kivi or rot");
 }
 
-/* --score-last N (windows.h) on docllama-long, window 0 of 1,024 tokens,
- * N = 256. The oracle is computed here, apart from the windows code: the
- * stream's first tokens from `spectra tokenize --no-special` on a prefix
- * of eval.txt with BOS (config.json: 1) before them, their full-prompt
- * logits from `spectra logits --kv f32`, and the NLL of positions
- * 768 .. 1023 predicting stream tokens 769 .. 1024 (the last 256 targets
- * of the window). With an exact (f32) KV cache, one token per step after a
- * 768-token prompt equals the prompt pass up to float rounding, so
- * perplexity and kl with --score-last 256 --kv f32 must give the same PPL
- * to 1e-3 (an off-by-one position or a wrongly fed model moves it by far
- * more). Then the usage errors (exit 2, a message), kl's and tune's
- * included. */
+/* --score-last N (windows.h) on eval_fixture's model, window 0 of CTX
+ * tokens (docllama-long: 1,024), N = CTX / 4. The oracle is computed here,
+ * apart from the windows code: the stream's first tokens from `spectra
+ * tokenize --no-special` on a prefix of the text with BOS (config.json of
+ * both models: 1) before them, their full-prompt logits from `spectra
+ * logits --kv f32`, and the NLL of positions CTX - N .. CTX - 1 predicting
+ * stream tokens CTX - N + 1 .. CTX (the last N targets of the window).
+ * With an exact (f32) KV cache, one token per step after a CTX - N token
+ * prompt equals the prompt pass up to float rounding, so perplexity and kl
+ * with --score-last N --kv f32 must give the same PPL to 1e-3 (an
+ * off-by-one position or a wrongly fed model moves it by far more). Then
+ * the usage errors (exit 2, a message), kl's and tune's included. */
 static void score_last_cases(const char *tmp) {
-    const char *dl = tl_shared("models/docllama-long");
-    enum { CTX = 1024, LAST = 256 };
+    const eval_fixture fx = eval_fixture_get(tmp);
+    const char *dl = fx.model, *txt = fx.text;
+    const int CTX = fx.ctx, LAST = fx.last;
     char c[4096], *out;
-    /* 150 lines of eval.txt: ~1,760 tokens, so the cut is far beyond token 1,024 */
-    snprintf(c, sizeof c, "head -n 150 %s/eval.txt > %s/pre.txt && %s tokenize -m %s --no-special -f %s/pre.txt", dl,
-             tmp, bin(), dl, tmp);
+    /* 150 lines of eval.txt: ~1,760 tokens, so the cut is far beyond token
+     * 1,024 (story.txt is one line of about 720 tokens: all of it) */
+    snprintf(c, sizeof c, "head -n 150 %s > %s/pre.txt && %s tokenize -m %s --no-special -f %s/pre.txt", txt, tmp, bin(),
+             dl, tmp);
     int rc = sh(c, &out);
     int32_t *s = malloc((CTX + 1) * sizeof *s);
     int n = 0;
@@ -346,15 +397,16 @@ static void score_last_cases(const char *tmp) {
     free(lg);
     free(s);
     const double want = exp(nll / LAST);
-    const char *w = "--ctx 1024 --chunks 1 --score-last 256 --kv f32 --threads 2";
-    snprintf(c, sizeof c, "%s perplexity -m %s -f %s/eval.txt %s --json", bin(), dl, dl, w);
+    char w[128];
+    snprintf(w, sizeof w, "--ctx %d --chunks 1 --score-last %d --kv f32 --threads 2", CTX, LAST);
+    snprintf(c, sizeof c, "%s perplexity -m %s -f %s %s --json", bin(), dl, txt, w);
     rc = sh(c, &out);
     double got = json_num(out, "ppl", 0);
     CHECK(rc == 0 && fabs(got / want - 1) < 1e-3 && json_num(out, "tokens_scored", 0) == LAST &&
               json_num(out, "score_last", 0) == LAST,
           "perplexity --score-last: PPL %.6f, the logits' %.6f:\n%s", got, want, out);
     free(out);
-    snprintf(c, sizeof c, "%s kl -m %s --ref %s -f %s/eval.txt %s --json", bin(), dl, dl, dl, w);
+    snprintf(c, sizeof c, "%s kl -m %s --ref %s -f %s %s --json", bin(), dl, dl, txt, w);
     rc = sh(c, &out);
     got = json_num(out, "ppl_ref", 0);
     const double got_m = json_num(out, "ppl", 1);
@@ -364,9 +416,9 @@ static void score_last_cases(const char *tmp) {
           "kl --score-last: reference PPL %.6f, model %.6f, the logits' %.6f:\n%s", got, got_m, want, out);
     free(out);
     /* the human-readable line names the protocol; without the flag the JSON says 0 */
-    snprintf(c, sizeof c, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --score-last 16 --threads 2", dl, dl);
+    snprintf(c, sizeof c, "perplexity -m %s -f %s --ctx 64 --chunks 1 --score-last 16 --threads 2", dl, txt);
     expect(c, 0, "(1 windows of 64, last 16 scored one token at a time)");
-    snprintf(c, sizeof c, "perplexity -m %s -f %s/eval.txt --ctx 64 --chunks 1 --threads 2 --json", dl, dl);
+    snprintf(c, sizeof c, "perplexity -m %s -f %s --ctx 64 --chunks 1 --threads 2 --json", dl, txt);
     expect(c, 0, "\"score_last\": 0,");
     const char *bad[][2] = {{"--score-last 0", "--score-last: expected an integer in [1,"},
                             {"--score-last 64", "--score-last 64 must be below --ctx 64"},
@@ -374,9 +426,9 @@ static void score_last_cases(const char *tmp) {
                             {"--score-last 16 --llama-compat", "--score-last and --llama-compat exclude each other"},
                             {"--llama-compat --score-last 16", "exclude each other"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(c, sizeof c, "perplexity -m %s -f %s/eval.txt --ctx 64 %s", dl, dl, bad[i][0]);
+        snprintf(c, sizeof c, "perplexity -m %s -f %s --ctx 64 %s", dl, txt, bad[i][0]);
         expect(c, 2, bad[i][1]);
-        snprintf(c, sizeof c, "kl -m %s --ref %s -f %s/eval.txt --ctx 64 %s", dl, dl, dl, bad[i][0]);
+        snprintf(c, sizeof c, "kl -m %s --ref %s -f %s --ctx 64 %s", dl, dl, txt, bad[i][0]);
         expect(c, 2, bad[i][1]);
     }
     snprintf(c, sizeof c, "tune -m %s/st.trdc --refine %s/st.refine --ref %s -f %s/story.txt --ctx 32 --score-last 32",
@@ -574,7 +626,7 @@ int main(void) {
      * the refusals */
     tune_cases(tmp);
     tune_neuron_cases(tmp);
-    kv_lowbit_cases(tmp);
+    kv_lowbit_cases(tmp);  /* after tune_cases: its story.txt (eval_fixture in quick mode) */
     score_last_cases(tmp); /* after tune_cases: its st.trdc, st.refine and story.txt */
 
     /* layouts: tiny-qwen3 (widths 128 and 384) is stored tiled by default and
