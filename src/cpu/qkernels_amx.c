@@ -36,9 +36,9 @@
  * flush that reads a C tile stored just before waits for it, so tile_run
  * is software pipelined: SPX_AMX_NC C tiles (4: with A and B tiles
  * alternating between two each; 6: one A and one B tile) in rotation, the
- * flush SPX_AMX_DEPTH blocks behind the tiles (measured on a Xeon with AMX,
- * 1 thread, 2048 x 8192 at 512 tokens: 93 GMAC/s one block behind, 114
- * two, 220 three with 4 C tiles; the AVX2 kernels 45). Why one token tile
+ * flush SPX_AMX_DEPTH blocks behind the tiles. On a Xeon with AMX, three
+ * blocks behind (4 C tiles) ran about twice as fast as one or two behind,
+ * and 6 C tiles four or five behind no faster than that. Why one token tile
  * x one row tile: the flush costs 3 vector operations per 16 x 32
  * multiply-adds; sharing A or B tiles between two C tiles (2 x 1, 2 x 2)
  * would need 32 or 64 accumulators, more than the 32 zmm registers, so
