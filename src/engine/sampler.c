@@ -89,25 +89,19 @@ static void heap_top_k(const float *logits, int64_t vocab, float mx, float temp,
     for (int64_t i = 0; i < k; i++) h[i] = cand_key((logits[i] - mx) / temp, (int32_t)i);
     for (int64_t i = k / 2; i-- > 0;) heap_down(h, k, i);
     float worst = (logits[(uint32_t)h[0]] - mx) / temp;
-    int64_t i = k;
-    for (; i < vocab && i % 16; i++) { /* up to a multiple of 16 */
-        const float w = (logits[i] - mx) / temp;
-        if (w > worst) {
-            const uint64_t key = cand_key(w, (int32_t)i);
-            if (key < h[0]) h[0] = key, heap_down(h, k, 0), worst = (logits[(uint32_t)h[0]] - mx) / temp;
-        }
-    }
-    for (; i < vocab; i += 16) {
+    for (int64_t i = k; i < vocab; i += 16) {
         const int64_t e = i + 16 < vocab ? i + 16 : vocab;
         float bm = logits[i];
         for (int64_t j = i + 1; j < e; j++) bm = logits[j] > bm ? logits[j] : bm;
         if (!((bm - mx) / temp > worst)) continue;
         for (int64_t j = i; j < e; j++) {
             const float w = (logits[j] - mx) / temp;
-            if (w > worst) {
-                const uint64_t key = cand_key(w, (int32_t)j);
-                if (key < h[0]) h[0] = key, heap_down(h, k, 0), worst = (logits[(uint32_t)h[0]] - mx) / temp;
-            }
+            if (!(w > worst)) continue;
+            const uint64_t key = cand_key(w, (int32_t)j);
+            if (key >= h[0]) continue;
+            h[0] = key;
+            heap_down(h, k, 0);
+            worst = (logits[(uint32_t)h[0]] - mx) / temp;
         }
     }
 }
@@ -155,16 +149,17 @@ int64_t spx_sampler_dist(const float *logits, int64_t vocab, const spx_sampler_p
         /* a small top-k: one pass, the heap in c[0..k) (the rest of c is never touched) */
         heap_top_k(logits, vocab, mx, p->temperature, n, key);
         qsort(key, (size_t)n, sizeof *key, u64_asc);
-    } else if (n < vocab) {
-        for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
-        select_k(key, vocab, n);
-        qsort(key, (size_t)n, sizeof *key, u64_asc);
     } else {
         for (int64_t i = 0; i < vocab; i++) key[i] = cand_key((logits[i] - mx) / p->temperature, (int32_t)i);
-        uint64_t *tmp = malloc((size_t)vocab * sizeof *tmp);
-        if (tmp) radix_sort_hi(key, tmp, vocab);
-        else qsort(key, (size_t)vocab, sizeof *key, u64_asc); /* no memory: the same order, slower */
-        free(tmp);
+        if (n < vocab) {
+            select_k(key, vocab, n);
+            qsort(key, (size_t)n, sizeof *key, u64_asc);
+        } else {
+            uint64_t *tmp = malloc((size_t)vocab * sizeof *tmp);
+            if (tmp) radix_sort_hi(key, tmp, vocab);
+            else qsort(key, (size_t)vocab, sizeof *key, u64_asc); /* no memory: the same order, slower */
+            free(tmp);
+        }
     }
     for (int64_t i = 0; i < n; i++) {
         const int32_t id = (int32_t)(uint32_t)key[i];
