@@ -116,14 +116,19 @@ const spx_qkernels *spx_qkernels_scalar(void) { return &g_scalar; }
 /* AVX2 + FMA + F16C usable: the CPU has them (CPUID) and the OS saves the
  * ymm state (OSXSAVE, XCR0 bits 1-2). Read directly because clang's
  * __builtin_cpu_supports does not know "f16c". */
+/* XCR0: the register state the OS saves (call only with OSXSAVE set). */
+static unsigned xcr0(void) {
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    return xlo;
+}
+
 static int cpu_has_avx2(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const unsigned fma = 1u << 12, osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
     if ((c & (fma | osxsave | avx | f16c)) != (fma | osxsave | avx | f16c)) return 0;
-    unsigned xlo, xhi;
-    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-    if ((xlo & 6u) != 6u) return 0;
+    if ((xcr0() & 6u) != 6u) return 0;
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
     return (b >> 5) & 1u; /* AVX2 */
@@ -137,9 +142,7 @@ static int cpu_has_avx512(void) {
     __cpuid_count(7, 0, a, b, c, d);
     const unsigned f = 1u << 16, dq = 1u << 17, bw = 1u << 30, vl = 1u << 31, vnni = 1u << 11;
     if ((b & (f | dq | bw | vl)) != (f | dq | bw | vl) || !(c & vnni)) return 0;
-    unsigned xlo, xhi;
-    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-    return (xlo & 0xe6u) == 0xe6u;
+    return (xcr0() & 0xe6u) == 0xe6u;
 }
 #else
 static int cpu_has_avx2(void) { return 0; }

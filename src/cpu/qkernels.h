@@ -72,6 +72,11 @@ typedef struct spx_qkernels {
     void (*softmax)(float *x, int64_t n);
 } spx_qkernels;
 
+/* Group sizes the int8-activation tables (avx2, avx512, amx) run fast:
+ * whole 32-column blocks, at most 4 per group; others take the scalar
+ * table. */
+static inline int spx_qk_int8_group(int group) { return group == 32 || group == 64 || group == 128; }
+
 /* The scalar reference table (always available). */
 const spx_qkernels *spx_qkernels_scalar(void);
 /* The best table for this CPU (cpuid at first call); environment variable

@@ -227,9 +227,8 @@ int spx_amx_usable(void) {
  * Shapes and sizes
  * ==================================================================== */
 
-static int fast_group(int group) { return group == 32 || group == 64 || group == 128; }
 static int fast_ok(const spx_qtensor *q) {
-    if (!fast_group(q->group) || q->cols <= 0 || q->cols % q->group) return 0;
+    if (!spx_qk_int8_group(q->group) || q->cols <= 0 || q->cols % q->group) return 0;
     if (q->layout == SPX_Q_TILED) return spx_q_tiled_ok(q->bits, q->group, q->cols);
     return q->bits == 4 || q->bits == 2 || q->bits == 3;
 }
@@ -272,13 +271,13 @@ static scr_layout scr_of(int64_t T, int64_t cols) {
 }
 
 size_t spx_amx_act_bytes(int64_t T, int64_t cols, int group) {
-    if (!fast_group(group) || cols <= 0 || cols % group || T <= 0) return 0;
+    if (!spx_qk_int8_group(group) || cols <= 0 || cols % group || T <= 0) return 0;
     return (size_t)(n_tiles(T) * (cols / BLK)) * (TILE_BYTES + TOK * sizeof(float));
 }
 
 size_t spx_amx_scratch_bytes(int64_t T, int64_t cols, int group) {
     const size_t scalar = (size_t)cols * sizeof(float); /* the scalar fallback's */
-    if (!fast_group(group) || cols <= 0 || cols % group || T <= 0) return scalar;
+    if (!spx_qk_int8_group(group) || cols <= 0 || cols % group || T <= 0) return scalar;
     const size_t s = scr_of(T, cols).total + 64; /* + alignment of the base */
     return s > scalar ? s : scalar;
 }
@@ -288,7 +287,7 @@ size_t spx_amx_scratch_bytes(int64_t T, int64_t cols, int group) {
  * ==================================================================== */
 
 AMX_FN void spx_amx_prepare(const float *x, int64_t T, int64_t cols, int group, void *act) {
-    if (!fast_group(group) || cols <= 0 || cols % group || T <= 0) return;
+    if (!spx_qk_int8_group(group) || cols <= 0 || cols % group || T <= 0) return;
     const int64_t nb = cols / BLK, nt = n_tiles(T), half = group / 2, bpg = group / BLK;
     int8_t *q8 = (int8_t *)act;
     float *dx = (float *)(q8 + nt * nb * TILE_BYTES);

@@ -111,9 +111,8 @@ enum {
 
 #define ACC_N 8 /* max(GEMM_TB, 1): inner size of accumulator arrays */
 
-static int fast_group(int group) { return group == 32 || group == 64 || group == 128; }
 static int fast_ok(const spx_qtensor *q) {
-    return fast_group(q->group) && (q->bits == 4 || ((q->bits == 2 || q->bits == 3) && q->layout == SPX_Q_ROWS));
+    return spx_qk_int8_group(q->group) && (q->bits == 4 || ((q->bits == 2 || q->bits == 3) && q->layout == SPX_Q_ROWS));
 }
 
 /* ======================================================================
@@ -135,7 +134,7 @@ static act_layout layout_of(int64_t cols) {
 }
 
 static size_t avx2_act_bytes(int64_t T, int64_t cols, int group) {
-    if (!fast_group(group) || cols <= 0 || cols % group) return 0;
+    if (!spx_qk_int8_group(group) || cols <= 0 || cols % group) return 0;
     return (size_t)T * (size_t)layout_of(cols).stride;
 }
 
@@ -166,7 +165,7 @@ AVX2_INLINE int hsum_epi32(__m256i v) {
 static const int8_t tree_pos[CHUNK] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 AVX2_FN static void avx2_prepare(const float *x, int64_t T, int64_t cols, int group, void *act) {
-    if (!fast_group(group) || cols <= 0 || cols % group) return;
+    if (!spx_qk_int8_group(group) || cols <= 0 || cols % group) return;
     act_layout l = layout_of(cols);
     const int64_t half = group / 2, bpg = group / BLK;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));

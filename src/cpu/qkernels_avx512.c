@@ -77,9 +77,8 @@ enum {
     MTOK_MAX = 16  /* products of 2..16 tokens: whole rows; tiled ones by tile16 */
 };
 
-static int fast_group(int group) { return group == 32 || group == 64 || group == 128; }
 static int fast_ok(const spx_qtensor *q) {
-    return fast_group(q->group) && (q->bits == 4 || ((q->bits == 2 || q->bits == 3) && q->layout == SPX_Q_ROWS));
+    return spx_qk_int8_group(q->group) && (q->bits == 4 || ((q->bits == 2 || q->bits == 3) && q->layout == SPX_Q_ROWS));
 }
 
 /* ======================================================================
@@ -105,7 +104,7 @@ static act_layout layout_of(int64_t cols) {
 }
 
 static size_t v_act_bytes(int64_t T, int64_t cols, int group) {
-    if (!fast_group(group) || cols <= 0 || cols % group) return 0;
+    if (!spx_qk_int8_group(group) || cols <= 0 || cols % group) return 0;
     return (size_t)T * (size_t)layout_of(cols).stride;
 }
 
@@ -121,7 +120,7 @@ static size_t v_scratch_bytes(int64_t T, int64_t cols, int group) {
 static inline int64_t slot_of(int64_t j) { return 4 * (j & 3) + (j >> 2); }
 
 AVX512_FN static void v_prepare(const float *x, int64_t T, int64_t cols, int group, void *act) {
-    if (!fast_group(group) || cols <= 0 || cols % group) return;
+    if (!spx_qk_int8_group(group) || cols <= 0 || cols % group) return;
     const act_layout l = layout_of(cols);
     const int64_t half = group / 2, bpg = group / BLK;
     for (int64_t t = 0; t < T; t++) {

@@ -172,9 +172,7 @@ int cli_kv_opt(int argc, char **argv, int *i, cli_kv_extra *o) {
     const char *a = argv[*i], *v;
     static const char *const flags[] = {"--kv-group",        "--kv-layout", "--kv-refine",     "--kv-refine-frac",
                                         "--kv-refine-group", "--kv-tier",   "--kv-tier-cache", "--kv-tier-miss"};
-    int known = 0;
-    for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++) known |= !strcmp(a, flags[k]);
-    if (!known) return 0;
+    if (!flag_in(a, flags, sizeof flags / sizeof flags[0])) return 0;
     if (!(v = cli_value(argc, argv, i))) return -1;
     int64_t x;
     if (!strcmp(a, "--kv-group")) {
@@ -345,9 +343,7 @@ int cli_eval_opt(int argc, char **argv, int *i, cli_eval_opts *o) {
     if (r) return r;
     static const char *const valued[] = {"-f", "--ctx", "-c", "--chunks", "--kv", "--backend", "--threads", "-t",
                                          "--skip", "--score-last"};
-    int known = 0;
-    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
-    if (!known) return 0;
+    if (!flag_in(a, valued, sizeof valued / sizeof valued[0])) return 0;
     if (!(v = cli_value(argc, argv, i))) return -1;
     if (!strcmp(a, "-f")) o->file = v;
     else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) return cli_int(a, v, 2, 1 << 20, &o->ctx) ? 1 : -1;
@@ -424,9 +420,7 @@ int cli_refine_opt(int argc, char **argv, int *i, spx_refine_params *p) {
     static const char *const valued[] = {"--refine", "--refine-k", "--refine-cache", "--refine-miss", "--refine-loaders",
                                          "--refine-blocks", "--refine-lag", "--refine-lead", "--refine-tuned", "--refine-mlp",
                                          "--refine-kn"};
-    int known = 0;
-    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
-    if (!known) return 0;
+    if (!flag_in(a, valued, sizeof valued / sizeof valued[0])) return 0;
     if (!(v = cli_value(argc, argv, i))) return -1;
     if (!strcmp(a, "--refine")) p->path = v;
     else if (!strcmp(a, "--refine-k")) return cli_refine_ks(a, v, p->k) ? 1 : -1;
