@@ -53,9 +53,14 @@
  * all when frac >= 1, else max(1, round(frac * candidates)). For a refined
  * token, p' = p exp(scale q . dk) (dk the key's refinement delta) and the
  * output becomes (sum_{i not refined} p_i v_i + sum_{refined} p'_i v'_i) /
- * (1 + sum_{refined} (p'_i - p_i)): eq. 8 in normalised form (p = e^l/Z).
- * Each refined token's record is read once: p' and p' dv come from it, then
- * the value pass runs once with p' in place of p: the update is fused into it.
+ * Z', Z' = sum_{i not refined} p_i + sum_{refined} p'_i: eq. 8 in
+ * normalised form (p = e^l/Z). Z' is summed term by term, never as
+ * 1 + sum (p'_i - p_i), which cancels to 0 when the refined groups held
+ * nearly all the probability and refinement lowers their logits; p' is
+ * formed as e^(log p + scale q.dk - M) with the row rescaled by e^-M only
+ * when the new maximum log-probability M leaves [-20, 20]. The records'
+ * key halves give p' first, their value halves p' dv, then the value pass
+ * runs once with p' in place of p: the update is fused into it.
  *
  * Prompts take the same path as decode steps: a prompt's queries attend
  * to the blocks encoded before its call through their codes (+refinement),

@@ -11,6 +11,7 @@
 #include "refine/tier.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* n codes of b bits from p (a head's first byte) into out[n] as floats */
@@ -37,6 +38,11 @@ static void unpack_c(const uint8_t *p, int b, int64_t n, float *out) {
         }
     } else
         for (int64_t i = 0; i < n; i++) out[i] = (float)kvl_get_bits(p, i, b);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
 }
 
 static float dotf_c(const float *a, const float *b, int64_t n) {
@@ -149,7 +155,7 @@ void spx_kvlow_select(const float *score, int64_t n, int64_t n_sel, int64_t *idx
 }
 
 /* work layout: [idx: n_groups int64][recs: n_groups pointers][offs: n_groups uint64][gscore: n_groups]
- *              [lens: n_groups uint32][qx: G hd][qk: G hd][acc: G hd][row: hd][cst: G][dz: G][qgs: G hd / group] */
+ *              [lens: n_groups uint32][qx: G hd][qk: G hd][acc: G hd][row: hd][cst: G][zn: G][qgs: G hd / group] */
 size_t spx_kvlow_work_floats(const spx_kvlow *k, int G) {
     size_t n = (size_t)k->n_groups * 8 + (size_t)G * (size_t)k->hd * 4 + (size_t)k->hd + 2 * (size_t)G;
     return (n + 15) / 16 * 16; /* per-thread slices of one array stay 64-byte aligned: idx is int64 */
@@ -169,7 +175,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
     float *gscore = work + 6 * k->n_groups;
     uint32_t *lens = (uint32_t *)(gscore + k->n_groups);
     float *qx = gscore + 2 * k->n_groups, *qk = qx + G * hd, *acc = qk + G * hd;
-    float *row = acc + G * hd, *cst = row + hd, *dz = cst + G, *qgs = dz + G;
+    float *row = acc + G * hd, *cst = row + hd, *zn = cst + G, *qgs = zn + G;
     /* regions within [start, end) */
     const int64_t s_end = end < SPX_KVL_BLOCK ? end : SPX_KVL_BLOCK;
     const int64_t l0 = start > SPX_KVL_BLOCK ? start : SPX_KVL_BLOCK, l1 = end < enc ? end : enc;
@@ -183,7 +189,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
             for (int64_t i = 0; i < gr; i++) sm += qx[g * hd + j * gr + i];
             qgs[g * ngr + j] = sm;
         }
-        dz[g] = 0;
+        zn[g] = 1; /* the resident probabilities sum to 1 */
     }
     /* scores: sinks, encoded, ring */
     if (s_end > start)
@@ -246,6 +252,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
         }
         n_sel = spx_kvlow_n_sel(c->frac, nc);
         spx_kvlow_select(gscore, nc, n_sel, idx);
+        qsort(idx, (size_t)n_sel, sizeof *idx, cmp_i64); /* ascending: the sweeps below skip refined runs in order */
         const float step = 1.0f / (float)(1 << c->rb);
         int64_t n_got = n_sel;
         if (k->ft) { /* the records in one batch: a miss (skip policy) is NULL and its group stays resident */
@@ -267,28 +274,79 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
             __atomic_fetch_add(&k->stats.groups_missed, (uint64_t)(n_sel - n_got), __ATOMIC_RELAXED);
         } else
             for (int64_t si = 0; si < n_sel; si++) recs[si] = kvl_tier(k, layer, gA + idx[si], kvh);
-        for (int64_t si = 0; si < n_sel; si++) {
-            const int64_t grp = gA + idx[si], p0 = SPX_KVL_BLOCK + grp * gt;
-            const uint8_t *rec = recs[si];
-            if (!rec) continue;
-            for (int64_t t = 0; t < gt; t++) {
-                const int64_t p = p0 + t;
-                for (int64_t i = 0; i < hd; i++) { /* dk in the codes' coordinates */
-                    float m, s;
-                    kvl_bin(k, 0, layer, p, off + i, &m, &s);
-                    row[i] = s * (((float)kvl_get_bits(rec, t * hd + i, c->rb) + 0.5f) * step - 0.5f);
+        if (n_got > 0) {
+            /* 1. refined tokens' log p' = log p + scale q.dk, in place, and
+             *    their max per head (cst: free after the scores) */
+            for (int g = 0; g < G; g++) cst[g] = -INFINITY;
+            for (int64_t si = 0; si < n_sel; si++) {
+                const int64_t p0 = SPX_KVL_BLOCK + (gA + idx[si]) * gt;
+                const uint8_t *rec = recs[si];
+                if (!rec) continue;
+                for (int64_t t = 0; t < gt; t++) {
+                    const int64_t p = p0 + t;
+                    for (int64_t i = 0; i < hd; i++) { /* dk in the codes' coordinates */
+                        float m, s;
+                        kvl_bin(k, 0, layer, p, off + i, &m, &s);
+                        row[i] = s * (((float)kvl_get_bits(rec, t * hd + i, c->rb) + 0.5f) * step - 0.5f);
+                    }
+                    for (int g = 0; g < G; g++) {
+                        float *pp = sc + g * scs + p - start;
+                        *pp = *pp > 0 ? logf(*pp) + scale * ops.dot(qx + g * hd, row, hd) : -INFINITY;
+                        cst[g] = fmaxf(cst[g], *pp);
+                    }
                 }
-                for (int g = 0; g < G; g++) {
-                    float *pp = sc + g * scs + p - start, pr = *pp * expf(scale * ops.dot(qx + g * hd, row, hd));
-                    dz[g] += pr - *pp;
-                    *pp = pr;
+            }
+            /* 2. the new maximum over every token; the row is rescaled by
+             *    e^-M only where M leaves [-20, 20] (p' could overflow, or
+             *    the whole row underflow); otherwise it keeps p as is */
+            for (int g = 0; g < G; g++) {
+                float *sg = sc + g * scs - start, mx = 0;
+                int64_t at = start;
+                for (int64_t si = 0; si <= n_sel; si++) { /* the non-refined runs [at, next refined group) */
+                    if (si < n_sel && !recs[si]) continue;
+                    const int64_t p0 = si < n_sel ? SPX_KVL_BLOCK + (gA + idx[si]) * gt : end;
+                    for (int64_t p = at; p < p0; p++) mx = fmaxf(mx, sg[p]);
+                    at = p0 + gt;
                 }
-                /* p' dv now, from the same record; the value pass below adds p' v for every token */
-                const uint16_t *mp = kvl_meta_tok(k, 1, layer, p) + 2 * (off / gr);
-                for (int64_t i = 0; i < hd; i++)
-                    row[i] = spx_f16_to_f32(mp[2 * (i / gr) + 1]) *
-                             (((float)kvl_get_bits(rec, (gt + t) * hd + i, c->rb) + 0.5f) * step - 0.5f);
-                for (int g = 0; g < G; g++) ops.axpb(acc + g * hd, sc[g * scs + p - start], row, 0, hd);
+                const float M = fmaxf(cst[g], mx > 0 ? logf(mx) : -INFINITY);
+                const float shift = M >= -20.0f && M <= 20.0f ? 0.0f : M;
+                if (shift != 0) {
+                    const float f = expf(-shift);
+                    at = start;
+                    for (int64_t si = 0; si <= n_sel; si++) {
+                        if (si < n_sel && !recs[si]) continue;
+                        const int64_t p0 = si < n_sel ? SPX_KVL_BLOCK + (gA + idx[si]) * gt : end;
+                        for (int64_t p = at; p < p0; p++) sg[p] *= f;
+                        at = p0 + gt;
+                    }
+                }
+                for (int64_t si = 0; si < n_sel; si++)
+                    if (recs[si])
+                        for (int64_t t = 0, p0 = SPX_KVL_BLOCK + (gA + idx[si]) * gt; t < gt; t++)
+                            sg[p0 + t] = expf(sg[p0 + t] - shift);
+            }
+            /* 3. p' dv from the records' value halves; the value pass below
+             *    adds p' v for every token */
+            for (int64_t si = 0; si < n_sel; si++) {
+                const int64_t p0 = SPX_KVL_BLOCK + (gA + idx[si]) * gt;
+                const uint8_t *rec = recs[si];
+                if (!rec) continue;
+                for (int64_t t = 0; t < gt; t++) {
+                    const int64_t p = p0 + t;
+                    const uint16_t *mp = kvl_meta_tok(k, 1, layer, p) + 2 * (off / gr);
+                    for (int64_t i = 0; i < hd; i++)
+                        row[i] = spx_f16_to_f32(mp[2 * (i / gr) + 1]) *
+                                 (((float)kvl_get_bits(rec, (gt + t) * hd + i, c->rb) + 0.5f) * step - 0.5f);
+                    for (int g = 0; g < G; g++) ops.axpb(acc + g * hd, sc[g * scs + p - start], row, 0, hd);
+                }
+            }
+            /* 4. the normaliser summed directly (all terms >= 0): as
+             *    1 + sum (p' - p) it cancels when the refined groups held
+             *    nearly all the probability and refinement lowered them */
+            for (int g = 0; g < G; g++) {
+                float z = 0;
+                for (int64_t p = 0; p < end - start; p++) z += sc[g * scs + p];
+                zn[g] = z;
             }
         }
         __atomic_fetch_add(&k->stats.groups_refined, (uint64_t)n_got, __ATOMIC_RELAXED);
@@ -319,7 +377,7 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
     for (int g = 0; g < G; g++) {
         float *a = acc + g * hd, *o = out + g * os;
         if (rot && l1 > l0) spx_kv_rotate(a, hd, k->rot);
-        const float inv = 1.0f / (1.0f + dz[g]);
+        const float inv = 1.0f / zn[g];
         for (int64_t i = 0; i < hd; i++) o[i] = (o[i] + a[i]) * inv;
     }
 }
