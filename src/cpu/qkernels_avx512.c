@@ -116,6 +116,17 @@ static size_t v_scratch_bytes(int64_t T, int64_t cols, int group) {
     return (size_t)nt * ((size_t)cols + 16) * sizeof(float);
 }
 
+/* The sum of v's lanes, wrapping: the epi32 intrinsics add as unsigned
+ * (GCC's _mm512_reduce_add_epi32 adds as signed int, undefined behaviour
+ * on the 0x80000000 that cvtps gives for a NaN or inf input). */
+AVX512_FN static inline int hsum_epi32(__m512i v) {
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
 /* Slot of block j (0..15) of a chunk: 4 (j % 4) + j / 4 (its own inverse). */
 static inline int64_t slot_of(int64_t j) { return 4 * (j & 3) + (j >> 2); }
 
@@ -138,7 +149,7 @@ AVX512_FN static void v_prepare(const float *x, int64_t T, int64_t cols, int gro
             /* round to nearest even (MXCSR default); |x * id| <= 127 */
             const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
             const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-            const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+            const int sum = hsum_epi32(_mm512_add_epi32(i0, i1));
             int8_t *qb = q8 + 128 * (b >> 2) + 16 * (b & 3);
             _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(i0));
             _mm_storeu_si128((__m128i *)(qb + 64), _mm512_cvtsepi32_epi8(i1));
