@@ -16,8 +16,10 @@
 # repository (its default GGML_NATIVE=ON build as users get it, and, for
 # prompt speed, one with AVX-512 but without AMX, whose Q4_0 prompt path
 # is wrong at the 2025-02-20 commit). TABLES: Spectra's tables to run
-# (default: avx2 avx512 amx, those this CPU has). PROMPT (512), GEN (128),
-# REPS (1) per program call.
+# (default: avx2 avx512 amx, those this CPU has); a table named with a
+# +mmap suffix (avx512+mmap) runs with --mmap, its weights left in the
+# page cache's pages instead of the default private copy. PROMPT (512),
+# GEN (128), REPS (1) per program call.
 #
 # Each round runs, per shape and thread count, every Spectra table
 # (SPECTRA_KERNELS=name) and every llama.cpp build once, in that order;
@@ -55,7 +57,8 @@ for r in $(seq 1 "$rounds"); do
         eval "ths=\${SHAPE_THREADS_$name:-\$threads_all}"
         for th in $ths; do
             for t in $tables; do
-                SPECTRA_KERNELS=$t "$spx" bench -m "$trdc" -p "$prompt" -n "$gen" -r "$reps" --threads "$th" --json \
+                k=${t%+mmap}; flag=; [ "$k" = "$t" ] || flag=--mmap
+                SPECTRA_KERNELS=$k "$spx" bench -m "$trdc" -p "$prompt" -n "$gen" -r "$reps" --threads "$th" --json $flag \
                     > "$tmp/spx.$name.$th.$t.$r.json" 2>/dev/null
             done
             for lb in $LLAMA; do

@@ -521,6 +521,12 @@ int main(void) {
     /* bench names the kernel table; SPECTRA_KERNELS forces one */
     snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 -r 1", tmp);
     expect(a, 0, "cpu kernels ");
+    /* a resident CPU model runs from a private copy of the weights; --mmap keeps the file's pages */
+    expect(a, 0, "weights in private RAM");
+    snprintf(a, sizeof a, "bench -m %s/s.trdc -p 4 -n 2 -r 1 --mmap --json", tmp);
+    expect(a, 0, "\"weights_memory\": \"mapped\"");
+    snprintf(a, sizeof a, "run -m %s/s.trdc -p \"Once upon a time\" -n 8 --temp 0 -q --mmap", tmp);
+    expect(a, 0, "there was");
     {
         char cmd[1024], *o = NULL;
         snprintf(cmd, sizeof cmd, "SPECTRA_KERNELS=scalar %s bench -m %s/s.trdc -p 4 -n 2 -r 1 --json", bin(), tmp);

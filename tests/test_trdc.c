@@ -206,15 +206,24 @@ static void test_roundtrip(void) {
 
     size_t flen = 0;
     uint8_t *img = (uint8_t *)tl_read(path, &flen);
-    for (int pass = 0; pass < 2 && img; pass++) {
+    /* pass 0: the mapped file; 1: a buffer; 2: the file made resident (a
+     * private copy moved over the map: the same views, the same bytes) */
+    for (int pass = 0; pass < 3 && img; pass++) {
         spx_trdc *f = NULL;
         spx_err_clear(&e);
-        spx_status st = pass == 0 ? spx_trdc_open(path, &f, &e)
+        spx_status st = pass != 1 ? spx_trdc_open(path, &f, &e)
                                   : spx_trdc_open_buffer(img, flen, "rt-buffer", &f, &e);
         CHECK(st == SPX_OK && f, "open pass %d: %s", pass, e.msg);
         if (!f) continue;
-        const uint8_t *base = pass == 0 ? spx_trdc_at(f, 0)->data : img;
-        if (pass == 0) base -= spx_trdc_at(f, 0)->comp[SPX_TRDC_C_DATA].offset;
+        CHECK(spx_trdc_resident(f) == (pass == 1), "pass %d: resident %d before", pass, spx_trdc_resident(f));
+        if (pass == 2) {
+            const void *before = spx_trdc_at(f, 0)->data;
+            CHECK(spx_trdc_make_resident(f, &e) == SPX_OK, "make_resident: %s", e.msg);
+            CHECK(spx_trdc_make_resident(f, &e) == SPX_OK, "make_resident again: %s", e.msg);
+            CHECK(spx_trdc_resident(f) && spx_trdc_at(f, 0)->data == before, "resident at the same address");
+        }
+        const uint8_t *base = pass != 1 ? spx_trdc_at(f, 0)->data : img;
+        if (pass != 1) base -= spx_trdc_at(f, 0)->comp[SPX_TRDC_C_DATA].offset;
         CHECK(spx_trdc_version(f) == 3, "version %llu (2- and 3-bit matrices need version 3)",
               (unsigned long long)spx_trdc_version(f));
         CHECK(spx_trdc_file_size(f) == flen, "file size");

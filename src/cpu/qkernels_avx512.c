@@ -516,10 +516,11 @@ AVX512_INLINE void tile16(const kargs *a, int64_t T, int64_t t0, const int TB) {
     /* each row's pointers are the tile's bases plus constants (the row
      * loops unroll): nothing per row to keep in registers or memory */
     const int NR = TB == 1 ? GEMV_NR : 1;
+    const int TLV = TB == 1 ? 1 : 2;
     float pre[32 * SPX_Q_TILE_ROWS] __attribute__((aligned(64)));
     int64_t b0 = 0;
     for (; b0 + CHUNK <= nb; b0 += CHUNK) {
-        tile_chunk_prep(sb + 16 * b0, zb + 8 * b0, CHUNK, pre);
+        if (TLV == 2) tile_chunk_prep(sb + 16 * b0, zb + 8 * b0, CHUNK, pre);
         #pragma GCC unroll 16
         for (int g = 0; g < SPX_Q_TILE_ROWS; g += NR) {
             rowp rp[GEMV_NR];
@@ -528,18 +529,18 @@ AVX512_INLINE void tile16(const kargs *a, int64_t T, int64_t t0, const int TB) {
                 rp[i] = tile_row(cb, sb, zb, g + i);
                 rp[i].pre = pre + 32 * (g + i);
             }
-            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, CHUNK, NR, TB, 1, 2, 4, acc + g);
+            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, CHUNK, NR, TB, 1, TLV, 4, acc + g);
         }
     }
     if (b0 < nb) {
-        tile_chunk_prep(sb + 16 * b0, zb + 8 * b0, (int)(nb - b0), pre);
+        if (TLV == 2) tile_chunk_prep(sb + 16 * b0, zb + 8 * b0, (int)(nb - b0), pre);
         for (int g = 0; g < SPX_Q_TILE_ROWS; g += NR) {
             rowp rp[GEMV_NR];
             for (int i = 0; i < NR; i++) {
                 rp[i] = tile_row(cb, sb, zb, g + i);
                 rp[i].pre = pre + 32 * (g + i);
             }
-            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, (int)(nb - b0), NR, TB, 1, 2, 4, acc + g);
+            micro_chunk(rp, act, a->l.q8b, a->l.nb16, b0, (int)(nb - b0), NR, TB, 1, TLV, 4, acc + g);
         }
     }
     for (int i = 0; i < SPX_Q_TILE_ROWS; i++)

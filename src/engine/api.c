@@ -152,6 +152,17 @@ void spx_model_free(spx_model *m) {
 }
 
 const char *spx_model_error(const spx_model *m) { return m ? m->err.msg : g_last_error; }
+
+spx_status spx_model_make_resident(spx_model *m) {
+    if (!m->trdc) return SPX_OK;
+    spx_model_lock(m);
+    spx_err_clear(&m->err);
+    spx_status st = spx_trdc_make_resident(m->trdc, &m->err);
+    spx_model_unlock(m);
+    return st;
+}
+
+int spx_model_weights_private(const spx_model *m) { return m->trdc && spx_trdc_resident(m->trdc); }
 int64_t spx_model_vocab_size(const spx_model *m) { return m->cfg.vocab_size; }
 int64_t spx_model_max_context(const spx_model *m) { return m->cfg.max_pos; }
 int spx_model_has_tokenizer(const spx_model *m) { return m->tok != NULL; }

@@ -699,6 +699,12 @@ spx_status spx_trdc_open(const char *path, spx_trdc **out, spx_err *e) {
     return SPX_OK;
 }
 
+spx_status spx_trdc_make_resident(spx_trdc *f, spx_err *e) {
+    return f->map.data ? spx_map_make_resident(&f->map, e) : SPX_OK;
+}
+
+int spx_trdc_resident(const spx_trdc *f) { return !f->map.data || f->map.resident; }
+
 void spx_trdc_close(spx_trdc *f) {
     if (!f) return;
     cJSON_Delete(f->root);

@@ -126,6 +126,11 @@ spx_status spx_trdc_open(const char *path, spx_trdc **out, spx_err *e);
 spx_status spx_trdc_open_buffer(const uint8_t *buf, size_t len, const char *label,
                                 spx_trdc **out, spx_err *e);
 void spx_trdc_close(spx_trdc *f);
+/* The mapped file's pages replaced by a private copy at the same addresses
+ * (core/mapfile.h's spx_map_make_resident; every view stays valid); for a
+ * buffer, nothing to do. resident: copied, or a buffer. */
+spx_status spx_trdc_make_resident(spx_trdc *f, spx_err *e);
+int spx_trdc_resident(const spx_trdc *f);
 
 const char *spx_trdc_path(const spx_trdc *f);     /* the label/path given */
 uint64_t spx_trdc_version(const spx_trdc *f);

@@ -43,6 +43,7 @@ static void usage(FILE *f) {
                "  --threads N     worker threads (int, 1..1024; default: all CPUs)\n"
                "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
                "                  it: cuda for a .trdc when built in and a GPU is present, else cpu)\n"
+               CLI_MMAP_USAGE
                "  --vram-budget MiB  device memory the model may use (int >= 1; default: free - 512 MiB);\n"
                "                  layers that do not fit stream from pinned host memory (ping-pong), and the\n"
                "                  copy and compute times are measured after the runs\n"
@@ -139,7 +140,7 @@ int cmd_bench(int argc, char **argv) {
     const char *backend = NULL;
     spx_kv_type kv = SPX_KV_DEFAULT;
     cli_kv_extra kvx = {0};
-    int json = 0, telemetry = 0, seek = 0, spec_given = 0;
+    int json = 0, telemetry = 0, seek = 0, spec_given = 0, use_mmap = 0;
     const char *pfile = NULL;
     spx_refine_params rp;
     cli_refine_defaults(&rp);
@@ -155,6 +156,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--telemetry")) telemetry = 1;
         else if (!strcmp(a, "--seek")) seek = 1;
+        else if (!strcmp(a, "--mmap")) use_mmap = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "-f")) pfile = v;
@@ -199,7 +201,7 @@ int cmd_bench(int argc, char **argv) {
     if (rp.path && !backend) backend = "cpu"; /* refinement runs on the CPU backend */
     if (kvx.tier_dir && (!backend || !strcmp(backend, "auto"))) backend = "cpu"; /* the KV file tier: CPU only (docs/kv.md) */
     cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx > 0 ? n_ctx : need,
-                        .vram_budget_mb = vram, .kv = kv, .quiet = json};
+                        .vram_budget_mb = vram, .kv = kv, .quiet = json, .mmap = use_mmap};
     spx_plan plan;
     int32_t *file_ids = NULL;
     size_t n_file = 0;
@@ -329,12 +331,13 @@ int cmd_bench(int argc, char **argv) {
         tune_json = tj ? cJSON_PrintUnformatted(tj) : NULL;
         cJSON_Delete(tj);
         if (!tune_json) { cli_error("out of memory"); goto done; }
-        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"cpu_kernels\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"runs\": %lld, "
+        printf("{\"model\": \"%s\", \"backend\": \"%s\", \"cpu_kernels\": \"%s\", \"weights_memory\": \"%s\", \"threads\": %d, \"kv\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"runs\": %lld, "
                "\"pp_tps_median\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f, \"depth_seek\": %s, "
                "\"depth_prefill_s\": %.3f",
-               model, spx_model_backend(m), spx_model_cpu_kernels(m), spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
+               model, spx_model_backend(m), spx_model_cpu_kernels(m), spx_model_weights_private(m) ? "private" : "mapped",
+               spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
                (long long)reps, ppm, pp[0], pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
                spx_kv_cache_bytes_per_token(&s->kv), seek ? "true" : "false", depth_s);
         printf(", \"n_ctx\": %lld, \"residency\": \"%s\", \"n_layers\": %lld, \"n_layers_resident\": %lld, "
@@ -393,8 +396,9 @@ int cmd_bench(int argc, char **argv) {
         if (telemetry) printf(", \"telemetry\": %s", tele_json ? tele_json : "[]");
         printf("}\n");
     } else {
-        printf("model %s, backend %s, cpu kernels %s, %d threads, kv %s, %lld runs\n", model, spx_model_backend(m),
-               spx_model_cpu_kernels(m), spx_pool_size(m->pool), kvn, (long long)reps);
+        printf("model %s, backend %s, cpu kernels %s, weights %s, %d threads, kv %s, %lld runs\n", model,
+               spx_model_backend(m), spx_model_cpu_kernels(m), spx_model_weights_private(m) ? "in private RAM" : "mapped",
+               spx_pool_size(m->pool), kvn, (long long)reps);
         cli_kv_summary(stdout, s);
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);
         char depth_txt[96] = "";

@@ -44,7 +44,7 @@ static void usage(FILE *f) {
             "  --kv TYPE         KV cache: f32, f16, q4, k2v2, k3v2, k3v3, k4v4 (default f16)\n"
             "  --threads N       worker threads (default: all CPUs)\n"
             "  --backend B       cpu, cuda or auto (default auto)\n"
-            "  --vram-budget MiB device memory the model may use\n"
+            "  --vram-budget MiB device memory the model may use\n" CLI_MMAP_USAGE
             "  -v, --verbose     the rendered prompt of each turn and speed on stderr\n");
 }
 

@@ -32,7 +32,7 @@ static void usage(FILE *f) {
             "  --backend B     cpu, cuda or auto (default auto: the plan's choice, as `spectra plan` prints\n"
             "                  it: cuda for a .trdc when built in and a GPU is present, else cpu)\n"
             "  --vram-budget MiB  device memory the model may use (int >= 1; default: free - 512 MiB);\n"
-            "                  layers that do not fit stream from pinned host memory (ping-pong)\n"
+            "                  layers that do not fit stream from pinned host memory (ping-pong)\n" CLI_MMAP_USAGE
             "  -q, --quiet     no prompt echo, no plan and no statistics\n" CLI_SPEC_USAGE CLI_REFINE_USAGE
             "                  (--refine picks the cpu backend unless --backend says otherwise)\n");
 }

@@ -40,7 +40,7 @@ static void usage(FILE *f) {
             "  --chat-template FILE  Jinja chat template for /v1/chat/completions (default: the model's,\n"
             "                  else ChatML)\n"
             "  --max-body BYTES  largest request body; larger: 413 (int 1024..1073741824; default 8388608)\n"
-            "  -q, --quiet     no plan summary at start\n");
+            "  -q, --quiet     no plan summary at start\n" CLI_MMAP_USAGE);
 }
 
 /* A socket bound to host:port and listening; prints the error and
@@ -103,11 +103,12 @@ static const char *base_name(const char *path, char *buf, size_t cap) {
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *tmpl_path = NULL, *backend = NULL;
     int64_t port = 8080, parallel = 4, queue = 64, n_ctx = 0, threads = 0, max_body = 8 << 20;
-    int quiet = 0;
+    int quiet = 0, use_mmap = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--mmap")) use_mmap = 1;
         else if (!(v = cli_value(argc, argv, &i))) return 2;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--host")) host = v;
@@ -157,7 +158,8 @@ int cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
-    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .quiet = quiet};
+    cli_plan_opts po = {.backend = backend, .threads = threads, .n_ctx = n_ctx, .quiet = quiet,
+                        .mmap = use_mmap};
     spx_plan plan;
     if (!(m = cli_open_planned(model, &po, &plan))) goto done;
     if (!spx_model_has_tokenizer(m)) {

@@ -26,13 +26,14 @@ typedef struct cli_plan_opts {
     int64_t vram_budget_mb; /* 0: free device memory - margin */
     spx_kv_type kv;         /* SPX_KV_DEFAULT: the plan's choice */
     int quiet;              /* no plan summary on stderr */
+    int mmap;               /* --mmap: a resident CPU model keeps the file's mapped pages (default: a private copy) */
 } cli_plan_opts;
 struct spx_plan;
 /* Prints the error and returns NULL on failure. When auto chose cuda and
  * the CUDA backend refuses the model, falls back to the CPU with a note. */
 spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, struct spx_plan *plan);
 /* The plan's flags, the same on run, chat (and their defaults): --ctx N,
- * --kv TYPE, --backend B, --vram-budget MiB, -t/--threads N into o.
+ * --kv TYPE, --backend B, --vram-budget MiB, -t/--threads N, --mmap into o.
  * Returns 1 if argv[*i] was one (its value consumed), 0 if not, -1 after
  * printing an error for a bad value. */
 int cli_plan_opt(int argc, char **argv, int *i, cli_plan_opts *o);
@@ -158,6 +159,10 @@ int cli_decode_tps_here(spx_session *s, int32_t first, int64_t n, double *tps);
  * --spec lookup|off, --draft-max K, --draft-min K. The record starts as
  * spx_spec_params_default with kind off (the CLI's default, see
  * docs/spec.md); *given is set when --spec appeared. */
+/* --mmap (cli_plan_opts.mmap) */
+#define CLI_MMAP_USAGE \
+    "  --mmap          keep the weights in the file's mapped pages (the page cache, shared between\n" \
+    "                  processes); default: copied into private RAM when the CPU plan keeps them resident\n"
 #define CLI_SPEC_USAGE \
     "  --spec S        speculative decoding: lookup (drafts from earlier text, verified in one pass) or off\n" \
     "                  (default off)\n" \
