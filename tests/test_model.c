@@ -359,6 +359,8 @@ int main(void) {
     test_tiny("tiny-lfm2");
     test_tiny("tiny-granite4");
     test_tiny("tiny-nemotronh");
+    test_tiny("tiny-qwen3moe");
+    test_tiny("tiny-granite4moe");
     test_state_cache("tiny-lfm2");
     test_state_cache("tiny-granite4");
     test_state_cache("tiny-nemotronh");

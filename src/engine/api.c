@@ -257,6 +257,12 @@ static spx_status session_new(spx_model *m, const spx_session_params *p, spx_ses
         }
         s->gate = alloc_f(B * I, &fail);
         s->up = alloc_f(B * I, &fail);
+        if (c->n_experts > 0) {
+            const size_t E = (size_t)c->n_experts, Ie = (size_t)c->moe_intermediate, k = (size_t)c->moe_top_k;
+            s->moe = alloc_f(B * (E + 3 * H + 3 * Ie), &fail);
+            s->moe_w = alloc_f(B * k, &fail);
+            if (!(s->moe_idx = calloc(B * (k + 1), sizeof *s->moe_idx))) fail = 1;
+        }
         /* up to 4 heads of a GQA group per attention job (what the avx2
          * table shares a row among), no more buffer than one row per head */
         int64_t gs = c->n_heads / c->n_kv_heads, cap = c->n_heads / (int64_t)th;
@@ -296,8 +302,10 @@ static void session_free(spx_session *s) {
     spx_kv_free(&s->kv);
     spx_cpu_ctx_free(&s->cpu);
     float *v[] = {s->h,    s->x,      s->q,      s->k,     s->v,     s->att,        s->gate,
-                  s->up,   s->proj,   s->ssd_work, s->scores, s->logits, s->state, s->state_ckpt, s->kv_work};
+                  s->up,   s->proj,   s->ssd_work, s->scores, s->logits, s->state, s->state_ckpt, s->kv_work,
+                  s->moe,  s->moe_w};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
+    free(s->moe_idx);
     free(s);
 }
 

@@ -15,6 +15,7 @@ spx_block_kind spx_block_ffn(const spx_config *c, int64_t l) {
     switch (c->ffn[l]) {
     case SPX_FFN_SWIGLU: return SPX_BLK_SWIGLU;
     case SPX_FFN_RELU2: return SPX_BLK_RELU2;
+    case SPX_FFN_MOE: return SPX_BLK_MOE;
     case SPX_FFN_NONE: return SPX_BLK_NONE;
     default: return SPX_BLK_KINDS;
     }
@@ -27,6 +28,7 @@ const char *spx_block_name(spx_block_kind k) {
     case SPX_BLK_MAMBA2: return "mamba2";
     case SPX_BLK_SWIGLU: return "swiglu";
     case SPX_BLK_RELU2: return "relu2";
+    case SPX_BLK_MOE: return "mixture-of-experts";
     case SPX_BLK_NONE: return "none";
     default: return "unknown";
     }

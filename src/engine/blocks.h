@@ -2,7 +2,7 @@
  * driver that runs a forward pass as the model description says.
  *
  * A layer is a mixer block (attention, short convolution, Mamba-2) and/or
- * an MLP block (SwiGLU, ReLU^2), in that order, as cfg->mixer[l] and
+ * an MLP block (SwiGLU, ReLU^2, mixture of experts), in that order, as cfg->mixer[l] and
  * cfg->ffn[l] (model/model.h) give them; a pass is the embedding, the
  * layers in order, then the final norm and the head. A backend fills one
  * spx_block_ops with a function per kind it runs, on its own pass state
@@ -25,6 +25,7 @@ typedef enum spx_block_kind {
     SPX_BLK_MAMBA2,
     SPX_BLK_SWIGLU,
     SPX_BLK_RELU2,
+    SPX_BLK_MOE,
     SPX_BLK_KINDS
 } spx_block_kind;
 

@@ -16,6 +16,8 @@
  *   Mamba-2:    z, xBC, dt = x Win^T; xBC = silu(conv(xBC)); y = SSD(x, dt,
  *               B, C) with the SSM state; y = gatednorm(y, z); out_proj
  *   SwiGLU:     down(silu(gate x) * up x);  ReLU^2: down(relu(up x)^2)
+ *   MoE:        sum over the router's top-k experts of weight * SwiGLU_e(x)
+ *               (+ the shared expert's SwiGLU(x))
  *               (a decode step in neuron-wise refinement mode also adds the
  *               selected neurons' bundles: engine/ffn_neuron.h)
  *
@@ -240,6 +242,82 @@ static spx_status ffn(spx_session *s, const spx_layer *L, int64_t l, int kind, i
     return SPX_OK;
 }
 
+/* Mixture of experts over s->x [n, H] into s->x. Per row: router logits
+ * (float32 products with the float32 router, double sums); the moe_top_k
+ * largest (ties to the lower expert, as torch.topk), weighted by their
+ * softmax probabilities over all experts, renormalised over the chosen
+ * when moe_norm_topk (Granite's softmax of the top-k logits is that
+ * same number). Then expert by expert, in index order as transformers
+ * adds them: its rows gathered, SwiGLU through its matrices (only the
+ * chosen experts' weights are read), each output row added to its row's
+ * sum with its weight. A shared expert (moe_shared) is the dense SwiGLU of
+ * the same input, added last. */
+static spx_status moe(spx_session *s, const spx_layer *L, int64_t l, int64_t n, spx_err *e) {
+    const spx_config *c = &s->m->cfg;
+    const int64_t H = c->hidden_size, E = c->n_experts, k = c->moe_top_k, Ie = c->moe_intermediate;
+    float *lg = s->moe, *xg = lg + n * E, *gu = xg + n * H, *up = gu + n * 2 * Ie, *y = up + n * Ie, *sum = y + n * H;
+    int32_t *sel = s->moe_idx, *rows = sel + n * k;
+    const float *R = L->v[SPX_SL_ROUTER];
+    for (int64_t t = 0; t < n; t++) {
+        const float *x = s->x + t * H;
+        float *z = lg + t * E, mx = -INFINITY;
+        for (int64_t x_e = 0; x_e < E; x_e++) {
+            double d = 0;
+            for (int64_t i = 0; i < H; i++) d += (double)x[i] * R[x_e * H + i];
+            z[x_e] = (float)d;
+            mx = fmaxf(mx, z[x_e]);
+        }
+        double zs = 0;
+        for (int64_t x_e = 0; x_e < E; x_e++) zs += exp((double)z[x_e] - mx);
+        double ws = 0;
+        for (int64_t j = 0; j < k; j++) { /* the j-th largest: k is small */
+            int64_t b = -1;
+            for (int64_t x_e = 0; x_e < E; x_e++) {
+                int taken = 0;
+                for (int64_t q = 0; q < j; q++) taken |= sel[t * k + q] == x_e;
+                if (!taken && (b < 0 || z[x_e] > z[b])) b = x_e;
+            }
+            sel[t * k + j] = (int32_t)b;
+            s->moe_w[t * k + j] = (float)(exp((double)z[b] - mx) / zs);
+            ws += s->moe_w[t * k + j];
+        }
+        if (c->moe_norm_topk)
+            for (int64_t j = 0; j < k; j++) s->moe_w[t * k + j] = (float)(s->moe_w[t * k + j] / ws);
+    }
+    memset(sum, 0, (size_t)(n * H) * sizeof *sum);
+    for (int64_t x_e = 0; x_e < E; x_e++) {
+        int64_t nr = 0;
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t j = 0; j < k; j++)
+                if (sel[t * k + j] == x_e) rows[nr++] = (int32_t)(t * k + j);
+        if (!nr) continue;
+        for (int64_t r = 0; r < nr; r++) memcpy(xg + r * H, s->x + (rows[r] / k) * H, (size_t)H * sizeof *xg);
+        if (c->gate_up_fused) { /* [nr, 2 Ie] gate-then-up rows */
+            SPX_TRY(spx_cpu_matmul(&s->cpu, &L->xw[SPX_SL_EXP_GATE_UP][x_e], xg, nr, gu, NULL, e));
+            for (int64_t r = 0; r < nr; r++) {
+                spx_cpu_silu_mul(gu + r * 2 * Ie, gu + r * 2 * Ie + Ie, Ie);
+                memmove(gu + r * Ie, gu + r * 2 * Ie, (size_t)Ie * sizeof *gu);
+            }
+        } else {
+            const spx_wmat *w[2] = {&L->xw[SPX_SL_EXP_GATE][x_e], &L->xw[SPX_SL_EXP_UP][x_e]};
+            float *o[2] = {gu, up};
+            const float *b[2] = {NULL, NULL};
+            SPX_TRY(spx_cpu_matmul_n(&s->cpu, 2, w, xg, nr, o, b, e));
+            spx_cpu_silu_mul(gu, up, nr * Ie);
+        }
+        SPX_TRY(spx_cpu_matmul(&s->cpu, &L->xw[SPX_SL_EXP_DOWN][x_e], gu, nr, y, NULL, e));
+        for (int64_t r = 0; r < nr; r++) {
+            const float w = s->moe_w[rows[r]], *yr = y + r * H;
+            float *o = sum + (rows[r] / k) * H;
+            for (int64_t i = 0; i < H; i++) o[i] += w * yr[i];
+        }
+    }
+    if (c->moe_shared) SPX_TRY(ffn(s, L, l, SPX_FFN_SWIGLU, n, e)); /* s->x: the shared expert's output */
+    else memset(s->x, 0, (size_t)(n * H) * sizeof *s->x);
+    for (int64_t i = 0; i < n * H; i++) s->x[i] += sum[i];
+    return SPX_OK;
+}
+
 static void add_residual(float *h, const float *x, int64_t n, float r) {
     if (r == 1.0f)
         for (int64_t i = 0; i < n; i++) h[i] += x[i];
@@ -290,6 +368,13 @@ static spx_status b_ffn(const pass *p, int64_t l, int kind, spx_err *e) {
 }
 static spx_status b_swiglu(void *ctx, int64_t l, int first, spx_err *e) { return b_ffn(ctx, l, SPX_FFN_SWIGLU, e); }
 static spx_status b_relu2(void *ctx, int64_t l, int first, spx_err *e) { return b_ffn(ctx, l, SPX_FFN_RELU2, e); }
+static spx_status b_moe(void *ctx, int64_t l, int first, spx_err *e) {
+    const pass *p = ctx;
+    norm_in(p, LAYER(p, l)->v[SPX_SL_FFN_NORM]);
+    SPX_TRY(moe(p->s, LAYER(p, l), l, p->n, e));
+    add_out(p);
+    return SPX_OK;
+}
 
 static spx_status b_head(void *ctx, spx_err *e) {
     const pass *p = ctx;
@@ -312,7 +397,7 @@ static const spx_block_ops cpu_blocks = {
     .backend = "cpu",
     .embed = b_embed,
     .block = {[SPX_BLK_ATTENTION] = b_attention, [SPX_BLK_SHORTCONV] = b_shortconv, [SPX_BLK_MAMBA2] = b_mamba2,
-              [SPX_BLK_SWIGLU] = b_swiglu, [SPX_BLK_RELU2] = b_relu2},
+              [SPX_BLK_SWIGLU] = b_swiglu, [SPX_BLK_RELU2] = b_relu2, [SPX_BLK_MOE] = b_moe},
     .head = b_head,
 };
 

@@ -25,6 +25,13 @@ struct spx_session {
     float *h, *x, *q, *k, *v, *att, *gate, *up;
     float *proj;          /* [B, widest recurrent in_proj] (short conv, Mamba-2) or NULL */
     float *ssd_work;      /* the chunked SSD's scratch (Mamba-2) or NULL */
+    /* mixture of experts (NULL without MoE layers): [B] rows of router
+     * logits [E], an expert's gathered inputs [H], its gate/up outputs
+     * [2 Ie] and up [Ie], its outputs [H], the routed sum [H]; the top-k
+     * choice per row: experts and weights [B k], and per expert its rows */
+    float *moe;
+    int32_t *moe_idx;     /* [B k] chosen experts, then [B] rows of the expert at hand */
+    float *moe_w;         /* [B k] their weights */
     spx_cpu_ctx cpu;      /* pool, kernels, matmul scratch */
     float *scores;        /* [threads, attn_gs, n_ctx] */
     float *kv_work;       /* [threads, kv_work_floats]: a low-bit KV cache's attention scratch, or NULL */

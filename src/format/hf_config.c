@@ -21,6 +21,7 @@ const char *spx_arch_name(spx_arch a) {
     case SPX_ARCH_MISTRAL: return "mistral";
     case SPX_ARCH_LFM2: return "lfm2";
     case SPX_ARCH_GRANITE4: return "granite4";
+    case SPX_ARCH_QWEN3_MOE: return "qwen3moe";
     case SPX_ARCH_NEMOTRON_H: return "nemotron_h";
     }
     return "?";
@@ -286,6 +287,49 @@ static void all_layers(spx_config *cfg, spx_mixer_kind m, spx_ffn_kind f) {
 
 /* ---- families ------------------------------------------------------------ */
 
+/* The routed experts' counts, shared by the MoE families: n_experts from
+ * the first of keys present (transformers renamed them across versions). */
+static spx_status parse_moe_counts(ctx *c, spx_config *cfg, const char *const *keys, int64_t experts) {
+    const cJSON *root = c->root;
+    for (int i = 0; keys[i]; i++)
+        if (cJSON_GetObjectItemCaseSensitive(root, keys[i])) {
+            SPX_TRY(get_int(c, root, keys[i], true, 0, 1 << 16, &experts));
+            break;
+        }
+    cfg->n_experts = experts;
+    if (experts == 0) return SPX_OK;
+    SPX_TRY(get_int(c, root, "num_experts_per_tok", true, 1, experts, &cfg->moe_top_k));
+    return SPX_OK;
+}
+
+/* Qwen3-MoE: layer l is a MoE layer when (l + 1) % decoder_sparse_step
+ * == 0 and l is not in mlp_only_layers (Qwen3MoeDecoderLayer), else a
+ * dense SwiGLU of intermediate_size; no shared expert. */
+static spx_status parse_qwen3_moe(ctx *c, spx_config *cfg) {
+    const cJSON *root = c->root;
+    static const char *const keys[] = {"num_experts", "num_local_experts", NULL};
+    SPX_TRY(parse_moe_counts(c, cfg, keys, 128));
+    if (cfg->n_experts == 0) return SPX_OK;
+    SPX_TRY(get_int(c, root, "moe_intermediate_size", true, 1, CAP_DIM, &cfg->moe_intermediate));
+    int64_t step = 1;
+    SPX_TRY(get_int(c, root, "decoder_sparse_step", false, 1, SPX_MAX_LAYERS, &step));
+    cfg->moe_norm_topk = false; /* Qwen3MoeConfig's default */
+    SPX_TRY(get_bool(c, root, "norm_topk_prob", &cfg->moe_norm_topk));
+    for (int64_t l = 0; l < cfg->n_layers; l++)
+        if ((l + 1) % step == 0) cfg->ffn[l] = SPX_FFN_MOE;
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers"), *it;
+    if (only && !cJSON_IsNull(only) && !cJSON_IsArray(only))
+        return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'mlp_only_layers' must be a list of layer indices", c->label);
+    cJSON_ArrayForEach(it, only) {
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (double)cfg->n_layers ||
+            it->valuedouble != floor(it->valuedouble))
+            return spx_fail(c->e, SPX_ERR_FORMAT, "%s: 'mlp_only_layers' entries must be layer indices below %lld",
+                            c->label, (long long)cfg->n_layers);
+        cfg->ffn[(int64_t)it->valuedouble] = SPX_FFN_SWIGLU;
+    }
+    return SPX_OK;
+}
+
 static spx_status parse_llama_family(ctx *c, spx_config *cfg) {
     const cJSON *root = c->root;
     SPX_TRY(need_act(c, "hidden_act", "silu", false));
@@ -306,12 +350,14 @@ static spx_status parse_llama_family(ctx *c, spx_config *cfg) {
         cfg->qkv_bias = true; /* Qwen2 always has q/k/v bias, never o bias */
         break;
     case SPX_ARCH_QWEN3:
+    case SPX_ARCH_QWEN3_MOE:
         cfg->qkv_bias = cfg->o_bias = attn_bias;
         cfg->qk_norm = true;
         break;
     default: break;
     }
-    if (cfg->arch == SPX_ARCH_QWEN2 || cfg->arch == SPX_ARCH_QWEN3) {
+    if (cfg->arch == SPX_ARCH_QWEN3_MOE) SPX_TRY(parse_qwen3_moe(c, cfg));
+    if (cfg->arch == SPX_ARCH_QWEN2 || cfg->arch == SPX_ARCH_QWEN3 || cfg->arch == SPX_ARCH_QWEN3_MOE) {
         bool use_sw = false;
         SPX_TRY(get_bool(c, root, "use_sliding_window", &use_sw));
         if (use_sw)
@@ -393,13 +439,19 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
     SPX_TRY(parse_kind_list(c, cfg, "layer_types", kinds, &found));
     if (!found) SPX_TRY(parse_kind_list(c, cfg, "layers_block_type", kinds, &found));
     if (!found) all_layers(cfg, SPX_MIX_MAMBA2, SPX_FFN_SWIGLU);
-    int64_t experts = 8; /* GraniteMoeHybridConfig's default: a config must say 0 for the dense models */
-    SPX_TRY(get_int(c, root, "num_local_experts", false, 0, 1 << 20, &experts));
-    if (experts > 0)
-        return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
-                        "%s: 'num_local_experts' is %lld: mixture-of-experts layers are not supported yet (only the dense "
-                        "shared-MLP Granite 4.0 models)", c->label, (long long)experts);
+    /* GraniteMoeHybridConfig's default is 8 routed experts (a dense model's
+     * config says 0); with experts every layer's MLP is the MoE block
+     * (block_sparse_moe, experts of width intermediate_size) plus the
+     * shared MLP (shared_intermediate_size); its gating takes the softmax
+     * of the top-k logits */
+    static const char *const keys[] = {"num_local_experts", NULL};
+    SPX_TRY(parse_moe_counts(c, cfg, keys, 8));
     SPX_TRY(need_act(c, "hidden_act", "silu", false));
+    if (cfg->n_experts > 0) {
+        SPX_TRY(get_int(c, root, "intermediate_size", true, 1, CAP_DIM, &cfg->moe_intermediate));
+        cfg->moe_norm_topk = cfg->moe_shared = true;
+        for (int64_t l = 0; l < cfg->n_layers; l++) cfg->ffn[l] = SPX_FFN_MOE;
+    }
     SPX_TRY(get_int(c, root, "shared_intermediate_size", true, 1, CAP_DIM, &cfg->intermediate_size));
     cfg->gate_up_fused = true;
     double eps = 1e-6, v;
@@ -534,14 +586,15 @@ static spx_status parse_root(ctx *c, spx_config *cfg) {
         {"Lfm2ForCausalLM", SPX_ARCH_LFM2},
         {"GraniteMoeHybridForCausalLM", SPX_ARCH_GRANITE4},
         {"NemotronHForCausalLM", SPX_ARCH_NEMOTRON_H},
+        {"Qwen3MoeForCausalLM", SPX_ARCH_QWEN3_MOE},
     };
     size_t ci = 0, nc = sizeof classes / sizeof classes[0];
     while (ci < nc && strcmp(classes[ci].cls, a0->valuestring)) ci++;
     if (ci == nc)
         return spx_fail(c->e, SPX_ERR_UNSUPPORTED,
                         "%s: 'architectures' is '%s'; supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                        "Qwen3ForCausalLM, MistralForCausalLM, Lfm2ForCausalLM, GraniteMoeHybridForCausalLM, "
-                        "NemotronHForCausalLM", c->label, a0->valuestring);
+                        "Qwen3ForCausalLM, Qwen3MoeForCausalLM, MistralForCausalLM, Lfm2ForCausalLM, "
+                        "GraniteMoeHybridForCausalLM, NemotronHForCausalLM", c->label, a0->valuestring);
     cfg->arch = classes[ci].arch;
 
     SPX_TRY(get_int(c, root, "vocab_size", true, 1, CAP_VOCAB, &cfg->vocab_size));

@@ -29,7 +29,8 @@ typedef enum spx_arch {
     SPX_ARCH_MISTRAL = 3,
     SPX_ARCH_LFM2 = 4,
     SPX_ARCH_GRANITE4 = 5,   /* GraniteMoeHybridForCausalLM */
-    SPX_ARCH_NEMOTRON_H = 6
+    SPX_ARCH_NEMOTRON_H = 6,
+    SPX_ARCH_QWEN3_MOE = 7   /* Qwen3MoeForCausalLM */
 } spx_arch;
 
 /* A layer is a token-mixing block then a feed-forward block, each
@@ -45,7 +46,8 @@ typedef enum spx_mixer_kind {
 typedef enum spx_ffn_kind {
     SPX_FFN_NONE = 0,
     SPX_FFN_SWIGLU = 1,   /* down(silu(gate x) * up x) */
-    SPX_FFN_RELU2 = 2     /* down(relu(up x)^2) (Nemotron-H) */
+    SPX_FFN_RELU2 = 2,    /* down(relu(up x)^2) (Nemotron-H) */
+    SPX_FFN_MOE = 3       /* routed SwiGLU experts (+ a shared SwiGLU expert when moe_shared) */
 } spx_ffn_kind;
 
 typedef enum spx_rope_type {
@@ -86,7 +88,16 @@ typedef struct spx_config {
     uint8_t mixer[SPX_MAX_LAYERS];   /* spx_mixer_kind per layer */
     uint8_t ffn[SPX_MAX_LAYERS];     /* spx_ffn_kind per layer */
     int64_t n_attn_layers;     /* layers with an attention mixer (the KV cache's layers) */
-    bool gate_up_fused;        /* one [2 I, H] gate-then-up matrix (Granite's input_linear) */
+    bool gate_up_fused;        /* one [2 I, H] gate-then-up matrix (Granite's input_linear; its experts too) */
+    /* mixture of experts (SPX_FFN_MOE layers): n_experts SwiGLU experts of
+     * width moe_intermediate, the moe_top_k of highest router logit per
+     * token (router in float32), weighted by their softmax probabilities,
+     * renormalised over the chosen when moe_norm_topk (Granite always:
+     * softmax of the top-k logits); moe_shared: a shared expert of width
+     * intermediate_size (the GATE/UP/GATE_UP/DOWN slots) added to every
+     * token's output */
+    int64_t n_experts, moe_top_k, moe_intermediate;
+    bool moe_norm_topk, moe_shared;
     /* short convolution (LFM2) */
     int64_t conv_kernel;       /* conv_L_cache */
     bool conv_bias;            /* bias on conv, in_proj and out_proj */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #define M 1 /* matrix */
+#define X 2 /* expert stack */
 #define V 0 /* small tensor kept in float32 */
 #define MIX SPX_BLOCK_MIXER
 #define FFN SPX_BLOCK_FFN
@@ -48,6 +49,13 @@ const spx_slot_info spx_slots[SPX_SL_COUNT] = {
     [SPX_SL_B_GATE] = {"b_gate", V, FFN, -1, -1},
     [SPX_SL_B_UP] = {"b_up", V, FFN, -1, -1},
     [SPX_SL_B_DOWN] = {"b_down", V, FFN, -1, -1},
+    /* the router stays float32 (exact routing); expert stacks are not
+     * refined (no budget set) */
+    [SPX_SL_ROUTER] = {"router", V, FFN, -1, -1},
+    [SPX_SL_EXP_GATE] = {"exp_gate", X, FFN, SPX_SL_FFN_NORM, -1},
+    [SPX_SL_EXP_UP] = {"exp_up", X, FFN, SPX_SL_FFN_NORM, -1},
+    [SPX_SL_EXP_GATE_UP] = {"exp_gate_up", X, FFN, SPX_SL_FFN_NORM, -1},
+    [SPX_SL_EXP_DOWN] = {"exp_down", X, FFN, -1, -1},
 };
 
 /* ---- names per family ------------------------------------------------------ */
@@ -78,6 +86,25 @@ static const family_names llama_names = {
         [SPX_SL_B_GATE] = "mlp.gate_proj.bias",
         [SPX_SL_B_UP] = "mlp.up_proj.bias",
         [SPX_SL_B_DOWN] = "mlp.down_proj.bias",
+    },
+};
+
+static const family_names qwen3_moe_names = {
+    "model.layers.%lld.", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+    {
+        [SPX_SL_MIX_NORM] = "input_layernorm.weight",
+        [SPX_SL_FFN_NORM] = "post_attention_layernorm.weight",
+        LLAMA_ATTN,
+        [SPX_SL_Q_NORM] = "self_attn.q_norm.weight",
+        [SPX_SL_K_NORM] = "self_attn.k_norm.weight",
+        /* the dense layers (mlp_only_layers) */
+        [SPX_SL_GATE] = "mlp.gate_proj.weight",
+        [SPX_SL_UP] = "mlp.up_proj.weight",
+        [SPX_SL_DOWN] = "mlp.down_proj.weight",
+        [SPX_SL_ROUTER] = "mlp.gate.weight",
+        [SPX_SL_EXP_GATE] = "mlp.experts.%lld.gate_proj.weight",
+        [SPX_SL_EXP_UP] = "mlp.experts.%lld.up_proj.weight",
+        [SPX_SL_EXP_DOWN] = "mlp.experts.%lld.down_proj.weight",
     },
 };
 
@@ -120,6 +147,9 @@ static const family_names granite4_names = {
         MAMBA2("mamba."),
         [SPX_SL_GATE_UP] = "shared_mlp.input_linear.weight",
         [SPX_SL_DOWN] = "shared_mlp.output_linear.weight",
+        [SPX_SL_ROUTER] = "block_sparse_moe.router.layer.weight",
+        [SPX_SL_EXP_GATE_UP] = "block_sparse_moe.input_linear.weight",
+        [SPX_SL_EXP_DOWN] = "block_sparse_moe.output_linear.weight",
     },
 };
 
@@ -146,6 +176,7 @@ static const family_names *names_of(const spx_config *c) {
     case SPX_ARCH_LFM2: return &lfm2_names;
     case SPX_ARCH_GRANITE4: return &granite4_names;
     case SPX_ARCH_NEMOTRON_H: return &nemotron_h_names;
+    case SPX_ARCH_QWEN3_MOE: return &qwen3_moe_names;
     default: return &llama_names;
     }
 }
@@ -158,6 +189,58 @@ void spx_slot_tensor_name(const spx_config *c, int64_t l, spx_slot s, char *buf,
     const family_names *f = names_of(c);
     int n = snprintf(buf, cap, f->layer_fmt, (long long)l);
     if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "%s", f->slot[s] ? f->slot[s] : "?");
+}
+
+int spx_expert_tensor_name(const spx_config *c, int64_t l, spx_slot s, int64_t e, char *buf, size_t cap) {
+    const family_names *f = names_of(c);
+    const char *pat = f->slot[s] ? f->slot[s] : "?";
+    int n = snprintf(buf, cap, f->layer_fmt, (long long)l);
+    if (n < 0 || (size_t)n >= cap) return 0;
+    if (strstr(pat, "%lld")) {
+        snprintf(buf + n, cap - (size_t)n, pat, (long long)e);
+        return 0;
+    }
+    snprintf(buf + n, cap - (size_t)n, "%s.%lld", pat, (long long)e);
+    return 1;
+}
+
+/* rest matches pattern pat, whose "%lld" (if any) stands for a number;
+ * a pattern without one also matches "pat.NUMBER" when stack_ok */
+static int name_matches(const char *rest, const char *pat, int stack_ok) {
+    const char *pc = strstr(pat, "%lld");
+    if (!pc) {
+        size_t pl = strlen(pat);
+        if (!strcmp(rest, pat)) return 1;
+        if (!stack_ok || strncmp(rest, pat, pl) || rest[pl] != '.') return 0;
+        const char *d = rest + pl + 1;
+        if (!*d) return 0;
+        while (*d >= '0' && *d <= '9') d++;
+        return *d == 0;
+    }
+    size_t pre = (size_t)(pc - pat);
+    if (strncmp(rest, pat, pre)) return 0;
+    const char *d = rest + pre, *d0 = d;
+    while (*d >= '0' && *d <= '9') d++;
+    return d > d0 && !strcmp(d, pc + 4);
+}
+
+int spx_arch_tensor_slot(const spx_config *c, const char *tensor, int64_t *layer) {
+    const family_names *f = names_of(c);
+    const char *pct = strchr(f->layer_fmt, '%');
+    size_t pl = (size_t)(pct - f->layer_fmt);
+    if (strncmp(tensor, f->layer_fmt, pl)) return -1;
+    const char *p = tensor + pl;
+    char *end;
+    long long l = strtoll(p, &end, 10);
+    if (end == p || *end != '.' || l < 0 || l >= c->n_layers) return -1;
+    for (int s = 0; s < SPX_SL_COUNT; s++) {
+        int64_t d[3];
+        if (!f->slot[s] || !name_matches(end + 1, f->slot[s], spx_slots[s].mat == X)) continue;
+        if (!spx_slot_shape(c, l, (spx_slot)s, d)) continue;
+        *layer = l;
+        return s;
+    }
+    return -1;
 }
 
 /* ---- shapes -------------------------------------------------------------- */
@@ -176,10 +259,13 @@ int spx_slot_shape(const spx_config *c, int64_t l, spx_slot s, int64_t dims[3]) 
     const int64_t qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     const int64_t di = spx_ssm_d_inner(c), cd = spx_ssm_conv_dim(c), nh = c->ssm_heads;
     const int attn = mix == SPX_MIX_ATTN, conv = mix == SPX_MIX_CONV, ssm = mix == SPX_MIX_MAMBA2;
-    const int swiglu = ffn == SPX_FFN_SWIGLU, anyffn = ffn != SPX_FFN_NONE;
+    const int moe = ffn == SPX_FFN_MOE, E = (int)c->n_experts;
+    const int64_t Ie = c->moe_intermediate;
+    /* the dense FFN slots: a dense FFN, or a MoE layer's shared expert */
+    const int swiglu = ffn == SPX_FFN_SWIGLU || (moe && c->moe_shared), anyffn = ffn == SPX_FFN_RELU2 || swiglu;
     switch (s) {
     case SPX_SL_MIX_NORM: return mix != SPX_MIX_NONE ? d1(dims, H) : 0;
-    case SPX_SL_FFN_NORM: return anyffn ? d1(dims, H) : 0;
+    case SPX_SL_FFN_NORM: return ffn != SPX_FFN_NONE ? d1(dims, H) : 0;
     case SPX_SL_Q: return attn ? d2(dims, qd, H) : 0;
     case SPX_SL_K:
     case SPX_SL_V: return attn ? d2(dims, kvd, H) : 0;
@@ -213,6 +299,11 @@ int spx_slot_shape(const spx_config *c, int64_t l, spx_slot s, int64_t dims[3]) 
     case SPX_SL_B_GATE: return swiglu && c->mlp_bias && !c->gate_up_fused ? d1(dims, I) : 0;
     case SPX_SL_B_UP: return anyffn && c->mlp_bias && !c->gate_up_fused ? d1(dims, I) : 0;
     case SPX_SL_B_DOWN: return anyffn && c->mlp_bias ? d1(dims, H) : 0;
+    case SPX_SL_ROUTER: return moe ? d2(dims, E, H) : 0;
+    case SPX_SL_EXP_GATE:
+    case SPX_SL_EXP_UP: return moe && !c->gate_up_fused ? d3(dims, E, Ie, H) : 0;
+    case SPX_SL_EXP_GATE_UP: return moe && c->gate_up_fused ? d3(dims, E, 2 * Ie, H) : 0;
+    case SPX_SL_EXP_DOWN: return moe ? d3(dims, E, H, Ie) : 0;
     case SPX_SL_COUNT: break;
     }
     return 0;
@@ -251,31 +342,18 @@ int64_t spx_layer_state_floats(const spx_config *c, int64_t l) {
 }
 
 const char *spx_layer_kind_name(const spx_config *c, int64_t l, char *buf, size_t cap) {
-    static const char *mix[] = {"", "attn", "conv", "mamba2"}, *ffn[] = {"", "swiglu", "relu2"};
-    const char *a = mix[c->mixer[l] & 3], *b = ffn[c->ffn[l] % 3];
+    static const char *mix[] = {"", "attn", "conv", "mamba2"}, *ffn[] = {"", "swiglu", "relu2", "moe"};
+    const char *a = mix[c->mixer[l] & 3], *b = ffn[c->ffn[l] & 3];
     snprintf(buf, cap, "%s%s%s", a, *a && *b ? "+" : "", b);
     return buf;
 }
 
 const char *spx_arch_feeding_norm(const spx_config *cfg, const char *tensor, char *buf, size_t cap) {
-    const family_names *f = names_of(cfg);
-    char pre[64];
-    /* the layer prefix up to its number, e.g. "model.layers." */
-    const char *pct = strchr(f->layer_fmt, '%');
-    size_t pl = (size_t)(pct - f->layer_fmt);
-    if (pl >= sizeof pre || strncmp(tensor, f->layer_fmt, pl)) return NULL;
-    const char *p = tensor + pl;
-    char *end;
-    long long l = strtoll(p, &end, 10);
-    if (end == p || *end != '.' || l < 0 || l >= cfg->n_layers) return NULL;
-    for (int s = 0; s < SPX_SL_COUNT; s++) {
-        int64_t d[3];
-        if (!spx_slots[s].mat || spx_slots[s].feed < 0 || !f->slot[s] || strcmp(end + 1, f->slot[s])) continue;
-        if (!spx_slot_shape(cfg, l, (spx_slot)s, d)) continue;
-        spx_slot_tensor_name(cfg, l, (spx_slot)spx_slots[s].feed, buf, cap);
-        return buf;
-    }
-    return NULL;
+    int64_t l;
+    const int s = spx_arch_tensor_slot(cfg, tensor, &l);
+    if (s < 0 || !spx_slots[s].mat || spx_slots[s].feed < 0) return NULL;
+    spx_slot_tensor_name(cfg, l, (spx_slot)spx_slots[s].feed, buf, cap);
+    return buf;
 }
 
 void spx_arch_layers_summary(const spx_config *c, char *buf, size_t cap) {

@@ -11,7 +11,14 @@
  * `spectra plan` / `inspect` and the compressor's saliency loop over
  * slots. The forward passes name the slots they use (L->w[SPX_SL_Q]).
  *
- * Room for mixture-of-experts: a third FFN kind with expert slots. */
+ * Mixture of experts (SPX_FFN_MOE): the router is a small float32 tensor
+ * [E, H] (routing stays exact); each expert slot is a stack of E matrices
+ * (mat == 2, shape [E, rows, cols]) held as E spx_wmat in
+ * spx_layer.xw[slot]; a shared expert, when the family has one, takes the
+ * dense FFN slots. A family names an expert slot either per expert (a
+ * "%lld" in the name: Qwen3-MoE's experts.E.gate_proj) or as one 3-D
+ * stacked tensor (Granite's input_linear [E, 2I, H]), whose expert e a
+ * .trdc stores quantized as the 2-D tensor "NAME.e" (spx_expert_tensor_name). */
 #ifndef SPX_ARCH_H
 #define SPX_ARCH_H
 
@@ -35,6 +42,8 @@ typedef enum spx_slot {
     /* feed-forward */
     SPX_SL_GATE, SPX_SL_UP, SPX_SL_GATE_UP, SPX_SL_DOWN,
     SPX_SL_B_GATE, SPX_SL_B_UP, SPX_SL_B_DOWN,
+    /* mixture of experts: router [E, H]; expert stacks [E, rows, cols] */
+    SPX_SL_ROUTER, SPX_SL_EXP_GATE, SPX_SL_EXP_UP, SPX_SL_EXP_GATE_UP, SPX_SL_EXP_DOWN,
     SPX_SL_COUNT
 } spx_slot;
 
@@ -49,7 +58,8 @@ enum { SPX_RSET_QKV = 0, SPX_RSET_O = 1, SPX_RSET_GATE_UP = 2, SPX_RSET_DOWN = 3
 typedef struct spx_slot_info {
     const char *key;  /* short name for plan / inspect ("q", "ssm_in") */
     uint8_t mat;      /* 1: a 2-D matrix [rows, cols] held as spx_wmat (quantizable);
-                       * 0: a small tensor held as owned float32 (norms, biases, conv kernels, A_log, D) */
+                       * 2: a stack of n_experts such matrices [E, rows, cols] (spx_layer.xw);
+                       * 0: a small tensor held as owned float32 (norms, biases, conv kernels, A_log, D, router) */
     uint8_t block;    /* SPX_BLOCK_MIXER or SPX_BLOCK_FFN */
     int8_t feed;      /* the norm slot whose gain multiplies this matrix's input, or -1 */
     int8_t rset;      /* matrices: the refinement budget set (SPX_RSET_*); vectors: -1 */
@@ -63,8 +73,17 @@ extern const spx_slot_info spx_slots[SPX_SL_COUNT];
 int spx_slot_shape(const spx_config *c, int64_t l, spx_slot s, int64_t dims[3]);
 /* Elements of slot s in layer l (0: absent). */
 int64_t spx_slot_numel(const spx_config *c, int64_t l, spx_slot s);
-/* The tensor name of slot s of layer l in this family's checkpoints. */
+/* The tensor name of slot s of layer l in this family's checkpoints (an
+ * expert slot: its stacked tensor, or its per-expert pattern with "%lld"). */
 void spx_slot_tensor_name(const spx_config *c, int64_t l, spx_slot s, char *buf, size_t cap);
+/* Expert e of expert slot s in layer l: the 2-D tensor's name (the
+ * family's per-expert name, or "STACKED.e" for a stacked family) into
+ * buf; returns 1 when the family stores a stacked 3-D tensor (whose name
+ * spx_slot_tensor_name gives), 0 when it names each expert. */
+int spx_expert_tensor_name(const spx_config *c, int64_t l, spx_slot s, int64_t e, char *buf, size_t cap);
+/* The layer slot a layer tensor's name belongs to (per-expert and
+ * "STACKED.e" names included), or -1; *layer gets its layer. */
+int spx_arch_tensor_slot(const spx_config *c, const char *tensor, int64_t *layer);
 
 /* Names of the model-level tensors. */
 const char *spx_arch_embed_name(const spx_config *c);

@@ -140,6 +140,37 @@ static spx_status bind_vec(spx_model *m, const char *name, int ndim, const int64
     return SPX_OK;
 }
 
+/* Expert e of stack slot s: the family's per-expert tensor, or a slice of
+ * its stacked 3-D tensor (an HF checkpoint; a dense .trdc copy), or the
+ * "STACKED.e" 2-D tensor a .trdc holds (quantized per expert). */
+static spx_status bind_expert(spx_model *m, int64_t l, spx_slot s, int64_t ex, const int64_t d[3], spx_wmat *w,
+                              spx_err *e) {
+    char nm[256], st[256];
+    if (spx_expert_tensor_name(&m->cfg, l, s, ex, nm, sizeof nm)) {
+        spx_slot_tensor_name(&m->cfg, l, s, st, sizeof st);
+        tref t;
+        if (find_tensor(m, st, &t)) {
+            if (t.quant || t.ndim != 3 || t.shape[0] != d[0] || t.shape[1] != d[1] || t.shape[2] != d[2])
+                return spx_fail(e, SPX_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld] (%d dims%s), expected "
+                                "[%lld, %lld, %lld]", t.file, st, (long long)t.shape[0], (long long)t.shape[1],
+                                (long long)t.shape[2], t.ndim, t.quant ? ", quantized" : "", (long long)d[0],
+                                (long long)d[1], (long long)d[2]);
+            if (!is_float_dtype(t.dtype))
+                return spx_fail(e, SPX_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16",
+                                t.file, st, spx_dtype_name(t.dtype));
+            memset(w, 0, sizeof *w);
+            w->rows = d[1];
+            w->cols = d[2];
+            w->kind = SPX_WM_DENSE;
+            w->dtype = t.dtype;
+            w->data = (const uint8_t *)t.data + (size_t)ex * (size_t)(d[1] * d[2]) * spx_dtype_size(t.dtype);
+            if (d[2] > m->max_cols) m->max_cols = d[2];
+            return SPX_OK;
+        }
+    }
+    return bind_mat(m, nm, d[1], d[2], w, e);
+}
+
 spx_status spx_model_bind_weights(spx_model *m, spx_err *e) {
     const spx_config *c = &m->cfg;
     int64_t H = c->hidden_size, hd = c->head_dim;
@@ -169,7 +200,11 @@ spx_status spx_model_bind_weights(spx_model *m, spx_err *e) {
             int nd = spx_slot_shape(c, l, (spx_slot)s, d);
             if (!nd) continue;
             spx_slot_tensor_name(c, l, (spx_slot)s, nm, sizeof nm);
-            if (spx_slots[s].mat) SPX_TRY(bind_mat(m, nm, d[0], d[1], &L->w[s], e));
+            if (spx_slots[s].mat == 2) {
+                if (!(L->xw[s] = calloc((size_t)d[0], sizeof *L->xw[s])))
+                    return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", m->path);
+                for (int64_t x = 0; x < d[0]; x++) SPX_TRY(bind_expert(m, l, (spx_slot)s, x, d, &L->xw[s][x], e));
+            } else if (spx_slots[s].mat) SPX_TRY(bind_mat(m, nm, d[0], d[1], &L->w[s], e));
             else SPX_TRY(bind_vec(m, nm, nd, d, 1, &L->v[s], e));
         }
         L->kv_index = c->mixer[l] == SPX_MIX_ATTN ? kv++ : -1;
@@ -184,14 +219,25 @@ spx_status spx_model_bind_weights(spx_model *m, spx_err *e) {
 void spx_model_free_layers(spx_model *m) {
     if (!m->layers) return;
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
-        for (int s = 0; s < SPX_SL_COUNT; s++) free(m->layers[l].v[s]);
+        for (int s = 0; s < SPX_SL_COUNT; s++) free(m->layers[l].v[s]), free(m->layers[l].xw[s]);
 }
 
 /* ---- accounting ---------------------------------------------------------- */
 
+/* A decode step reads moe_top_k of a MoE layer's n_experts experts: their
+ * mean size times k (the experts of one stack are alike in size). */
 uint64_t spx_model_bytes_per_token(const spx_model *m) {
     uint64_t b = spx_wmat_bytes(&m->lm_head) + spx_wmat_bytes(&m->embed) / (uint64_t)m->embed.rows;
-    for (int64_t l = 0; l < m->cfg.n_layers; l++) b += spx_layer_matrix_bytes(&m->layers[l]);
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        const spx_layer *L = &m->layers[l];
+        b += spx_layer_matrix_bytes(L);
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            if (!L->xw[s]) continue;
+            uint64_t all = 0;
+            for (int64_t x = 0; x < m->cfg.n_experts; x++) all += spx_wmat_bytes(&L->xw[s][x]);
+            b += all * (uint64_t)m->cfg.moe_top_k / (uint64_t)m->cfg.n_experts;
+        }
+    }
     return b;
 }
 

@@ -22,6 +22,7 @@
 typedef struct spx_layer {
     spx_wmat w[SPX_SL_COUNT];
     float *v[SPX_SL_COUNT];
+    spx_wmat *xw[SPX_SL_COUNT];    /* expert slots (mat == 2): [n_experts] owned arrays of views; NULL otherwise */
     int64_t kv_index;              /* its layer in the KV cache, -1: no attention */
     int64_t state_off;             /* its recurrent state's offset in the state cache (floats), -1: none */
 } spx_layer;
