@@ -98,6 +98,21 @@ static void report_reference(spx_model *mq, const char *src, const char *name) {
     free(js);
 }
 
+static int load_config(const char *name, spx_config *c) {
+    char path[512];
+    snprintf(path, sizeof path, "%s", tl_shared("models/"));
+    strncat(path, name, sizeof path - strlen(path) - 1);
+    strncat(path, "/config.json", sizeof path - strlen(path) - 1);
+    size_t len = 0;
+    char *txt = tl_read(path, &len);
+    spx_err e;
+    spx_err_clear(&e);
+    int ok = txt && spx_config_parse(txt, len, path, c, &e) == SPX_OK;
+    CHECK(ok, "%s: %s", path, e.msg);
+    free(txt);
+    return ok;
+}
+
 static void check_model(const char *name) {
     char src[512], out[600];
     snprintf(src, sizeof src, "%s", tl_shared("models/"));
@@ -115,11 +130,16 @@ static void check_model(const char *name) {
     if (!f) return;
     spx_trdc_verify_report rep;
     CHECK(spx_trdc_verify(f, NULL, NULL, NULL, &rep, &e) == SPX_OK && rep.n_mismatches == 0, "%s: verify: %s", name, e.msg);
-    /* which tensors were quantized: 2-D with cols % 32 == 0, nothing else */
+    /* which tensors were quantized: 2-D with cols % 32 == 0 and not a
+     * small tensor's slot (the MoE router), nothing else */
     int64_t nq = 0;
+    spx_config cfg;
+    const int have_cfg = !strncmp(name, "tiny-", 5) && load_config(name, &cfg);
     for (size_t i = 0; i < spx_trdc_count(f); i++) {
         const spx_trdc_tensor *t = spx_trdc_at(f, i);
-        int want = t->ndim == 2 && t->shape[1] % 32 == 0;
+        int64_t l;
+        const int slot = have_cfg ? spx_arch_tensor_slot(&cfg, t->name, &l) : -1;
+        int want = t->ndim == 2 && t->shape[1] % 32 == 0 && !(slot >= 0 && !spx_slots[slot].mat);
         CHECK((t->kind == SPX_TRDC_QUANT) == want, "%s: tensor %s kind %d", name, t->name, (int)t->kind);
         if (t->kind == SPX_TRDC_QUANT) {
             nq++;
@@ -288,21 +308,6 @@ static void check_failures(void) {
     CHECK(spx_compress(&o, &st, &e) == SPX_ERR_ARG, "group 48 accepted");
 }
 
-static int load_config(const char *name, spx_config *c) {
-    char path[512];
-    snprintf(path, sizeof path, "%s", tl_shared("models/"));
-    strncat(path, name, sizeof path - strlen(path) - 1);
-    strncat(path, "/config.json", sizeof path - strlen(path) - 1);
-    size_t len = 0;
-    char *txt = tl_read(path, &len);
-    spx_err e;
-    spx_err_clear(&e);
-    int ok = txt && spx_config_parse(txt, len, path, c, &e) == SPX_OK;
-    CHECK(ok, "%s: %s", path, e.msg);
-    free(txt);
-    return ok;
-}
-
 /* want: the feeding norm's name, or NULL for none */
 static void route(const spx_config *c, const char *tensor, const char *want) {
     char buf[128];
@@ -336,6 +341,26 @@ static void check_routing(void) {
         route(&c, "backbone.layers.3.mixer.up_proj.weight", "backbone.layers.3.norm.weight");
         route(&c, "backbone.layers.3.mixer.down_proj.weight", NULL);
     }
+    if (load_config("tiny-qwen3moe", &c)) { /* experts named one by one; the router stays float */
+        route(&c, "model.layers.2.mlp.experts.7.gate_proj.weight", "model.layers.2.post_attention_layernorm.weight");
+        route(&c, "model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.post_attention_layernorm.weight");
+        route(&c, "model.layers.0.mlp.experts.3.down_proj.weight", NULL);
+        route(&c, "model.layers.0.mlp.experts.x.up_proj.weight", NULL);
+        int64_t l = -1;
+        CHECK(spx_arch_tensor_slot(&c, "model.layers.1.mlp.gate.weight", &l) == SPX_SL_ROUTER && l == 1, "router slot");
+        CHECK(spx_arch_tensor_slot(&c, "model.layers.1.mlp.experts.5.down_proj.weight", &l) == SPX_SL_EXP_DOWN,
+              "expert down slot");
+    }
+    if (load_config("tiny-granite4moe", &c)) { /* a stacked 3-D tensor per expert slot, stored "NAME.e" */
+        route(&c, "model.layers.0.block_sparse_moe.input_linear.weight", "model.layers.0.post_attention_layernorm.weight");
+        route(&c, "model.layers.1.block_sparse_moe.input_linear.weight.3", "model.layers.1.post_attention_layernorm.weight");
+        route(&c, "model.layers.1.block_sparse_moe.input_linear.weight.", NULL);
+        route(&c, "model.layers.0.block_sparse_moe.output_linear.weight.0", NULL);
+        char nm[128];
+        CHECK(spx_expert_tensor_name(&c, 2, SPX_SL_EXP_DOWN, 3, nm, sizeof nm) == 1 &&
+                  !strcmp(nm, "model.layers.2.block_sparse_moe.output_linear.weight.3"),
+              "granite expert name %s", nm);
+    }
     if (load_config("tiny-lfm2", &c)) { /* conv, attention, conv, attention */
         route(&c, "model.layers.0.conv.in_proj.weight", "model.layers.0.operator_norm.weight");
         route(&c, "model.layers.0.conv.out_proj.weight", NULL);
@@ -349,7 +374,8 @@ int main(void) {
     check_routing();
     check_failures();
     const char *models[] = {"tiny-llama3", "tiny-qwen2",     "tiny-qwen3",     "tiny-mistral", "tiny-lfm2",
-                            "tiny-granite4", "tiny-nemotronh", "stories260K", "docllama-58m"};
+                            "tiny-granite4", "tiny-nemotronh", "tiny-qwen3moe", "tiny-granite4moe",
+                            "stories260K", "docllama-58m"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
     check_lowbit("docllama-58m", 3, MAX_REL_RMS_3BIT, MIN_TOP1_3BIT);
     check_lowbit("docllama-58m", 2, MAX_REL_RMS_2BIT, MIN_TOP1_2BIT);

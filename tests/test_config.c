@@ -507,11 +507,13 @@ static void test_hybrid_old_styles(void) {
                       "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,"            \
                       "\"num_local_experts\":0,\"shared_intermediate_size\":256,\"mamba_n_heads\":8,\"mamba_d_head\":32,\"mamba_d_state\":16"
 #define GRANITE_KINDS ",\"layer_types\":[\"mamba\",\"attention\",\"mamba\",\"attention\"]"
-    /* no num_local_experts: transformers' default is 8 routed experts, refused for now */
+    /* no num_local_experts: transformers' defaults, 8 routed experts of
+     * width 1024, top 2, beside the shared MLP, in every layer */
     CHECK(parse("{\"architectures\":[\"GraniteMoeHybridForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
                 "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"shared_intermediate_size\":256,\"mamba_n_heads\":8,"
-                "\"mamba_d_head\":32,\"mamba_d_state\":16}", &a, &e) == SPX_ERR_UNSUPPORTED &&
-              strstr(e.msg, "num_local_experts"),
+                "\"mamba_d_head\":32,\"mamba_d_state\":16}", &a, &e) == SPX_OK &&
+              a.n_experts == 8 && a.moe_top_k == 2 && a.moe_intermediate == 1024 && a.moe_shared && a.moe_norm_topk &&
+              a.intermediate_size == 256 && a.ffn[0] == SPX_FFN_MOE && a.ffn[3] == SPX_FFN_MOE,
           "granite without num_local_experts: %s", e.msg);
     /* transformers' defaults: NoPE unless position_embedding_type is "rope",
      * scale = attention_multiplier (1.0), no layer list: all Mamba */
@@ -667,8 +669,11 @@ static void test_hybrid_errors(void) {
         {"{" NEMO_SMALL ",\"layers_block_type\":[\"mamba\",\"moe\",\"attention\"]}", SPX_ERR_UNSUPPORTED, "'layers_block_type[1]' is 'moe'", "mixture-of-experts"},
         {"{" NEMO_SMALL ",\"hybrid_override_pattern\":\"M-X*\"}", SPX_ERR_FORMAT, "hybrid_override_pattern", "'X'"},
         {"{\"architectures\":[\"GraniteMoeHybridForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,\"num_hidden_layers\":4,"
-         "\"num_attention_heads\":4,\"num_local_experts\":4,\"shared_intermediate_size\":256}",
-         SPX_ERR_UNSUPPORTED, "num_local_experts", NULL},
+         "\"num_attention_heads\":4,\"num_local_experts\":4,\"num_experts_per_tok\":5,\"shared_intermediate_size\":256}",
+         SPX_ERR_FORMAT, "num_experts_per_tok", "1..4"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,\"num_hidden_layers\":4,"
+         "\"num_attention_heads\":4,\"intermediate_size\":256,\"num_experts\":8,\"mlp_only_layers\":[4]}",
+         SPX_ERR_FORMAT, "mlp_only_layers", "below 4"},
         /* unknown layer kinds list the supported names */
         {"{" LFM2_SMALL ",\"intermediate_size\":256,\"layer_types\":[\"conv\",\"sliding_attention\",\"conv\",\"conv\"]}",
          SPX_ERR_UNSUPPORTED, "'layer_types[1]' is 'sliding_attention'", "supported: conv, full_attention"},
@@ -736,7 +741,31 @@ static void test_hybrid_errors(void) {
     /* the shared fixtures, broken */
     char *t = fixture("tiny-granite4moe");
     if (t) {
-        expect_err("tiny-granite4moe", t, SPX_ERR_UNSUPPORTED, "'num_local_experts' is 4", "mixture-of-experts");
+        spx_config g;
+        spx_err ge;
+        spx_err_clear(&ge);
+        CHECK(spx_config_parse(t, strlen(t), "config.json", &g, &ge) == SPX_OK && g.n_experts == 4 &&
+                  g.moe_top_k == 2 && g.moe_intermediate == 96 && g.intermediate_size == 256 && g.moe_shared &&
+                  g.gate_up_fused && g.ffn[1] == SPX_FFN_MOE,
+              "tiny-granite4moe: %s", ge.msg);
+        free(t);
+    }
+    t = fixture("tiny-qwen3moe");
+    if (t) {
+        spx_config g;
+        spx_err ge;
+        spx_err_clear(&ge);
+        CHECK(spx_config_parse(t, strlen(t), "config.json", &g, &ge) == SPX_OK && g.arch == SPX_ARCH_QWEN3_MOE &&
+                  g.n_experts == 8 && g.moe_top_k == 2 && g.moe_intermediate == 96 && g.moe_norm_topk &&
+                  !g.moe_shared && g.qk_norm && g.ffn[0] == SPX_FFN_MOE && g.ffn[2] == SPX_FFN_MOE,
+              "tiny-qwen3moe: %s", ge.msg);
+        char *v = subst(t, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]");
+        if (v) {
+            CHECK(spx_config_parse(v, strlen(v), "config.json", &g, &ge) == SPX_OK && g.ffn[0] == SPX_FFN_MOE &&
+                      g.ffn[1] == SPX_FFN_SWIGLU && g.ffn[2] == SPX_FFN_MOE,
+                  "qwen3moe mlp_only_layers [1]: %s", ge.msg);
+            free(v);
+        }
         free(t);
     }
     t = fixture("tiny-granite4");
@@ -749,7 +778,7 @@ static void test_hybrid_errors(void) {
         if (v) expect_err("granite mamba_n_groups 3", v, SPX_ERR_FORMAT, "'mamba_n_heads' 8", "'mamba_n_groups' 3");
         free(v);
         v = subst(t, "\"num_local_experts\": 0", "\"num_local_experts\": 2");
-        if (v) expect_err("granite num_local_experts 2", v, SPX_ERR_UNSUPPORTED, "num_local_experts", NULL);
+        if (v) expect_err("granite num_local_experts 2", v, SPX_ERR_FORMAT, "'num_experts_per_tok' is 0", "1..2");
         free(v);
         v = subst(t, "\"linear_attention\",\n    \"full_attention\",\n    \"linear_attention\"",
                   "\"linear_attention\",\n    \"sliding_attention\",\n    \"linear_attention\"");

@@ -289,7 +289,7 @@ static void all_layers(spx_config *cfg, spx_mixer_kind m, spx_ffn_kind f) {
 
 /* The routed experts' counts, shared by the MoE families: n_experts from
  * the first of keys present (transformers renamed them across versions). */
-static spx_status parse_moe_counts(ctx *c, spx_config *cfg, const char *const *keys, int64_t experts) {
+static spx_status parse_moe_counts(ctx *c, spx_config *cfg, const char *const *keys, int64_t experts, int64_t top_k) {
     const cJSON *root = c->root;
     for (int i = 0; keys[i]; i++)
         if (cJSON_GetObjectItemCaseSensitive(root, keys[i])) {
@@ -298,7 +298,8 @@ static spx_status parse_moe_counts(ctx *c, spx_config *cfg, const char *const *k
         }
     cfg->n_experts = experts;
     if (experts == 0) return SPX_OK;
-    SPX_TRY(get_int(c, root, "num_experts_per_tok", true, 1, experts, &cfg->moe_top_k));
+    cfg->moe_top_k = top_k < experts ? top_k : experts;
+    SPX_TRY(get_int(c, root, "num_experts_per_tok", false, 1, experts, &cfg->moe_top_k));
     return SPX_OK;
 }
 
@@ -308,9 +309,10 @@ static spx_status parse_moe_counts(ctx *c, spx_config *cfg, const char *const *k
 static spx_status parse_qwen3_moe(ctx *c, spx_config *cfg) {
     const cJSON *root = c->root;
     static const char *const keys[] = {"num_experts", "num_local_experts", NULL};
-    SPX_TRY(parse_moe_counts(c, cfg, keys, 128));
+    SPX_TRY(parse_moe_counts(c, cfg, keys, 128, 8)); /* Qwen3MoeConfig's defaults */
     if (cfg->n_experts == 0) return SPX_OK;
-    SPX_TRY(get_int(c, root, "moe_intermediate_size", true, 1, CAP_DIM, &cfg->moe_intermediate));
+    cfg->moe_intermediate = 768;
+    SPX_TRY(get_int(c, root, "moe_intermediate_size", false, 1, CAP_DIM, &cfg->moe_intermediate));
     int64_t step = 1;
     SPX_TRY(get_int(c, root, "decoder_sparse_step", false, 1, SPX_MAX_LAYERS, &step));
     cfg->moe_norm_topk = false; /* Qwen3MoeConfig's default */
@@ -445,10 +447,11 @@ static spx_status parse_granite4(ctx *c, spx_config *cfg) {
      * shared MLP (shared_intermediate_size); its gating takes the softmax
      * of the top-k logits */
     static const char *const keys[] = {"num_local_experts", NULL};
-    SPX_TRY(parse_moe_counts(c, cfg, keys, 8));
+    SPX_TRY(parse_moe_counts(c, cfg, keys, 8, 2)); /* GraniteMoeHybridConfig's defaults */
     SPX_TRY(need_act(c, "hidden_act", "silu", false));
     if (cfg->n_experts > 0) {
-        SPX_TRY(get_int(c, root, "intermediate_size", true, 1, CAP_DIM, &cfg->moe_intermediate));
+        cfg->moe_intermediate = 1024;
+        SPX_TRY(get_int(c, root, "intermediate_size", false, 1, CAP_DIM, &cfg->moe_intermediate));
         cfg->moe_norm_topk = cfg->moe_shared = true;
         for (int64_t l = 0; l < cfg->n_layers; l++) cfg->ffn[l] = SPX_FFN_MOE;
     }

@@ -259,12 +259,40 @@ spx_status spx_compress(const spx_compress_opts *o, spx_compress_stats *stats, s
         const spx_st_tensor *t = spx_st_at(st, i);
         stats->n_tensors++;
         stats->params += t->numel;
-        int quant = t->ndim == 2 && is_float(t->dtype) && t->shape[1] % o->group == 0 && t->shape[0] > 0;
+        /* the slot decides: small tensors (norms, the MoE router) stay
+         * float; an expert stack is quantized expert by expert, a stacked
+         * 3-D tensor as its experts' 2-D "NAME.e" (model/arch.h); experts
+         * carry no refinement residuals (StrataFlux-W binds dense slots) */
+        int64_t layer = -1;
+        const int slot = spx_arch_tensor_slot(&cfg, t->name, &layer);
+        const int expert = slot >= 0 && spx_slots[slot].mat == 2;
+        const int nd = expert && t->ndim == 3 ? 3 : 2;
+        int quant = t->ndim == nd && is_float(t->dtype) && t->shape[nd - 1] % o->group == 0 && t->shape[nd - 2] > 0 &&
+                    !(slot >= 0 && !spx_slots[slot].mat);
         for (int k = 0; k < o->n_keep && quant; k++)
             if (strstr(t->name, o->keep[k])) quant = 0;
-        if (quant) {
+        if (quant && nd == 3) {
+            char en[256];
+            for (int64_t x = 0; x < t->shape[0] && s == SPX_OK; x++) {
+                spx_st_tensor te = *t;
+                spx_expert_tensor_name(&cfg, layer, (spx_slot)slot, x, en, sizeof en);
+                te.name = en;
+                te.ndim = 2;
+                te.shape[0] = t->shape[1];
+                te.shape[1] = t->shape[2];
+                te.numel = t->shape[1] * t->shape[2];
+                te.nbytes = (size_t)te.numel * spx_dtype_size(t->dtype);
+                te.data = (const uint8_t *)t->data + (size_t)x * te.nbytes;
+                int64_t no = 0;
+                s = quantize_tensor(o, &cfg, st, &te, &w, wr, NULL, NULL, &no, stats, e);
+                stats->n_outlier_cols += no;
+                stats->n_quant++; /* tensors written: the experts one by one */
+            }
+            stats->n_tensors += t->shape[0] - 1;
+            stats->params_quant += t->numel;
+        } else if (quant) {
             int64_t no = 0;
-            s = quantize_tensor(o, &cfg, st, t, &w, wr, rw, bc, &no, stats, e);
+            s = quantize_tensor(o, &cfg, st, t, &w, wr, expert ? NULL : rw, expert ? NULL : bc, &no, stats, e);
             stats->n_quant++;
             stats->params_quant += t->numel;
             stats->n_outlier_cols += no;
