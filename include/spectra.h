@@ -104,17 +104,17 @@ spx_status spx_model_open(const char *path, const spx_model_params *p,
 void spx_model_free(spx_model *m);
 const char *spx_last_error(void);
 const char *spx_model_error(const spx_model *m);
-/* Copies a .trdc model's mapped weights into private memory at the same
- * addresses (transparent huge pages where the OS gives them): the CPU
- * streams them faster than from the page cache, at the cost of the file's
- * size in RAM no longer shared with other processes. The CLI does it when
- * the plan keeps a CPU model resident (--mmap: not). Idempotent; a model
- * from an HF folder is left as is. On failure the model still runs from
- * the map. */
+/* A CPU model's .trdc weights into private memory (transparent huge pages
+ * where the OS gives them): tiled matrices repacked row-major, which the
+ * CPU tables stream faster in decode with the same results; a file with
+ * none is copied whole at the map's addresses. Costs the weights' size in
+ * RAM no longer shared with other processes. The CLI does it when the
+ * plan keeps a CPU model resident (--mmap: not). Idempotent; nothing for
+ * an HF folder or a device backend. On failure the model still runs. */
 spx_status spx_model_make_resident(spx_model *m);
-/* 1 when a .trdc model's weights are in private memory
- * (spx_model_make_resident), 0 when they are the file's mapped pages (and
- * for an HF folder, whose safetensors stay mapped) */
+/* 0: the weights are the file's mapped pages (an HF folder's always);
+ * 1: a private copy of the file; 2: private row-major repacks of its
+ * tiled matrices (spx_model_make_resident) */
 int spx_model_weights_private(const spx_model *m);
 
 int64_t spx_model_vocab_size(const spx_model *m);

@@ -153,16 +153,21 @@ void spx_model_free(spx_model *m) {
 
 const char *spx_model_error(const spx_model *m) { return m ? m->err.msg : g_last_error; }
 
+/* Tiled matrices are repacked row-major (the CPU tables stream those
+ * faster, with the same sums); a file without any is copied whole. */
 spx_status spx_model_make_resident(spx_model *m) {
-    if (!m->trdc) return SPX_OK;
+    if (!m->trdc || m->be->device || m->weights_private) return SPX_OK;
     spx_model_lock(m);
     spx_err_clear(&m->err);
-    spx_status st = spx_trdc_make_resident(m->trdc, &m->err);
+    int64_t n = 0;
+    spx_status st = spx_model_untile_weights(m, &n, &m->err);
+    if (st == SPX_OK && n == 0) st = spx_trdc_make_resident(m->trdc, &m->err);
+    if (st == SPX_OK) m->weights_private = n ? 2 : 1;
     spx_model_unlock(m);
     return st;
 }
 
-int spx_model_weights_private(const spx_model *m) { return m->trdc && spx_trdc_resident(m->trdc); }
+int spx_model_weights_private(const spx_model *m) { return m->weights_private; }
 int64_t spx_model_vocab_size(const spx_model *m) { return m->cfg.vocab_size; }
 int64_t spx_model_max_context(const spx_model *m) { return m->cfg.max_pos; }
 int spx_model_has_tokenizer(const spx_model *m) { return m->tok != NULL; }

@@ -3,7 +3,11 @@
  * and dtype first; RoPE frequencies. */
 #include "model/model.h"
 #include "core/half.h"
+#include "core/mapfile.h"
 #include "format/trdc_source.h"
+#include "quant/g32.h"
+
+#include <sys/mman.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -203,6 +207,7 @@ spx_status spx_model_bind_weights(spx_model *m, spx_err *e) {
             if (spx_slots[s].mat == 2) {
                 if (!(L->xw[s] = calloc((size_t)d[0], sizeof *L->xw[s])))
                     return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", m->path);
+                L->n_xw = d[0];
                 for (int64_t x = 0; x < d[0]; x++) SPX_TRY(bind_expert(m, l, (spx_slot)s, x, d, &L->xw[s][x], e));
             } else if (spx_slots[s].mat) SPX_TRY(bind_mat(m, nm, d[0], d[1], &L->w[s], e));
             else SPX_TRY(bind_vec(m, nm, nd, d, 1, &L->v[s], e));
@@ -216,7 +221,96 @@ spx_status spx_model_bind_weights(spx_model *m, spx_err *e) {
     return SPX_OK;
 }
 
+/* One matrix's repack into its own block (mem), the view switched over. */
+static spx_status untile_one(spx_wmat *w, void **mem, spx_err *e) {
+    spx_qtensor rows;
+    SPX_TRY(spx_q_untile_alloc(&w->q, &rows, mem, e));
+    const size_t bytes = spx_wmat_bytes(w);
+#ifdef MADV_HUGEPAGE
+    if (bytes >= ((size_t)2 << 20)) { /* the 2 MiB-aligned interior of the block; a hint */
+        uintptr_t b = ((uintptr_t)*mem + ((uintptr_t)2 << 20) - 1) & ~(((uintptr_t)2 << 20) - 1);
+        uintptr_t end = ((uintptr_t)*mem + bytes) & ~(((uintptr_t)2 << 20) - 1);
+        if (end > b) madvise((void *)b, end - b, MADV_HUGEPAGE);
+    }
+#endif
+    /* the map's pages of the tiled codes leave this process (the file's
+     * pages, never a private copy: spx_model_make_resident untiles first) */
+    spx_map_release(w->q.codes, (size_t)spx_q_codes_bytes(w->q.rows, w->q.cols, w->q.bits, w->q.layout));
+    w->q = rows;
+    return SPX_OK;
+}
+
+typedef struct {
+    spx_wmat **w;
+    void **mem;
+    spx_status *st;
+    spx_err *err;
+    size_t n;
+} untile_job;
+
+/* matrices dealt to the threads in turn (their sizes vary by 10x) */
+static void untile_task(void *arg, int tid, int nth) {
+    untile_job *j = arg;
+    for (size_t i = (size_t)tid; i < j->n; i += (size_t)nth) {
+        spx_err_clear(&j->err[i]);
+        j->st[i] = untile_one(j->w[i], &j->mem[i], &j->err[i]);
+    }
+}
+
+static int tiled_quant(const spx_wmat *w) { return w->kind == SPX_WM_QUANT && w->q.layout == SPX_Q_TILED; }
+
+spx_status spx_model_untile_weights(spx_model *m, int64_t *n_done, spx_err *e) {
+    *n_done = 0;
+    const int tied = m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes;
+    size_t n = 0, cap = 2;
+    for (int pass = 0; pass < 2; pass++) { /* count, then list */
+        untile_job j = {0};
+        if (pass) {
+            if (!cap) return SPX_OK;
+            j.w = calloc(cap, sizeof *j.w), j.mem = calloc(cap, sizeof *j.mem);
+            j.st = calloc(cap, sizeof *j.st), j.err = calloc(cap, sizeof *j.err);
+            void **ow = j.w && j.mem && j.st && j.err ? realloc(m->owned, (m->n_owned + cap) * sizeof *ow) : NULL;
+            if (!ow) {
+                free(j.w), free(j.mem), free(j.st), free(j.err);
+                return spx_fail(e, SPX_ERR_NOMEM, "%s: out of memory", m->path);
+            }
+            m->owned = ow;
+        }
+        n = 0;
+#define TAKE(wp) do { if (tiled_quant(wp)) { if (pass) j.w[n] = (wp); n++; } } while (0)
+        TAKE(&m->embed);
+        if (!tied) TAKE(&m->lm_head);
+        for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+            spx_layer *L = &m->layers[l];
+            for (int s = 0; s < SPX_SL_COUNT; s++) {
+                if (spx_slots[s].mat == 1 && L->w[s].rows) TAKE(&L->w[s]);
+                for (int64_t x = 0; L->xw[s] && x < L->n_xw; x++) TAKE(&L->xw[s][x]);
+            }
+        }
+#undef TAKE
+        if (!pass) {
+            cap = n;
+            continue;
+        }
+        j.n = n;
+        spx_pool_run(m->pool, untile_task, &j);
+        spx_status st = SPX_OK;
+        for (size_t i = 0; i < n; i++) {
+            if (j.mem[i]) m->owned[m->n_owned++] = j.mem[i], (*n_done)++;
+            if (j.st[i] != SPX_OK && st == SPX_OK) *e = j.err[i], st = j.st[i];
+        }
+        if (tied) m->lm_head = m->embed;
+        free(j.w), free(j.mem), free(j.st), free(j.err);
+        return st;
+    }
+    return SPX_OK;
+}
+
 void spx_model_free_layers(spx_model *m) {
+    for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    m->owned = NULL;
+    m->n_owned = 0;
     if (!m->layers) return;
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
         for (int s = 0; s < SPX_SL_COUNT; s++) free(m->layers[l].v[s]), free(m->layers[l].xw[s]);
@@ -230,20 +324,23 @@ uint64_t spx_model_bytes_per_token(const spx_model *m) {
     uint64_t b = spx_wmat_bytes(&m->lm_head) + spx_wmat_bytes(&m->embed) / (uint64_t)m->embed.rows;
     for (int64_t l = 0; l < m->cfg.n_layers; l++) {
         const spx_layer *L = &m->layers[l];
-        b += spx_layer_matrix_bytes(L);
-        for (int s = 0; s < SPX_SL_COUNT; s++) {
-            if (!L->xw[s]) continue;
-            uint64_t all = 0;
-            for (int64_t x = 0; x < m->cfg.n_experts; x++) all += spx_wmat_bytes(&L->xw[s][x]);
-            b += all * (uint64_t)m->cfg.moe_top_k / (uint64_t)m->cfg.n_experts;
-        }
+        const uint64_t x = spx_layer_expert_bytes(L);
+        b += spx_layer_matrix_bytes(L) - x;
+        if (x) b += x * (uint64_t)m->cfg.moe_top_k / (uint64_t)L->n_xw;
     }
+    return b;
+}
+
+uint64_t spx_layer_expert_bytes(const spx_layer *L) {
+    uint64_t b = 0;
+    for (int s = 0; s < SPX_SL_COUNT; s++)
+        for (int64_t x = 0; L->xw[s] && x < L->n_xw; x++) b += spx_wmat_bytes(&L->xw[s][x]);
     return b;
 }
 
 uint64_t spx_layer_matrix_bytes(const spx_layer *L) {
     uint64_t b = 0;
     for (int s = 0; s < SPX_SL_COUNT; s++)
-        if (spx_slots[s].mat && L->w[s].rows) b += spx_wmat_bytes(&L->w[s]);
-    return b;
+        if (spx_slots[s].mat == 1 && L->w[s].rows) b += spx_wmat_bytes(&L->w[s]);
+    return b + spx_layer_expert_bytes(L);
 }

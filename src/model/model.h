@@ -22,7 +22,8 @@
 typedef struct spx_layer {
     spx_wmat w[SPX_SL_COUNT];
     float *v[SPX_SL_COUNT];
-    spx_wmat *xw[SPX_SL_COUNT];    /* expert slots (mat == 2): [n_experts] owned arrays of views; NULL otherwise */
+    spx_wmat *xw[SPX_SL_COUNT];    /* expert slots (mat == 2): [n_xw] owned arrays of views; NULL otherwise */
+    int64_t n_xw;                  /* experts per expert slot (cfg.n_experts in a MoE layer, else 0) */
     int64_t kv_index;              /* its layer in the KV cache, -1: no attention */
     int64_t state_off;             /* its recurrent state's offset in the state cache (floats), -1: none */
 } spx_layer;
@@ -56,6 +57,9 @@ struct spx_model {
     spx_chat_info chat;            /* chat template, BOS/EOS texts (tokenizer_config.json) */
     pthread_mutex_t lock;          /* recursive: every call that computes or changes session state holds it
                                     * (the pool, the backend's buffers and m->err are the model's) */
+    void **owned;                  /* blocks the weights' views point into (spx_model_untile_weights) */
+    size_t n_owned;
+    int weights_private;           /* spx_model_make_resident done: 1 copied map, 2 untiled */
     char *path;
     spx_err err;
 };
@@ -84,8 +88,18 @@ spx_status spx_model_bind_weights(spx_model *m, spx_err *e);
 /* Weight bytes one decoded token reads: every layer matrix, the LM head
  * and one embedding row (norm gains and biases are negligible). */
 uint64_t spx_model_bytes_per_token(const spx_model *m);
-/* Bytes of layer l's matrices as stored. */
+/* Every tiled quantized matrix (layers, experts, embedding, LM head)
+ * repacked row-major into private memory the model owns (huge pages
+ * where the OS gives them), its view switched over; the file's pages it
+ * read are released. The CPU tables stream row-major weights faster in
+ * decode (bench/results/2026-12-04-cpu-resident.md) and sum both layouts
+ * alike (the same numbers). *n_done: matrices repacked. On failure the
+ * matrices done so far keep their new views (all valid). */
+spx_status spx_model_untile_weights(spx_model *m, int64_t *n_done, spx_err *e);
+/* Bytes of layer l's matrices as stored (every expert of a MoE layer). */
 uint64_t spx_layer_matrix_bytes(const spx_layer *L);
+/* Of those, its experts' */
+uint64_t spx_layer_expert_bytes(const spx_layer *L);
 
 /* Frees the owned vectors of every layer (the matrices are views). */
 void spx_model_free_layers(spx_model *m);

@@ -336,7 +336,8 @@ int cmd_bench(int argc, char **argv) {
                "\"tg_tps_median\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
                "\"weight_bytes_per_token\": %llu, \"tg_gbps\": %.3f, \"kv_bytes_per_token\": %.1f, \"depth_seek\": %s, "
                "\"depth_prefill_s\": %.3f",
-               model, spx_model_backend(m), spx_model_cpu_kernels(m), spx_model_weights_private(m) ? "private" : "mapped",
+               model, spx_model_backend(m), spx_model_cpu_kernels(m), spx_model_weights_private(m) == 2   ? "private-rows"
+                                                                    : spx_model_weights_private(m) ? "private" : "mapped",
                spx_pool_size(m->pool), kvn, (long long)np, (long long)ng, (long long)depth,
                (long long)reps, ppm, pp[0], pp[reps - 1], tgm, tg[0], tg[reps - 1], (unsigned long long)bpt, gbs,
                spx_kv_cache_bytes_per_token(&s->kv), seek ? "true" : "false", depth_s);
@@ -397,7 +398,8 @@ int cmd_bench(int argc, char **argv) {
         printf("}\n");
     } else {
         printf("model %s, backend %s, cpu kernels %s, weights %s, %d threads, kv %s, %lld runs\n", model,
-               spx_model_backend(m), spx_model_cpu_kernels(m), spx_model_weights_private(m) ? "in private RAM" : "mapped",
+               spx_model_backend(m), spx_model_cpu_kernels(m), spx_model_weights_private(m) == 2   ? "in private RAM (row-major)"
+                                                : spx_model_weights_private(m) ? "in private RAM" : "mapped",
                spx_pool_size(m->pool), kvn, (long long)reps);
         cli_kv_summary(stdout, s);
         if (np) printf("  pp%-6lld %9.2f tokens/s  (min %.2f, max %.2f)\n", (long long)np, ppm, pp[0], pp[reps - 1]);

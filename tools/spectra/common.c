@@ -308,7 +308,7 @@ spx_model *cli_open_planned(const char *path, const cli_plan_opts *o, spx_plan *
         if (spx_model_make_resident(m) != SPX_OK) {
             if (!o->quiet) fprintf(stderr, "spectra: note: %s; the weights stay mapped\n", spx_model_error(m));
         } else if (!o->quiet && spx_now() - t0 > 1.0) {
-            fprintf(stderr, "spectra: weights copied into RAM in %.1f s (--mmap: use the file's pages)\n", spx_now() - t0);
+            fprintf(stderr, "spectra: weights loaded into private RAM in %.1f s (--mmap: use the file's pages)\n", spx_now() - t0);
         }
     }
     if (!o->quiet) print_plan(plan);
