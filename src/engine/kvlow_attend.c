@@ -45,6 +45,25 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Over the positions of [start, end) outside the refined groups (idx
+ * ascending; a group whose record is NULL counts as not refined): their
+ * largest sg[p] before scaling, and sg[p] *= f when f != 1. */
+static float nonref_runs(float *sg, int64_t start, int64_t end, const int64_t *idx, const uint8_t *const *recs,
+                         int64_t n_sel, int64_t gA, int64_t gt, float f) {
+    float mx = 0;
+    int64_t at = start;
+    for (int64_t si = 0; si <= n_sel; si++) { /* the run [at, next refined group) */
+        if (si < n_sel && !recs[si]) continue;
+        const int64_t p0 = si < n_sel ? SPX_KVL_BLOCK + (gA + idx[si]) * gt : end;
+        for (int64_t p = at; p < p0; p++) {
+            mx = fmaxf(mx, sg[p]);
+            if (f != 1.0f) sg[p] *= f;
+        }
+        at = p0 + gt;
+    }
+    return mx;
+}
+
 static float dotf_c(const float *a, const float *b, int64_t n) {
     float s = 0;
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
@@ -300,26 +319,11 @@ void spx_kvlow_attend(spx_kvlow *k, const spx_qkernels *kt, int64_t layer, int64
              *    e^-M only where M leaves [-20, 20] (p' could overflow, or
              *    the whole row underflow); otherwise it keeps p as is */
             for (int g = 0; g < G; g++) {
-                float *sg = sc + g * scs - start, mx = 0;
-                int64_t at = start;
-                for (int64_t si = 0; si <= n_sel; si++) { /* the non-refined runs [at, next refined group) */
-                    if (si < n_sel && !recs[si]) continue;
-                    const int64_t p0 = si < n_sel ? SPX_KVL_BLOCK + (gA + idx[si]) * gt : end;
-                    for (int64_t p = at; p < p0; p++) mx = fmaxf(mx, sg[p]);
-                    at = p0 + gt;
-                }
+                float *sg = sc + g * scs - start;
+                const float mx = nonref_runs(sg, start, end, idx, recs, n_sel, gA, gt, 1.0f);
                 const float M = fmaxf(cst[g], mx > 0 ? logf(mx) : -INFINITY);
                 const float shift = M >= -20.0f && M <= 20.0f ? 0.0f : M;
-                if (shift != 0) {
-                    const float f = expf(-shift);
-                    at = start;
-                    for (int64_t si = 0; si <= n_sel; si++) {
-                        if (si < n_sel && !recs[si]) continue;
-                        const int64_t p0 = si < n_sel ? SPX_KVL_BLOCK + (gA + idx[si]) * gt : end;
-                        for (int64_t p = at; p < p0; p++) sg[p] *= f;
-                        at = p0 + gt;
-                    }
-                }
+                if (shift != 0) nonref_runs(sg, start, end, idx, recs, n_sel, gA, gt, expf(-shift));
                 for (int64_t si = 0; si < n_sel; si++)
                     if (recs[si])
                         for (int64_t t = 0, p0 = SPX_KVL_BLOCK + (gA + idx[si]) * gt; t < gt; t++)

@@ -72,17 +72,20 @@ typedef struct {
     [SPX_SL_BQ] = "self_attn.q_proj.bias", [SPX_SL_BK] = "self_attn.k_proj.bias",                           \
     [SPX_SL_BV] = "self_attn.v_proj.bias", [SPX_SL_BO] = "self_attn.o_proj.bias"
 
+/* the norms, attention (with Qwen3's q/k norms) and dense MLP of the
+ * Llama-style families */
+#define LLAMA_LAYER                                                                                         \
+    [SPX_SL_MIX_NORM] = "input_layernorm.weight", [SPX_SL_FFN_NORM] = "post_attention_layernorm.weight",    \
+    LLAMA_ATTN, [SPX_SL_Q_NORM] = "self_attn.q_norm.weight", [SPX_SL_K_NORM] = "self_attn.k_norm.weight"
+#define LLAMA_MLP                                                                                           \
+    [SPX_SL_GATE] = "mlp.gate_proj.weight", [SPX_SL_UP] = "mlp.up_proj.weight",                             \
+    [SPX_SL_DOWN] = "mlp.down_proj.weight"
+
 static const family_names llama_names = {
     "model.layers.%lld.", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
     {
-        [SPX_SL_MIX_NORM] = "input_layernorm.weight",
-        [SPX_SL_FFN_NORM] = "post_attention_layernorm.weight",
-        LLAMA_ATTN,
-        [SPX_SL_Q_NORM] = "self_attn.q_norm.weight",
-        [SPX_SL_K_NORM] = "self_attn.k_norm.weight",
-        [SPX_SL_GATE] = "mlp.gate_proj.weight",
-        [SPX_SL_UP] = "mlp.up_proj.weight",
-        [SPX_SL_DOWN] = "mlp.down_proj.weight",
+        LLAMA_LAYER,
+        LLAMA_MLP,
         [SPX_SL_B_GATE] = "mlp.gate_proj.bias",
         [SPX_SL_B_UP] = "mlp.up_proj.bias",
         [SPX_SL_B_DOWN] = "mlp.down_proj.bias",
@@ -92,15 +95,8 @@ static const family_names llama_names = {
 static const family_names qwen3_moe_names = {
     "model.layers.%lld.", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
     {
-        [SPX_SL_MIX_NORM] = "input_layernorm.weight",
-        [SPX_SL_FFN_NORM] = "post_attention_layernorm.weight",
-        LLAMA_ATTN,
-        [SPX_SL_Q_NORM] = "self_attn.q_norm.weight",
-        [SPX_SL_K_NORM] = "self_attn.k_norm.weight",
-        /* the dense layers (mlp_only_layers) */
-        [SPX_SL_GATE] = "mlp.gate_proj.weight",
-        [SPX_SL_UP] = "mlp.up_proj.weight",
-        [SPX_SL_DOWN] = "mlp.down_proj.weight",
+        LLAMA_LAYER,
+        LLAMA_MLP, /* the dense layers (mlp_only_layers) */
         [SPX_SL_ROUTER] = "mlp.gate.weight",
         [SPX_SL_EXP_GATE] = "mlp.experts.%lld.gate_proj.weight",
         [SPX_SL_EXP_UP] = "mlp.experts.%lld.up_proj.weight",
