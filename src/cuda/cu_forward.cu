@@ -630,11 +630,11 @@ static const spx_block_ops cuda_blocks = {
     p_embed,
     p_layer_begin,
     p_layer_end,
-    {NULL, p_attention, p_shortconv, p_mamba2, p_swiglu, p_relu2},
+    {NULL, p_attention, p_shortconv, p_mamba2, p_swiglu, p_relu2, NULL /* moe: not on the device yet */},
     p_head,
 };
 static_assert(SPX_BLK_ATTENTION == 1 && SPX_BLK_SHORTCONV == 2 && SPX_BLK_MAMBA2 == 3 && SPX_BLK_SWIGLU == 4 &&
-                  SPX_BLK_RELU2 == 5 && SPX_BLK_KINDS == 6,
+                  SPX_BLK_RELU2 == 5 && SPX_BLK_MOE == 6 && SPX_BLK_KINDS == 7,
               "cuda_blocks lists the kinds in engine/blocks.h's order");
 
 spx_status cu_forward_check(const spx_model *m, spx_err *e) { return spx_blocks_check(&m->cfg, &cuda_blocks, m->path, e); }
