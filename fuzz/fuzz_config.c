@@ -1,5 +1,5 @@
 /* fuzz_config.c: libFuzzer target for config.json parsing (the Llama
- * family and the hybrids: layer lists, patterns, bare Infinity rewriting).
+ * family, the hybrids and MoE: layer lists, patterns, bare Infinity rewriting).
  *
  * On success the parsed config must be one the rest of the engine can
  * trust: a layer count in 1..SPX_MAX_LAYERS, every layer's kinds known,
@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (c.n_layers < 1 || c.n_layers > SPX_MAX_LAYERS) __builtin_trap();
     int64_t attn = 0;
     for (int64_t l = 0; l < c.n_layers; l++) {
-        if (c.mixer[l] > SPX_MIX_MAMBA2 || c.ffn[l] > SPX_FFN_RELU2) __builtin_trap();
+        if (c.mixer[l] > SPX_MIX_MAMBA2 || c.ffn[l] > SPX_FFN_MOE) __builtin_trap();
         attn += c.mixer[l] == SPX_MIX_ATTN;
         for (int s = 0; s < SPX_SL_COUNT; s++) {
             int64_t d[3];

@@ -116,9 +116,13 @@ static void count_layouts(const spx_model *m, int64_t *tiled, int64_t *could) {
     count_layout(&m->embed, tiled, could);
     if (!(m->lm_head.kind == SPX_WM_QUANT && m->lm_head.q.codes == m->embed.q.codes)) /* not tied */
         count_layout(&m->lm_head, tiled, could);
-    for (int64_t l = 0; l < m->cfg.n_layers; l++)
-        for (int s = 0; s < SPX_SL_COUNT; s++)
-            if (spx_slots[s].mat && m->layers[l].w[s].rows) count_layout(&m->layers[l].w[s], tiled, could);
+    for (int64_t l = 0; l < m->cfg.n_layers; l++) {
+        const spx_layer *L = &m->layers[l];
+        for (int s = 0; s < SPX_SL_COUNT; s++) {
+            if (spx_slots[s].mat == 1 && L->w[s].rows) count_layout(&L->w[s], tiled, could);
+            for (int64_t x = 0; L->xw[s] && x < L->n_xw; x++) count_layout(&L->xw[s][x], tiled, could); /* experts */
+        }
+    }
 }
 
 static void plan_usage(FILE *f) {
