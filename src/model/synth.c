@@ -2,6 +2,7 @@
  * come from splitmix64 so a seed reproduces a file. Weights have std about
  * 0.02, like trained checkpoints at initialisation; norm gains are 1. */
 #include "model/synth.h"
+#include "model/arch.h"
 #include "quant/g32.h"
 #include "core/half.h"
 #include "core/util.h"
@@ -21,17 +22,21 @@
 static const spx_synth_shape shapes[] = {
     {"llama3-1b", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 1, 0, 500000.0,
      "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
-     "\"original_max_position_embeddings\":8192}"},
+     "\"original_max_position_embeddings\":8192}", 0, 0, 0, 0},
     {"llama3-3b", "LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128, 128256, 131072, 1, 0, 500000.0,
      "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
-     "\"original_max_position_embeddings\":8192}"},
+     "\"original_max_position_embeddings\":8192}", 0, 0, 0, 0},
     {"llama3-8b", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 0, 0, 500000.0,
      "{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
-     "\"original_max_position_embeddings\":8192}"},
-    {"qwen2.5-1.5b", "Qwen2ForCausalLM", 1536, 8960, 28, 12, 2, 128, 151936, 32768, 1, 1, 1000000.0, NULL},
-    {"qwen3-0.6b", "Qwen3ForCausalLM", 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1, 0, 1000000.0, NULL},
-    {"tiny", "LlamaForCausalLM", 256, 768, 2, 4, 2, 64, 512, 2048, 0, 0, 10000.0, NULL},
-    {NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
+     "\"original_max_position_embeddings\":8192}", 0, 0, 0, 0},
+    {"qwen2.5-1.5b", "Qwen2ForCausalLM", 1536, 8960, 28, 12, 2, 128, 151936, 32768, 1, 1, 1000000.0, NULL, 0, 0, 0, 0},
+    {"qwen3-0.6b", "Qwen3ForCausalLM", 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1, 0, 1000000.0, NULL, 0, 0, 0, 0},
+    {"tiny", "LlamaForCausalLM", 256, 768, 2, 4, 2, 64, 512, 2048, 0, 0, 10000.0, NULL, 0, 0, 0, 0},
+    /* Qwen3-30B-A3B's config.json: 128 experts of 768, 8 per token, top-k renormalised */
+    {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", 2048, 6144, 48, 32, 4, 128, 151936, 40960, 0, 0, 1000000.0, NULL,
+     128, 8, 768, 1},
+    {"tiny-moe", "Qwen3MoeForCausalLM", 256, 768, 2, 4, 2, 64, 512, 2048, 0, 0, 10000.0, NULL, 8, 2, 128, 1},
+    {NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0},
 };
 
 const spx_synth_shape *spx_synth_shapes(void) { return shapes; }
@@ -62,6 +67,14 @@ char *spx_synth_config_json(const spx_synth_shape *s) {
     cJSON_AddStringToObject(c, "torch_dtype", "bfloat16");
     cJSON_AddNumberToObject(c, "bos_token_id", 1);
     cJSON_AddNumberToObject(c, "eos_token_id", 2);
+    if (s->experts) {
+        cJSON_AddNumberToObject(c, "num_experts", (double)s->experts);
+        cJSON_AddNumberToObject(c, "num_experts_per_tok", (double)s->top_k);
+        cJSON_AddNumberToObject(c, "moe_intermediate_size", (double)s->moe_inter);
+        cJSON_AddBoolToObject(c, "norm_topk_prob", s->norm_topk);
+        cJSON_AddNumberToObject(c, "decoder_sparse_step", 1);
+        cJSON_AddItemToObject(c, "mlp_only_layers", cJSON_CreateArray());
+    }
     char *txt = cJSON_Print(c);
     cJSON_Delete(c);
     return txt;
@@ -80,40 +93,57 @@ static float rnd_normal(uint64_t *s) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-/* The tensors of a Llama-family model: name, rows, cols (cols 0: 1-D). */
-typedef struct { char name[96]; int64_t rows, cols; } tdesc;
+/* The tensors of a shape, in file order: name, rows, cols (cols 0: 1-D;
+ * dense: stored as bf16 rather than quantized: vectors and the float32
+ * router). They come from the architecture table (model/arch.h) of the
+ * shape's own config.json, so a shape lists no tensor by hand: the
+ * embedding, each layer's slots (an expert slot as one 2-D matrix per
+ * expert, under the family's per-expert name), the final norm and an
+ * untied LM head. *out is malloc'd; returns the count or -1 (e set). */
+typedef struct { char name[96]; int64_t rows, cols; int dense; } tdesc;
 
-static int64_t list_tensors(const spx_synth_shape *s, tdesc *out) {
-    int64_t n = 0, H = s->hidden, qd = s->heads * s->head_dim, kvd = s->kv_heads * s->head_dim;
-#define ADD(r, c, ...) (snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__), out[n].rows = (r), out[n].cols = (c), n++)
-    ADD(s->vocab, H, "model.embed_tokens.weight");
-    for (int64_t l = 0; l < s->layers; l++) {
-        ADD(H, 0, "model.layers.%lld.input_layernorm.weight", (long long)l);
-        ADD(H, 0, "model.layers.%lld.post_attention_layernorm.weight", (long long)l);
-        ADD(qd, H, "model.layers.%lld.self_attn.q_proj.weight", (long long)l);
-        ADD(kvd, H, "model.layers.%lld.self_attn.k_proj.weight", (long long)l);
-        ADD(kvd, H, "model.layers.%lld.self_attn.v_proj.weight", (long long)l);
-        ADD(H, qd, "model.layers.%lld.self_attn.o_proj.weight", (long long)l);
-        ADD(s->inter, H, "model.layers.%lld.mlp.gate_proj.weight", (long long)l);
-        ADD(s->inter, H, "model.layers.%lld.mlp.up_proj.weight", (long long)l);
-        ADD(H, s->inter, "model.layers.%lld.mlp.down_proj.weight", (long long)l);
-        if (s->qkv_bias) {
-            ADD(qd, 0, "model.layers.%lld.self_attn.q_proj.bias", (long long)l);
-            ADD(kvd, 0, "model.layers.%lld.self_attn.k_proj.bias", (long long)l);
-            ADD(kvd, 0, "model.layers.%lld.self_attn.v_proj.bias", (long long)l);
+static int64_t list_tensors(const spx_synth_shape *s, tdesc **out, spx_err *e) {
+    char *cj = spx_synth_config_json(s);
+    spx_config *c = calloc(1, sizeof *c);
+    if (!cj || !c) { free(cj); free(c); spx_fail(e, SPX_ERR_NOMEM, "out of memory"); return -1; }
+    spx_status st = spx_config_parse(cj, strlen(cj), s->name, c, e);
+    free(cj);
+    if (st != SPX_OK) { free(c); return -1; }
+    int64_t cap = 2 + c->n_layers * SPX_SL_COUNT, n = 0;
+    for (int64_t l = 0; l < c->n_layers; l++)
+        if (c->ffn[l] == SPX_FFN_MOE) cap += 4 * c->n_experts;
+    tdesc *t = calloc((size_t)cap + 2, sizeof *t);
+    if (!t) { free(c); spx_fail(e, SPX_ERR_NOMEM, "out of memory"); return -1; }
+#define ADD(r, cl, dn, ...) (snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__), t[n].rows = (r), t[n].cols = (cl), \
+                             t[n].dense = (dn), n++)
+    ADD(s->vocab, s->hidden, 0, "%s", spx_arch_embed_name(c));
+    for (int64_t l = 0; l < c->n_layers; l++)
+        for (int sl = 0; sl < SPX_SL_COUNT; sl++) {
+            int64_t d[3];
+            const int nd = spx_slot_shape(c, l, (spx_slot)sl, d);
+            if (!nd) continue;
+            char nm[96];
+            if (spx_slots[sl].mat == 2) {
+                for (int64_t x = 0; x < d[0]; x++)
+                    if (spx_expert_tensor_name(c, l, (spx_slot)sl, x, nm, sizeof nm)) {
+                        free(t); free(c);
+                        spx_fail(e, SPX_ERR_ARG, "synth: shape %s stores its experts stacked; only per-expert "
+                                 "families are synthesised", s->name);
+                        return -1;
+                    } else ADD(d[1], d[2], 0, "%s", nm);
+                continue;
+            }
+            spx_slot_tensor_name(c, l, (spx_slot)sl, nm, sizeof nm);
+            if (nd > 2) { free(t); free(c); spx_fail(e, SPX_ERR_ARG, "synth: shape %s: '%s' is %d-D", s->name, nm, nd); return -1; }
+            ADD(d[0], nd == 2 ? d[1] : 0, !spx_slots[sl].mat, "%s", nm);
         }
-        if (!strcmp(s->arch, "Qwen3ForCausalLM")) {
-            ADD(s->head_dim, 0, "model.layers.%lld.self_attn.q_norm.weight", (long long)l);
-            ADD(s->head_dim, 0, "model.layers.%lld.self_attn.k_norm.weight", (long long)l);
-        }
-    }
-    ADD(H, 0, "model.norm.weight");
-    if (!s->tied) ADD(s->vocab, H, "lm_head.weight");
+    ADD(s->hidden, 0, 1, "%s", spx_arch_final_norm_name(c));
+    if (!c->tie_embeddings) ADD(s->vocab, s->hidden, 0, "%s", spx_arch_lm_head_name(c));
 #undef ADD
+    free(c);
+    *out = t;
     return n;
 }
-
-#define MAX_TENSORS 4096
 
 /* A random residual of a layer matrix for the .refine of a synthetic
  * model: codes uniform in [-7, 7], row scales 2e-4 (a residual's size for
@@ -149,11 +179,11 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, int 
                                 uint64_t seed, int row_major, const char *refine_path, const char *tok_json,
                                 const char *tok_cfg_json, spx_err *e) {
     if (bits != 2 && bits != 3 && bits != 4) return spx_fail(e, SPX_ERR_ARG, "synth: %d-bit codes: expected 2, 3 or 4", bits);
-    tdesc *td = malloc(MAX_TENSORS * sizeof *td);
-    if (!td) return spx_fail(e, SPX_ERR_NOMEM, "out of memory");
-    int64_t nt = list_tensors(s, td);
+    tdesc *td = NULL;
+    const int64_t nt = list_tensors(s, &td, e);
+    if (nt < 0) return e->code;
     for (int64_t i = 0; i < nt; i++)
-        if (bits != 4 && td[i].cols % 128) { /* a row's last item would need zero padding bits */
+        if (bits != 4 && !td[i].dense && td[i].cols % 128) { /* a row's last item would need zero padding bits */
             spx_status bad = spx_fail(e, SPX_ERR_ARG, "synth: shape %s: '%s' has %lld columns; %d-bit codes need a "
                                       "multiple of 128", s->name, td[i].name, (long long)td[i].cols, bits);
             free(td);
@@ -165,13 +195,14 @@ spx_status spx_synth_write_trdc(const spx_synth_shape *s, const char *path, int 
     uint64_t rng = seed;
     for (int64_t i = 0; i < nt && st == SPX_OK; i++) {
         tdesc *t = &td[i];
-        if (t->cols == 0) { /* norm gains 1, biases small */
-            uint16_t *v = malloc((size_t)t->rows * 2);
+        if (t->dense) { /* norm gains 1; biases and routers small */
+            const int64_t ne = t->rows * (t->cols ? t->cols : 1);
+            uint16_t *v = malloc((size_t)ne * 2);
             if (!v) { st = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); break; }
-            int bias = strstr(t->name, "bias") != NULL;
-            for (int64_t k = 0; k < t->rows; k++) v[k] = spx_f32_to_bf16(bias ? 0.02f * rnd_normal(&rng) : 1.0f);
-            int64_t shape[1] = {t->rows};
-            st = spx_trdc_writer_add_dense(w, t->name, SPX_DT_BF16, 1, shape, v, (size_t)t->rows * 2, e);
+            const int gain = t->cols == 0 && !strstr(t->name, "bias");
+            for (int64_t k = 0; k < ne; k++) v[k] = spx_f32_to_bf16(gain ? 1.0f : 0.02f * rnd_normal(&rng));
+            int64_t shape[2] = {t->rows, t->cols};
+            st = spx_trdc_writer_add_dense(w, t->name, SPX_DT_BF16, t->cols ? 2 : 1, shape, v, (size_t)ne * 2, e);
             free(v);
             continue;
         }
@@ -246,15 +277,16 @@ spx_status spx_synth_write_hf(const spx_synth_shape *s, const char *dir, uint64_
         return spx_fail(e, SPX_ERR_IO, "%s: cannot create folder: %s", dir, strerror(errno));
     char *cfg = spx_synth_config_json(s), *cp = spx_path_join(dir, "config.json"),
          *sp = spx_path_join(dir, "model.safetensors");
-    tdesc *td = malloc(MAX_TENSORS * sizeof *td);
+    tdesc *td = NULL;
     cJSON *hdr = cJSON_CreateObject();
     spx_status st = SPX_OK;
     FILE *f = NULL;
     char *tmp = NULL, *htxt = NULL;
     uint16_t *buf = NULL;
-    if (!cfg || !cp || !sp || !td || !hdr) { st = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); goto done; }
+    if (!cfg || !cp || !sp || !hdr) { st = spx_fail(e, SPX_ERR_NOMEM, "out of memory"); goto done; }
+    const int64_t nt = list_tensors(s, &td, e);
+    if (nt < 0) { st = e->code; goto done; }
     if ((st = spx_write_file_atomic(cp, cfg, strlen(cfg), e)) != SPX_OK) goto done;
-    int64_t nt = list_tensors(s, td);
     uint64_t off = 0;
     int64_t maxn = 0;
     for (int64_t i = 0; i < nt; i++) {
@@ -284,11 +316,11 @@ spx_status spx_synth_write_hf(const spx_synth_shape *s, const char *dir, uint64_
     uint64_t rng = seed;
     for (int64_t i = 0; i < nt && st == SPX_OK; i++) {
         int64_t rows = td[i].rows, cols = td[i].cols ? td[i].cols : 1;
-        int bias = strstr(td[i].name, "bias") != NULL, vec = td[i].cols == 0;
+        const int vec = td[i].cols == 0, gain = vec && !strstr(td[i].name, "bias");
         for (int64_t r = 0; r < (vec ? 1 : rows) && st == SPX_OK; r++) {
             int64_t n = vec ? rows : cols;
             for (int64_t k = 0; k < n; k++)
-                buf[k] = spx_f32_to_bf16(vec && !bias ? 1.0f : 0.02f * rnd_normal(&rng));
+                buf[k] = spx_f32_to_bf16(gain ? 1.0f : 0.02f * rnd_normal(&rng));
             st = write_all(f, buf, (size_t)n * 2, tmp, e);
         }
     }

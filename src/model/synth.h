@@ -15,6 +15,10 @@ typedef struct spx_synth_shape {
     int tied, qkv_bias;
     double rope_theta;
     const char *rope_json;  /* rope_scaling object text or NULL */
+    /* mixture of experts (experts 0: dense): every layer routes top_k of
+     * `experts` SwiGLU experts of moe_inter, renormalised when norm_topk */
+    int64_t experts, top_k, moe_inter;
+    int norm_topk;
 } spx_synth_shape;
 
 /* NULL-terminated list of the known shapes. */
