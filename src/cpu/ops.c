@@ -72,18 +72,24 @@ typedef struct {
     const int32_t *sel;
     const uint8_t *const *col[SPX_MATMUL_MAX];
     const spx_refine_kernels *kern;
+    /* spx_cpu_matmul_each: matrix k's own input xs[k] and its prepared
+     * activations at act + k * act_stride (NULL: every matrix reads x) */
+    const float *const *xs;
+    size_t act_stride;
 } matmul_job;
 
 static void rows_one(const matmul_job *j, int k, int64_t r0, int64_t r1, void *scratch) {
     const spx_wmat *w = j->w[k];
     float *y = j->y[k];
+    const float *x = j->xs ? j->xs[k] : j->x;
     if (w->kind == SPX_WM_QUANT) {
-        j->c->qk->rows(&w->q, j->c->act, j->x, j->T, y, w->rows, r0, r1, scratch);
+        j->c->qk->rows(&w->q, (uint8_t *)j->c->act + (j->xs ? (size_t)k * j->act_stride : 0), x, j->T, y, w->rows, r0,
+                       r1, scratch);
     } else {
         float *row = scratch;
         for (int64_t r = r0; r < r1; r++) {
             spx_wmat_row_f32(w, r, row);
-            for (int64_t t = 0; t < j->T; t++) y[t * w->rows + r] = spx_cpu_dot(row, j->x + t * w->cols, w->cols);
+            for (int64_t t = 0; t < j->T; t++) y[t * w->rows + r] = spx_cpu_dot(row, x + t * w->cols, w->cols);
         }
     }
     if (j->n_sel > 0 && w->ref) { /* T == 1: the selected columns of the residual, on these rows */
@@ -190,8 +196,48 @@ spx_status spx_cpu_matmul_n(spx_cpu_ctx *c, int n, const spx_wmat *const *w, con
     }
     if (c->observe) c->observe(c->observe_user, n, w, x, T);
     if (w[0]->kind == SPX_WM_QUANT) c->qk->prepare(x, T, w[0]->cols, w[0]->q.group, c->act);
-    matmul_job j = {c, n, w, x, T, y, bias, total, 0, NULL, {NULL}, NULL};
+    matmul_job j = {c, n, w, x, T, y, bias, total, 0, NULL, {NULL}, NULL, NULL, 0};
     if (T == 1 && c->refine) SPX_TRY(refine_prepare(c, n, w, x, &j, e));
+    spx_pool_run(c->pool, matmul_task, &j);
+    return SPX_OK;
+}
+
+spx_status spx_cpu_matmul_each(spx_cpu_ctx *c, int n, const spx_wmat *const *w, const float *const *x,
+                               float *const *y, spx_err *e) {
+    if (n < 1 || n > SPX_MATMUL_MAX) return spx_fail(e, SPX_ERR_INTERNAL, "matmul_each: %d matrices", n);
+    size_t per_thread = 0, ab = 0;
+    int64_t total = 0;
+    for (int k = 0; k < n; k++) {
+        if (w[k]->kind != w[0]->kind || w[k]->ref)
+            return spx_fail(e, SPX_ERR_INTERNAL, "matmul_each: matrices of different kinds, or refined");
+        size_t pt = (size_t)w[k]->cols * sizeof(float);
+        if (w[k]->kind == SPX_WM_QUANT) {
+            const size_t sb = c->qk->scratch_bytes(1, w[k]->cols, w[k]->q.group),
+                         a = c->qk->act_bytes(1, w[k]->cols, w[k]->q.group);
+            if (sb > pt) pt = sb;
+            if (a > ab) ab = a;
+        }
+        if (pt > per_thread) per_thread = pt;
+        total += w[k]->rows;
+    }
+    ab = (ab + 63) & ~(size_t)63;
+    if (!grow(&c->act, &c->act_cap, ab * (size_t)n))
+        return spx_fail(e, SPX_ERR_NOMEM, "out of memory for %zu bytes of activations", ab * (size_t)n);
+    per_thread = (per_thread + 63) & ~(size_t)63;
+    if (per_thread > c->scratch_stride) {
+        size_t nth = (size_t)spx_pool_size(c->pool);
+        uint8_t *nb = aligned_alloc(64, nth * per_thread);
+        if (!nb) return spx_fail(e, SPX_ERR_NOMEM, "out of memory for matmul scratch");
+        free(c->scratch);
+        c->scratch = nb;
+        c->scratch_stride = per_thread;
+    }
+    for (int k = 0; k < n; k++) {
+        if (c->observe) c->observe(c->observe_user, 1, &w[k], x[k], 1);
+        if (w[k]->kind == SPX_WM_QUANT) c->qk->prepare(x[k], 1, w[k]->cols, w[k]->q.group, (uint8_t *)c->act + (size_t)k * ab);
+    }
+    static const float *const no_bias[SPX_MATMUL_MAX];
+    matmul_job j = {c, n, w, x[0], 1, y, no_bias, total, 0, NULL, {NULL}, NULL, x, ab};
     spx_pool_run(c->pool, matmul_task, &j);
     return SPX_OK;
 }

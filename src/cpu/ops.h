@@ -48,7 +48,7 @@ typedef struct spx_cpu_ctx {
     int64_t n_nsel;
 } spx_cpu_ctx;
 
-#define SPX_MATMUL_MAX 4 /* matrices in one spx_cpu_matmul_n launch */
+#define SPX_MATMUL_MAX 32 /* matrices in one spx_cpu_matmul_n / _each launch (a MoE step: gate and up of its experts) */
 
 void spx_cpu_ctx_init(spx_cpu_ctx *c, spx_pool *pool, const spx_qkernels *qk);
 void spx_cpu_ctx_free(spx_cpu_ctx *c);
@@ -64,6 +64,13 @@ spx_status spx_cpu_matmul(spx_cpu_ctx *c, const spx_wmat *w, const float *x, int
  * NULL. Fewer thread hand-offs per step (q/k/v, gate/up). */
 spx_status spx_cpu_matmul_n(spx_cpu_ctx *c, int n, const spx_wmat *const *w, const float *x, int64_t T,
                             float *const *y, const float *const *bias, spx_err *e);
+
+/* One token through n matrices, each with its own input: y[k][w[k].rows]
+ * = x[k] W[k]^T, in one parallel section over all their rows (a MoE
+ * step's down projections: one expert's hidden state each). The
+ * matrices are of one kind and unrefined; no bias. */
+spx_status spx_cpu_matmul_each(spx_cpu_ctx *c, int n, const spx_wmat *const *w, const float *const *x,
+                               float *const *y, spx_err *e);
 
 /* out[n] = x[n] / sqrt(mean(x^2) + eps) * gain[n]; out may alias x. */
 void spx_cpu_rmsnorm(float *out, const float *x, const float *gain, int64_t n, float eps);

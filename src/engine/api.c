@@ -264,7 +264,7 @@ static spx_status session_new(spx_model *m, const spx_session_params *p, spx_ses
         s->up = alloc_f(B * I, &fail);
         if (c->n_experts > 0) {
             const size_t E = (size_t)c->n_experts, Ie = (size_t)c->moe_intermediate, k = (size_t)c->moe_top_k;
-            s->moe = alloc_f(B * (E + 3 * H + 3 * Ie), &fail);
+            s->moe = alloc_f(B * (E + 3 * H + 3 * Ie) + k * (3 * Ie + H), &fail); /* + forward.c moe_one's */
             s->moe_w = alloc_f(B * k, &fail);
             if (!(s->moe_idx = calloc(B * (k + 1), sizeof *s->moe_idx))) fail = 1;
         }

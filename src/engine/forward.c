@@ -242,6 +242,54 @@ static spx_status ffn(spx_session *s, const spx_layer *L, int64_t l, int kind, i
     return SPX_OK;
 }
 
+/* moe() for one token: its k experts in two parallel sections (all gate
+ * and up products, which share the input, then the k down products, each
+ * of its expert's hidden state; spx_cpu_matmul_each) instead of three per
+ * expert, so a step's experts are spread over the threads. The products
+ * are the same rows as moe()'s loop computes and the outputs are added in
+ * expert index order as there: the same floats. Scratch: s->moe's tail,
+ * [k] x (2 Ie + Ie + H). */
+static spx_status moe_one(spx_session *s, const spx_layer *L, float *sum, spx_err *e) {
+    const spx_config *c = &s->m->cfg;
+    const int64_t H = c->hidden_size, E = c->n_experts, k = c->moe_top_k, Ie = c->moe_intermediate;
+    float *gu = s->moe + spx_batch_max(s->m) * (E + 3 * H + 3 * Ie), *up = gu + k * 2 * Ie, *y = up + k * Ie;
+    int32_t ord[SPX_MATMUL_MAX];
+    for (int64_t j = 0; j < k; j++) { /* the chosen experts in index order */
+        int64_t q = j;
+        while (q > 0 && s->moe_idx[ord[q - 1]] > s->moe_idx[j]) { ord[q] = ord[q - 1]; q--; }
+        ord[q] = (int32_t)j;
+    }
+    const spx_wmat *w[SPX_MATMUL_MAX];
+    float *o[SPX_MATMUL_MAX];
+    const float *in[SPX_MATMUL_MAX], *b[SPX_MATMUL_MAX] = {NULL};
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t x_e = s->moe_idx[ord[j]];
+        if (c->gate_up_fused) {
+            w[j] = &L->xw[SPX_SL_EXP_GATE_UP][x_e];
+            o[j] = gu + j * 2 * Ie;
+        } else {
+            w[2 * j] = &L->xw[SPX_SL_EXP_GATE][x_e];
+            w[2 * j + 1] = &L->xw[SPX_SL_EXP_UP][x_e];
+            o[2 * j] = gu + j * 2 * Ie;
+            o[2 * j + 1] = up + j * Ie;
+        }
+    }
+    SPX_TRY(spx_cpu_matmul_n(&s->cpu, (int)(c->gate_up_fused ? k : 2 * k), w, s->x, 1, o, b, e));
+    for (int64_t j = 0; j < k; j++) {
+        float *g = gu + j * 2 * Ie;
+        spx_cpu_silu_mul(g, c->gate_up_fused ? g + Ie : up + j * Ie, Ie);
+        w[j] = &L->xw[SPX_SL_EXP_DOWN][s->moe_idx[ord[j]]];
+        in[j] = g;
+        o[j] = y + j * H;
+    }
+    SPX_TRY(spx_cpu_matmul_each(&s->cpu, (int)k, w, in, o, e));
+    for (int64_t j = 0; j < k; j++) {
+        const float wt = s->moe_w[ord[j]], *yr = y + j * H;
+        for (int64_t i = 0; i < H; i++) sum[i] += wt * yr[i];
+    }
+    return SPX_OK;
+}
+
 /* Mixture of experts over s->x [n, H] into s->x. Per row: router logits
  * (float32 products with the float32 router, double sums); the moe_top_k
  * largest (ties to the lower expert, as torch.topk), weighted by their
@@ -285,7 +333,8 @@ static spx_status moe(spx_session *s, const spx_layer *L, int64_t l, int64_t n, 
             for (int64_t j = 0; j < k; j++) s->moe_w[t * k + j] = (float)(s->moe_w[t * k + j] / ws);
     }
     memset(sum, 0, (size_t)(n * H) * sizeof *sum);
-    for (int64_t x_e = 0; x_e < E; x_e++) {
+    if (n == 1 && 2 * k <= SPX_MATMUL_MAX) SPX_TRY(moe_one(s, L, sum, e));
+    else for (int64_t x_e = 0; x_e < E; x_e++) {
         int64_t nr = 0;
         for (int64_t t = 0; t < n; t++)
             for (int64_t j = 0; j < k; j++)
